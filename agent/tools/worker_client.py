@@ -1,0 +1,100 @@
+"""Talk to a benchmark worker subprocess (standard library only).
+
+One :class:`WorkerProcess` per variant: it is started with the variant's own
+environment (and so its own TARGET_CTAS) and keeps its compiled kernels and
+captured graphs between samples, so a sample costs one pipe round trip beyond
+the GPU time itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class WorkerCrashed(RuntimeError):
+    """The worker died (crash, illegal address, out of memory) or broke protocol."""
+
+
+class WorkerError(RuntimeError):
+    """The worker answered a request with an error; it is still alive."""
+
+
+class WorkerProcess:
+    def __init__(self, env: dict[str, str] | None = None, label: str = "worker", python: str | None = None):
+        self.label = label
+        full_env = {k: v for k, v in os.environ.items()}
+        full_env.update(env or {})
+        full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        self.started = time.time()
+        self.proc = subprocess.Popen(
+            [python or sys.executable, "-m", "agent.tools.bench_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=full_env, cwd=str(ROOT),
+        )  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def request(self, op: str, **kwargs) -> dict:
+        if self.proc.poll() is not None:
+            raise WorkerCrashed(self._death(f"{self.label} worker is not running"))
+        try:
+            self.proc.stdin.write(json.dumps({"op": op, **kwargs}) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise WorkerCrashed(self._death(f"{self.label} worker closed its input")) from None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise WorkerCrashed(self._death(f"{self.label} worker died during {op!r}"))
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            raise WorkerCrashed(f"{self.label} worker broke protocol: {line[:200]!r}") from None
+        if not reply.get("ok"):
+            if self.proc.poll() is not None or "illegal memory access" in reply.get("error", ""):
+                self.close()
+                raise WorkerCrashed(f"{self.label} worker failed fatally during {op!r}: {reply.get('error')}")
+            raise WorkerError(reply.get("error", "unknown error"))
+        return reply
+
+    def _death(self, what: str) -> str:
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        err = (self.proc.stderr.read() or "").strip().splitlines()
+        tail = next((ln for ln in reversed(err) if ln.strip()), "")
+        rc = self.proc.returncode
+        sig = f" (signal {-rc})" if rc is not None and rc < 0 else ""
+        return f"{what}: exit code {rc}{sig}" + (f"; last stderr line: {tail[:300]}" if tail else "")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                stream.close()
+            except Exception:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

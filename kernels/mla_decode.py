@@ -1,0 +1,346 @@
+"""MLA decode attention with split-K (flash-decoding), paged latent KV cache.
+
+Math
+----
+Absorbed multi-head latent attention (DeepSeek-V2/V3 "MLA", weight absorption):
+every query head attends to ONE latent KV head whose cache row is ``D_QK``
+values wide.  Keys are the whole row, values are its first ``D_V`` values
+(K = V latent).  For query head h of request b with length n_b::
+
+    s_t   = scale * <q[b, h, :D_QK], kv[b, t, :D_QK]>            t < n_b
+    o     = sum_t softmax(s)_t * kv[b, t, :D_V]
+
+Split-K ("flash-decoding", Dao et al. 2023): the n_b tokens are cut into S
+contiguous splits of whole BLOCK_T tiles.  Stage 1 runs one program per
+(request, head tile, split); it streams its split in BLOCK_T-token tiles with
+an online softmax (Milakov & Gimelshein 2018) and writes the split's
+normalized partial output o_s and its log-sum-exp lse_s.  Stage 2 merges::
+
+    o = sum_s exp(lse_s - M) * o_s / sum_s exp(lse_s - M),  M = max_s lse_s
+
+Internally scores are kept in base 2 (``exp2``/``log2``), which is exact
+up to rounding: exp(x) = 2^(x * log2 e).
+
+Shapes
+------
+q            [B, H, D_QK]                 bf16 / fp16 / fp32
+kv_cache     [num_pages, page_size, D_QK]  same dtype as q (one latent head)
+block_table  [B, max_pages]               int32, page ids per request
+seq_lens     [B]                          int32, 1 <= n_b
+out          [B, H, D_V]                  dtype of q
+
+DeepSeek-V3 style: D_QK = 576 (512 latent + 64 rope), D_V = 512.
+DeepSeek-V4-Flash style: D_QK = 512 (448 latent + 64 rope), D_V = 512.
+
+The launch configuration (BLOCK_T, BLOCK_H, num_warps, num_stages) is data:
+``kernels/configs/mla_decode.json``, validated by ``kernels.launch_config``.
+The number of splits comes from TARGET_CTAS via :func:`num_kv_splits`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.launch_config import LaunchParams
+
+DEFAULT_TARGET_CTAS = 512
+LOG2E = 1.4426950408889634
+# Stage 2 splits D_V across programs so that a small batch still fills the GPU.
+STAGE2_BLOCK_DV = 128
+
+
+# --------------------------------------------------------------------------- #
+# Triton kernels
+# --------------------------------------------------------------------------- #
+@triton.jit
+def _mla_decode_stage1(
+    # pointers
+    Q,
+    KV,
+    BlockTable,
+    SeqLens,
+    PartialO,
+    PartialLse,
+    # sizes
+    num_heads,
+    page_size,
+    qk_scale,  # softmax scale * log2(e)
+    # strides
+    stride_qb,
+    stride_qh,
+    stride_kv_row,
+    stride_bt_b,
+    stride_pob,
+    stride_poh,
+    stride_pos,
+    stride_plb,
+    stride_plh,
+    # meta-parameters
+    D_V: tl.constexpr,
+    D_TAIL: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+
+    # ---- this program's token range: whole BLOCK_T tiles -------------------
+    seq_len = tl.load(SeqLens + pid_b)
+    n_tiles = tl.cdiv(seq_len, BLOCK_T)
+    tiles_per_split = tl.cdiv(n_tiles, num_splits)
+    start = pid_s * tiles_per_split * BLOCK_T
+    end = tl.minimum(start + tiles_per_split * BLOCK_T, seq_len)
+
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < num_heads
+    offs_d = tl.arange(0, D_V)
+
+    # ---- queries stay in registers for the whole split ----------------------
+    q_ptrs = Q + pid_b * stride_qb + offs_h[:, None] * stride_qh
+    q = tl.load(q_ptrs + offs_d[None, :], mask=mask_h[:, None], other=0.0)
+    if D_TAIL > 0:
+        offs_tail = D_V + tl.arange(0, D_TAIL)
+        q_tail = tl.load(q_ptrs + offs_tail[None, :], mask=mask_h[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, D_V], dtype=tl.float32)
+
+    # ---- stream the split: gather a tile of latent rows, online softmax ----
+    for t0 in range(start, end, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        mask_t = offs_t < end
+        page = tl.load(BlockTable + pid_b * stride_bt_b + offs_t // page_size, mask=mask_t, other=0)
+        rows = page.to(tl.int64) * page_size + offs_t % page_size
+        kv_ptrs = KV + rows[:, None] * stride_kv_row
+        kv = tl.load(kv_ptrs + offs_d[None, :], mask=mask_t[:, None], other=0.0)
+
+        qk = tl.dot(q, tl.trans(kv))
+        if D_TAIL > 0:
+            kv_tail = tl.load(kv_ptrs + offs_tail[None, :], mask=mask_t[:, None], other=0.0)
+            qk += tl.dot(q_tail, tl.trans(kv_tail))
+        qk = qk * qk_scale
+        qk = tl.where(mask_t[None, :], qk, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
+        m_i = m_new
+
+    # ---- write the split's normalized partial output and its lse -----------
+    has_tokens = l_i > 0.0
+    o = acc / tl.where(has_tokens, l_i, 1.0)[:, None]
+    lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
+    po_ptrs = PartialO + pid_b * stride_pob + offs_h[:, None] * stride_poh + pid_s * stride_pos
+    tl.store(po_ptrs + offs_d[None, :], o, mask=mask_h[:, None])
+    tl.store(PartialLse + pid_b * stride_plb + offs_h * stride_plh + pid_s, lse, mask=mask_h)
+
+
+@triton.jit
+def _mla_decode_stage2(
+    # pointers
+    PartialO,
+    PartialLse,
+    Out,
+    # sizes
+    num_splits,
+    # strides
+    stride_pob,
+    stride_poh,
+    stride_pos,
+    stride_plb,
+    stride_plh,
+    stride_ob,
+    stride_oh,
+    # meta-parameters
+    BLOCK_S: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_d = tl.program_id(2)
+
+    # ---- weights of the splits: exp2(lse_s - max) --------------------------
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_ptrs = PartialLse + pid_b * stride_plb + pid_h * stride_plh
+    lse = tl.load(lse_ptrs + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    lse_max = tl.max(lse, axis=0)
+    denom = tl.sum(tl.exp2(lse - lse_max), axis=0)
+
+    # ---- weighted sum of the partial outputs, one D_V slice -----------------
+    offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    po_ptrs = PartialO + pid_b * stride_pob + pid_h * stride_poh + offs_d
+    for s in range(0, num_splits):
+        w = tl.exp2(tl.load(lse_ptrs + s) - lse_max)
+        acc += w * tl.load(po_ptrs + s * stride_pos)
+    out = acc / denom
+    tl.store(Out + pid_b * stride_ob + pid_h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+
+
+# --------------------------------------------------------------------------- #
+# Launcher
+# --------------------------------------------------------------------------- #
+def target_ctas_from_env(environ: dict | None = None) -> int:
+    """TARGET_CTAS from the environment (default 512); a bad value is refused."""
+    raw = (environ if environ is not None else os.environ).get("TARGET_CTAS")
+    if raw is None or raw == "":
+        return DEFAULT_TARGET_CTAS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"TARGET_CTAS={raw!r} is not an integer; use a positive integer such as 512") from None
+    if value < 1:
+        raise ValueError(f"TARGET_CTAS={value} must be a positive integer such as 512")
+    return value
+
+
+def num_kv_splits(
+    batch: int, head_tiles: int, max_seq_len: int, block_t: int, target_ctas: int | None = None
+) -> int:
+    """Split count of the KV sequence, the one place it is computed.
+
+    ``splits = ceil(TARGET_CTAS / (batch * head_tiles))`` so that stage 1
+    launches about TARGET_CTAS programs, bounded below by 1 and above by the
+    number of BLOCK_T tiles of the longest sequence (a split never gets less
+    than one tile).  ``target_ctas`` defaults to the TARGET_CTAS environment
+    variable, itself defaulting to 512.
+    """
+    if target_ctas is None:
+        target_ctas = target_ctas_from_env()
+    wanted = math.ceil(target_ctas / max(1, batch * head_tiles))
+    max_tiles = max(1, math.ceil(max_seq_len / block_t))
+    return max(1, min(wanted, max_tiles))
+
+
+def _check_inputs(q, kv_cache, block_table, seq_lens, d_v):
+    if q.dim() != 3:
+        raise ValueError(f"q must be [batch, heads, d_qk], got shape {tuple(q.shape)}")
+    if kv_cache.dim() != 3:
+        raise ValueError(f"kv_cache must be [num_pages, page_size, d_qk], got shape {tuple(kv_cache.shape)}")
+    batch, _, d_qk = q.shape
+    if kv_cache.shape[2] != d_qk:
+        raise ValueError(f"kv_cache row width {kv_cache.shape[2]} differs from q's d_qk {d_qk}")
+    if q.dtype != kv_cache.dtype:
+        raise ValueError(f"q dtype {q.dtype} differs from kv_cache dtype {kv_cache.dtype}")
+    if d_v > d_qk or d_v & (d_v - 1):
+        raise ValueError(f"d_v={d_v} must be a power of two no larger than d_qk={d_qk}")
+    tail = d_qk - d_v
+    if tail and tail & (tail - 1):
+        raise ValueError(f"d_qk - d_v = {tail} must be 0 or a power of two (576-512=64, 512-512=0)")
+    if block_table.shape[0] != batch or seq_lens.shape[0] != batch:
+        raise ValueError("block_table and seq_lens must have one row per request")
+    if q.stride(2) != 1 or kv_cache.stride(2) != 1:
+        raise ValueError("q and kv_cache must be contiguous in their last dimension")
+
+
+def mla_decode_launch(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    params: LaunchParams,
+    *,
+    d_v: int = 512,
+    sm_scale: float | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    target_ctas: int | None = None,
+    out: torch.Tensor | None = None,
+):
+    """Validate, choose the split count, allocate and launch both stages.
+
+    Pass ``max_seq_len`` (a Python int) to keep the launch free of host
+    syncs, as CUDA-graph capture requires.  Returns ``(out, compiled_stage1)``;
+    the compiled kernel is ``None`` under the interpreter.
+    """
+    _check_inputs(q, kv_cache, block_table, seq_lens, d_v)
+    batch, num_heads, d_qk = q.shape
+    page_size = kv_cache.shape[1]
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(d_qk)
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max().item())
+    head_tiles = triton.cdiv(num_heads, params.BLOCK_H)
+    if num_splits is None:
+        num_splits = num_kv_splits(batch, head_tiles, max_seq_len, params.BLOCK_T, target_ctas)
+
+    kv_rows = kv_cache.view(-1, d_qk)
+    partial_o = torch.empty((batch, num_heads, num_splits, d_v), dtype=torch.float32, device=q.device)
+    partial_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    if out is None:
+        out = torch.empty((batch, num_heads, d_v), dtype=q.dtype, device=q.device)
+
+    compiled = _mla_decode_stage1[(batch, head_tiles, num_splits)](
+        q, kv_rows, block_table, seq_lens, partial_o, partial_lse,
+        num_heads, page_size, sm_scale * LOG2E,
+        q.stride(0), q.stride(1),
+        kv_rows.stride(0),
+        block_table.stride(0),
+        partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
+        partial_lse.stride(0), partial_lse.stride(1),
+        D_V=d_v, D_TAIL=d_qk - d_v, BLOCK_H=params.BLOCK_H, BLOCK_T=params.BLOCK_T,
+        num_warps=params.num_warps, num_stages=params.num_stages,
+    )  # fmt: skip
+    block_dv = min(STAGE2_BLOCK_DV, d_v)
+    _mla_decode_stage2[(batch, num_heads, d_v // block_dv)](
+        partial_o, partial_lse, out,
+        num_splits,
+        partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
+        partial_lse.stride(0), partial_lse.stride(1),
+        out.stride(0), out.stride(1),
+        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_DV=block_dv,
+        num_warps=4, num_stages=1,
+    )  # fmt: skip
+    return out, compiled
+
+
+def mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    params: LaunchParams,
+    **kwargs,
+) -> torch.Tensor:
+    """MLA split-K decode attention: returns ``out [B, H, D_V]``."""
+    return mla_decode_launch(q, kv_cache, block_table, seq_lens, params, **kwargs)[0]
+
+
+# --------------------------------------------------------------------------- #
+# float32 torch reference
+# --------------------------------------------------------------------------- #
+def mla_decode_reference(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    d_v: int = 512,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """Plain softmax attention in float32, one request at a time, no splits."""
+    batch, num_heads, d_qk = q.shape
+    page_size = kv_cache.shape[1]
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(d_qk)
+    rows = kv_cache.reshape(-1, d_qk).float()
+    out = torch.empty((batch, num_heads, d_v), dtype=torch.float32, device=q.device)
+    lens = seq_lens.tolist()
+    for b in range(batch):
+        n = lens[b]
+        t = torch.arange(n, device=q.device)
+        row_ids = block_table[b, t // page_size].long() * page_size + t % page_size
+        kv = rows[row_ids]  # [n, d_qk]
+        scores = (q[b].float() @ kv.T) * sm_scale  # [H, n]
+        out[b] = torch.softmax(scores, dim=-1) @ kv[:, :d_v]
+    return out

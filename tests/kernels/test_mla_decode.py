@@ -1,0 +1,127 @@
+"""The MLA split-K decode kernel against its float32 reference.
+
+On CPU every test runs the real Triton kernel in the interpreter (float16 /
+float32; the interpreter's bf16 dot is wrong, GPU.md).  The ``gpu`` tests run
+in bf16 on a CUDA device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels.launch_config import LaunchParams
+from kernels.mla_decode import mla_decode, mla_decode_reference, num_kv_splits
+from tests.conftest import HAS_GPU
+from tests.utils import assert_verbose_allclose
+
+SHAPES = {"v3": (576, 512), "v4flash": (512, 512)}
+DTYPES = [(torch.float16, 1e-2, 1e-2), (torch.float32, 2e-3, 2e-3)]
+DEVICE = "cuda" if HAS_GPU else "cpu"
+
+
+def make(lens, heads, shape, page_size, dtype, seed=0, device=DEVICE):
+    d_qk, d_v = SHAPES[shape]
+    g = torch.Generator().manual_seed(seed)
+    pages = [math.ceil(n / page_size) for n in lens]
+    max_pages = max(pages)
+    num_pages = len(lens) * max_pages + 2  # spare pages nobody owns
+    perm = torch.randperm(num_pages, generator=g)[: len(lens) * max_pages].view(len(lens), max_pages)
+    kv = torch.randn((num_pages, page_size, d_qk), generator=g).to(dtype)
+    q = torch.randn((len(lens), heads, d_qk), generator=g).to(dtype)
+    seq = torch.tensor(lens, dtype=torch.int32)
+    return [t.to(device) for t in (q, kv, perm.to(torch.int32), seq)] + [d_v]
+
+
+def run_case(lens, heads, shape, page_size, dtype, atol, rtol, params=LaunchParams(), num_splits=None, seed=0):
+    q, kv, bt, seq, d_v = make(lens, heads, shape, page_size, dtype, seed)
+    out = mla_decode(q, kv, bt, seq, params, d_v=d_v, num_splits=num_splits)
+    ref = mla_decode_reference(q, kv, bt, seq, d_v=d_v)
+    assert out.shape == (len(lens), heads, d_v) and out.dtype == dtype
+    assert_verbose_allclose(out, ref, atol, rtol)
+
+
+@pytest.mark.parametrize("shape", ["v3", "v4flash"])
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+def test_both_shapes_both_dtypes(shape, dtype, atol, rtol):
+    run_case([40, 7], 16, shape, 16, dtype, atol, rtol, num_splits=3)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_page_sizes(page_size):
+    run_case([70, 33, 5], 16, "v3", page_size, torch.float16, 1e-2, 1e-2, num_splits=2)
+
+
+def test_unequal_lengths_not_multiple_of_block():
+    # 1 token, one short of a tile, one past a tile, and a long odd one
+    run_case([1, 15, 17, 101], 16, "v4flash", 16, torch.float16, 1e-2, 1e-2, num_splits=4)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 7, 12])
+def test_split_counts_up_to_more_than_tiles(num_splits):
+    # 100 tokens = 7 tiles of 16: splits beyond 7 leave programs with no tokens
+    run_case([100, 20], 16, "v3", 16, torch.float16, 1e-2, 1e-2, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("heads", [16, 64, 128])
+def test_head_counts(heads):
+    run_case([24], heads, "v4flash", 16, torch.float16, 1e-2, 1e-2, num_splits=1)
+
+
+@pytest.mark.parametrize("block_t", [16, 32])
+@pytest.mark.parametrize("num_warps", [4, 8])
+@pytest.mark.parametrize("num_stages", [1, 2, 3])
+def test_every_config_of_the_3a_space(block_t, num_warps, num_stages):
+    params = LaunchParams(BLOCK_T=block_t, BLOCK_H=16, num_warps=num_warps, num_stages=num_stages)
+    run_case([50, 9], 16, "v3", 16, torch.float16, 1e-2, 1e-2, params=params, num_splits=2)
+
+
+def test_split_count_follows_target_ctas(monkeypatch):
+    # 512 CTAs over batch 8 x 1 head tile -> 64 splits, within 4096/16 tiles
+    assert num_kv_splits(8, 1, 4096, 16, 512) == 64
+    assert num_kv_splits(96, 1, 4096, 16, 512) == 6  # ceil(512 / 96)
+    assert num_kv_splits(1, 1, 100, 16, 512) == 7  # bounded by ceil(100 / 16) tiles
+    assert num_kv_splits(1024, 1, 4096, 16, 512) == 1  # never below one
+    monkeypatch.setenv("TARGET_CTAS", "1024")
+    assert num_kv_splits(8, 1, 4096, 16) == 128
+    monkeypatch.setenv("TARGET_CTAS", "lots")
+    with pytest.raises(ValueError, match="TARGET_CTAS='lots'"):
+        num_kv_splits(8, 1, 4096, 16)
+
+
+def test_default_split_count_is_used_and_correct():
+    # no num_splits given: it comes from TARGET_CTAS (default 512) -> one split per tile here
+    run_case([33, 64], 16, "v4flash", 16, torch.float16, 1e-2, 1e-2)
+
+
+def test_bad_inputs_are_refused_with_the_shape():
+    q, kv, bt, seq, d_v = make([8], 16, "v3", 16, torch.float16)
+    with pytest.raises(ValueError, match="row width"):
+        mla_decode(q[..., :512], kv, bt, seq, LaunchParams(), d_v=d_v)
+    with pytest.raises(ValueError, match="dtype"):
+        mla_decode(q.float(), kv, bt, seq, LaunchParams(), d_v=d_v)
+
+
+# --------------------------------------------------------------------------- #
+# bf16 on the GPU
+# --------------------------------------------------------------------------- #
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["v3", "v4flash"])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("heads", [16, 64, 128])
+def test_gpu_bf16_shapes_pages_heads(shape, page_size, heads):
+    lens = [1, 15, 17, 1000, 4096, 333]
+    run_case(lens, heads, shape, page_size, torch.bfloat16, 3e-2, 3e-2, seed=heads + page_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_t", [16, 32])
+@pytest.mark.parametrize("num_warps", [4, 8])
+@pytest.mark.parametrize("num_stages", [1, 2, 3])
+@pytest.mark.parametrize("shape", ["v3", "v4flash"])
+def test_gpu_bf16_every_config(block_t, num_warps, num_stages, shape):
+    params = LaunchParams(BLOCK_T=block_t, BLOCK_H=16, num_warps=num_warps, num_stages=num_stages)
+    for num_splits in (1, 6, 64, 300):
+        run_case([4096, 77, 2049], 16, shape, 64, torch.bfloat16, 3e-2, 3e-2, params=params, num_splits=num_splits)
