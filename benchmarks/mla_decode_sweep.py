@@ -44,6 +44,11 @@ def measure(worker, config, level, samples, replays):
     return row
 
 
+def save(path, result) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -70,6 +75,7 @@ def main() -> int:
             level = {"batch": b, "context": ctx, "shape": shape, "heads": 16, "page_size": 64}
             row = measure(w, base, level, args.samples, args.replays)
             result["baseline"].append(row)
+            save(args.out, result)
             print(f"baseline {shape:8s} ctx{ctx:6d} b{b:3d} {row.get('us', float('nan')):9.1f} us "
                   f"{row.get('gbps', 0):7.0f} GB/s correct={row['setup']['correct']}", flush=True)  # fmt: skip
 
@@ -84,6 +90,7 @@ def main() -> int:
                     except WorkerError as exc:
                         row = {"config": config, "level": level, "error": str(exc)}
                     result["search"].append(row)
+                    save(args.out, result)
                     r = row.get("setup", {}).get("resources", {})
                     print(f"search BT{config['BLOCK_T']}/w{config['num_warps']}/s{config['num_stages']} "
                           f"{shape} ctx{ctx} b{b:3d} {row.get('us', float('nan')):9.1f} us "
