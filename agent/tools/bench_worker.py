@@ -137,6 +137,7 @@ class Worker:
         atol, rtol = adapter.tolerance(out.dtype)
         bad = int((err > atol + rtol * ref.abs()).sum())
         rel = float((out.float() - ref).norm() / ref.norm())
+        max_abs = float(err.max())
         correct = bad == 0 and math.isfinite(rel)
         resources = adapter.resources(params, level, device, compiled).to_dict()
         del check_inputs, out, ref, err
@@ -146,7 +147,7 @@ class Worker:
             "params": params.__dict__,
             "derived_env": env,
             "correct": correct,
-            "max_abs_err": float(err.max()),
+            "max_abs_err": max_abs,
             "rel_err": rel,
             "mismatched": bad,
             "resources": resources,
