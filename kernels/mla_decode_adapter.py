@@ -16,18 +16,23 @@ SHAPES: dict[str, tuple[int, int]] = {
 }
 ELT = 2  # bytes per element of bf16/fp16, the dtypes kinv benchmarks
 
-# Analytical shared-memory model of stage 1, calibrated against the compiled
-# kernels on an H200 (triton 3.6; see kernels/NOTES.md): the KV tile of
-# BLOCK_T latent rows is buffered ``kv_buffers`` times, and the queries pass
-# once through a shared-memory scratch on their way into the dot layout.
-def kv_buffers(num_stages: int) -> int:
-    return max(1, num_stages)
-
-
-def stage1_smem_estimate(params: LaunchParams, d_qk: int, elt: int = ELT) -> int:
-    kv_tile = params.BLOCK_T * d_qk * elt
+# Analytical shared-memory model of stage 1 (bytes), calibrated against the
+# kernels Triton 3.6 compiled for sm_90 (benchmarks/results/, kernels/NOTES.md):
+#  * the queries pass once through shared memory on their way into the dot
+#    operand layout: BLOCK_H x D_QK elements;
+#  * num_stages = 1 (no pipelining): the BLOCK_T x D_V latent tile is staged
+#    twice, once transposed for Q.K^T and once for P.V;
+#  * num_stages >= 2: the KV tile is copied asynchronously into one buffer of
+#    BLOCK_T x D_QK, plus 32 bytes per token of barriers/indices; from 3 stages
+#    the page indices are pipelined too (4 bytes per token per load stream:
+#    one stream for V4-Flash, two (main + rope tail) for V3).
+def stage1_smem_estimate(params: LaunchParams, d_qk: int, d_v: int = 512, elt: int = ELT) -> int:
     q_scratch = params.BLOCK_H * d_qk * elt
-    return max(kv_buffers(params.num_stages) * kv_tile, q_scratch)
+    if params.num_stages <= 1:
+        return 2 * params.BLOCK_T * d_v * elt + q_scratch
+    streams = 1 if d_qk == d_v else 2
+    index_pipe = 4 * params.BLOCK_T * streams if params.num_stages >= 3 else 0
+    return params.BLOCK_T * d_qk * elt + q_scratch + 32 * params.BLOCK_T + index_pipe
 
 
 class MLADecodeAdapter(KernelAdapter):
@@ -110,7 +115,7 @@ class MLADecodeAdapter(KernelAdapter):
 
     def resources(self, params: LaunchParams, level: Level, device: DeviceSpec, compiled=None) -> Resources:
         d_qk, d_v = SHAPES[level.shape]
-        est = stage1_smem_estimate(params, d_qk)
+        est = stage1_smem_estimate(params, d_qk, d_v)
         res = Resources(smem_estimate=est)
         if compiled is not None:
             res.smem_compiled = int(compiled.metadata.shared)
