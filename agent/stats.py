@@ -1,0 +1,585 @@
+"""Noise-aware A/B statistics for kernel timing investigations.
+
+Everything here is pure numpy + scipy; the only I/O is :func:`recorded_noise_residuals`, which reads
+recorded samples when some exist.
+
+Model and conventions
+---------------------
+A *sample* is a per-launch kernel time in microseconds (the median of >= 20 CUDA-graph replays).  Timing
+noise is treated as multiplicative, so every comparison is made on log times.  A measurement *round* times
+the baseline (A) and the variant (B) back to back at one level, in ABBA order (:func:`abba_order`), and
+yields one *paired log-ratio*::
+
+    d = log(t_base / t_variant)        d > 0  <=>  variant faster  <=>  throughput improved
+
+Clock drift that hits both members of a round (boost clock, temperature, a neighbour's load) multiplies
+both times by the same factor and cancels in ``d``; an order effect (the second member of a round running
+warmer) flips sign between ABBA rounds and cancels in the mean over an even number of rounds.  The
+throughput ratio variant/base is ``exp(d)``.
+
+Under the null hypothesis (the variant is the baseline) ``t_base`` and ``t_variant`` are exchangeable, so
+``d`` is *symmetric* about 0 however skewed the raw timing noise is (slow outliers are commoner than fast
+ones); with a real multiplicative effect it is symmetric about the effect.  Two consequences are used:
+
+* the location of ``d`` can be estimated by a trimmed mean, which equals the mean for a symmetric
+  distribution but is not dragged around by the occasional outlier, and
+* a robust scale of ``d`` (biweight midvariance) describes the noise band without being inflated by
+  outliers, while the trimmed-mean interval keeps the decisions valid when outliers do occur.
+
+Decision pipeline
+-----------------
+1. A/A (:func:`noise_band`, :func:`check_aa`): the baseline against itself gives the noise band at each
+   level, and must itself come out equivalent, or the harness is broken.
+2. The practical threshold (:func:`practical_threshold`) is ``max(1%, 2 x band)``: the smallest change worth
+   acting on, never inside the noise.
+3. The A/B runs sequentially (:func:`run_sequential`): a quick look after ``quick_rounds`` rounds, then a
+   look every ``step_rounds`` while some level is undecided, up to ``max_rounds``.  Each look classifies every
+   level (:func:`paired_effect`) with a confidence level corrected for the repeated looks and the number of
+   levels (:func:`look_confidence`), and the levels' verdicts combine into one verdict for the variant
+   (:func:`variant_verdict`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+LEVEL_VERDICTS = ("improved", "regressed", "equivalent", "undecided")
+VARIANT_VERDICTS = ("accept", "reject", "mixed", "inconclusive")
+
+DEFAULT_MIN_THRESHOLD = 0.01
+"""Smallest practical threshold (relative): a change under 1% is not worth a config change."""
+
+DEFAULT_TRIM = 0.2
+"""Fraction trimmed from each end of the paired log-ratios before averaging (Tukey-McLaughlin)."""
+
+RECORDINGS_DIR = Path(__file__).resolve().parents[1] / "kernels" / "recordings"
+
+
+# --------------------------------------------------------------------------------------------------
+# small numerical helpers
+# --------------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=4096)
+def _t_quantile(q: float, df: float) -> float:
+    """Student-t quantile, cached: the sequential loop asks for the same few (q, df) pairs over and over."""
+    return float(stats.t.ppf(q, df))
+
+
+@lru_cache(maxsize=256)
+def _z_quantile(q: float) -> float:
+    return float(stats.norm.ppf(q))
+
+
+def _check_conf(conf: float) -> None:
+    if not 0.0 < conf < 1.0:
+        raise ValueError(f"conf must lie in (0, 1), got {conf}")
+
+
+def _as_times(x: Sequence[float], name: str) -> np.ndarray:
+    arr = np.asarray(x, dtype=float).ravel()
+    if arr.size and (not np.all(np.isfinite(arr)) or np.any(arr <= 0)):
+        raise ValueError(f"{name} must hold finite, positive times in microseconds")
+    return arr
+
+
+def paired_log_ratios(base_us: Sequence[float], variant_us: Sequence[float]) -> np.ndarray:
+    """Per-round ``log(base / variant)``; positive where the variant ran faster."""
+    base = _as_times(base_us, "base_us")
+    variant = _as_times(variant_us, "variant_us")
+    if base.shape != variant.shape:
+        raise ValueError(f"paired samples differ in length: {base.size} base vs {variant.size} variant")
+    return np.log(base) - np.log(variant)
+
+
+def trimmed_mean_ci(d: np.ndarray, conf: float = 0.95, trim: float = DEFAULT_TRIM) -> tuple[float, float, float]:
+    """Trimmed mean of ``d`` and its two-sided ``conf`` interval (Tukey-McLaughlin / Yuen one-sample).
+
+    With ``k = floor(trim * n)`` values cut from each end and ``h = n - 2k`` kept::
+
+        m   = mean of the h central order statistics
+        s_w = standard deviation (ddof=1) of d winsorized at the same k
+        se  = sqrt((n - 1) * s_w**2 / (h * (h - 1)))
+        CI  = m -/+ t_{(1+conf)/2, h-1} * se
+
+    For ``n < 1/trim`` nothing is trimmed and this is the ordinary one-sample t-interval on the mean.  For
+    larger ``n`` it keeps its coverage under heavy-tailed, symmetric noise, where the plain t-interval both
+    wanders with every outlier and loses power; paired log-ratios are symmetric (module docstring), so the
+    trimmed mean estimates the same effect as the mean.
+    """
+    _check_conf(conf)
+    if not 0.0 <= trim < 0.5:
+        raise ValueError(f"trim must lie in [0, 0.5), got {trim}")
+    d = np.sort(np.asarray(d, dtype=float).ravel())
+    n = d.size
+    k = int(math.floor(trim * n))
+    h = n - 2 * k
+    if h < 2:
+        raise ValueError(f"need at least 2 paired samples after trimming, got n={n}")
+    m = float(d[k : n - k].mean())
+    w = np.clip(d, d[k], d[n - k - 1])
+    s_w2 = float(w.var(ddof=1))
+    se = math.sqrt((n - 1) * s_w2 / (h * (h - 1)))
+    half = _t_quantile(0.5 + conf / 2.0, h - 1) * se
+    return m, m - half, m + half
+
+
+def robust_scale(x: Sequence[float]) -> float:
+    """Biweight midvariance scale of ``x`` (tuning constant c = 9), normal-consistent to about 1%.
+
+    ``u_i = (x_i - median) / (9 MAD)`` and, over ``|u_i| < 1``::
+
+        s^2 = n * sum((x_i - M)^2 (1 - u_i^2)^4) / (sum((1 - u_i^2)(1 - 5 u_i^2)))^2
+
+    It ignores gross outliers like the MAD does, but with about 85% of the standard deviation's efficiency
+    on Gaussian data instead of the MAD's 37%, so a modest A/A gives a usable noise band.  When more than
+    half the values are identical (MAD = 0) it falls back to the standard deviation.
+    """
+    x = np.asarray(x, dtype=float).ravel()
+    if x.size < 2:
+        raise ValueError("need at least 2 values for a scale")
+    med = float(np.median(x))
+    mad = float(np.median(np.abs(x - med)))
+    if mad <= 0.0:
+        return float(x.std(ddof=1))
+    u = (x - med) / (9.0 * mad)
+    inside = np.abs(u) < 1.0
+    u2 = u[inside] ** 2
+    num = x.size * float(np.sum((x[inside] - med) ** 2 * (1.0 - u2) ** 4))
+    den = float(np.sum((1.0 - u2) * (1.0 - 5.0 * u2)))
+    if den == 0.0:
+        return float(x.std(ddof=1))
+    return math.sqrt(num) / abs(den)
+
+
+def _pct(x: float) -> str:
+    """A log-ratio as a signed percent change of throughput."""
+    return f"{math.expm1(x) * 100:+.2f}%"
+
+
+# --------------------------------------------------------------------------------------------------
+# A/A: noise band and harness check
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class NoiseBand:
+    """What an A/A (the baseline timed against itself) says about one level.
+
+    ``band`` is relative (0.004 = +/-0.4%): the half-width that holds ``conf`` of the single paired
+    log-ratios, estimated robustly (see :func:`noise_band`).  ``cv`` is the per-sample coefficient of
+    variation of the raw times, clock drift included (robust: each arm's log times about their own median).
+    ``effect`` / ``ci_low`` / ``ci_high`` are the A/A's own paired effect and interval, and ``equivalent``
+    says whether that interval fell inside ``+/-max(min_threshold, band)``.
+    """
+
+    level: str
+    band: float
+    n_pairs: int
+    cv: float
+    equivalent: bool
+    effect: float
+    ci_low: float
+    ci_high: float
+
+
+def noise_band(
+    a_us: Sequence[float],
+    a2_us: Sequence[float],
+    level: str,
+    conf: float = 0.95,
+    min_threshold: float = DEFAULT_MIN_THRESHOLD,
+) -> NoiseBand:
+    """Noise band at one level from paired A/A samples (round i of ``a_us`` pairs with round i of ``a2_us``).
+
+    With ``d_i = log(a_i / a2_i)`` and ``s`` the biweight scale of ``d`` (:func:`robust_scale`)::
+
+        band = z_{(1+conf)/2} * s          (1.96 s for conf = 0.95)
+
+    i.e. the estimated half-width of the central ``conf`` of single paired log-ratios in the core of the
+    distribution.  It is a plain estimate, not a t-inflated prediction bound: it feeds the practical
+    threshold, which already doubles it, and an inflated band would only hide real effects.  Occasional
+    outliers do not widen it; the A/B's trimmed-mean intervals are what keep the decisions honest when they
+    occur.  Use >= 32 A/A rounds: the band's relative standard error is then about 14-18%.
+
+    The A/A passes (``equivalent``) when its own paired effect interval (:func:`paired_effect` at ``conf``)
+    lies inside ``+/-max(min_threshold, band)``: the harness sees no difference between A and itself.
+    """
+    _check_conf(conf)
+    d = paired_log_ratios(a_us, a2_us)
+    if d.size < 3:
+        raise ValueError(f"an A/A needs at least 3 paired rounds, got {d.size} at level {level}")
+    band = _z_quantile(0.5 + conf / 2.0) * robust_scale(d)
+    logs = [np.log(_as_times(a_us, "a_us")), np.log(_as_times(a2_us, "a2_us"))]
+    cv = robust_scale(np.concatenate([x - np.median(x) for x in logs]))
+    aa_threshold = max(min_threshold, band)
+    eff = paired_effect(a_us, a2_us, level, threshold=aa_threshold, conf=conf)
+    equivalent = -aa_threshold < eff.ci_low and eff.ci_high < aa_threshold
+    return NoiseBand(
+        level=level,
+        band=band,
+        n_pairs=int(d.size),
+        cv=cv,
+        equivalent=bool(equivalent),
+        effect=eff.effect,
+        ci_low=eff.ci_low,
+        ci_high=eff.ci_high,
+    )
+
+
+class HarnessBroken(RuntimeError):
+    """An A/A came out not equivalent: the harness cannot tell the baseline from itself."""
+
+    def __init__(self, message: str, levels: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.levels = list(levels)
+
+
+def check_aa(bands: list[NoiseBand], min_threshold: float = DEFAULT_MIN_THRESHOLD) -> None:
+    """Raise :class:`HarnessBroken` naming every level whose A/A was not equivalent."""
+    bad = [b for b in bands if not b.equivalent]
+    if not bad:
+        return
+    parts = [
+        f"A/A at level {b.level} came out not equivalent (effect {_pct(b.effect)}, "
+        f"CI [{_pct(b.ci_low)}, {_pct(b.ci_high)}] not inside +/-{max(min_threshold, b.band) * 100:.2f}%)"
+        for b in bad
+    ]
+    raise HarnessBroken("; ".join(parts) + ", the harness is broken", [b.level for b in bad])
+
+
+def practical_threshold(band: float, min_threshold: float = DEFAULT_MIN_THRESHOLD, k: float = 2.0) -> float:
+    """Smallest relative change that counts: ``max(min_threshold, k * band)``, and never below ``band``.
+
+    ``k = 2`` puts the threshold two noise bands out: a single noisy round, or a handful, cannot reach it by
+    chance, while an effect of three bands clears it with a band to spare.
+    """
+    if band < 0 or min_threshold < 0 or k < 0:
+        raise ValueError("band, min_threshold and k must be non-negative")
+    return max(min_threshold, k * band, band)
+
+
+# --------------------------------------------------------------------------------------------------
+# A/B: per-level effect and verdict
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Effect:
+    """The paired effect of a variant at one level.
+
+    ``effect`` is the (trimmed) mean paired log-ratio ``log(t_base / t_variant)``: positive = variant faster =
+    throughput improved; ``ratio = exp(effect)`` is the throughput ratio variant/base.  ``ci_low`` and
+    ``ci_high`` bound ``effect``; ``verdict`` is one of :data:`LEVEL_VERDICTS` (:func:`classify`).
+    """
+
+    level: str
+    n: int
+    effect: float
+    ci_low: float
+    ci_high: float
+    ratio: float
+    threshold: float
+    verdict: str
+
+
+def classify(effect: float, ci_low: float, ci_high: float, threshold: float) -> str:
+    """A level's verdict from its effect, interval and practical threshold ``T``.
+
+    * improved   : ``ci_low > 0`` and ``effect >= T`` -- significantly faster, and by a practical amount
+    * regressed  : ``ci_high < 0`` and ``effect <= -T`` -- the mirror image
+    * equivalent : ``-T < ci_low`` and ``ci_high < T`` -- any change is confidently inside the threshold
+    * undecided  : anything else (more rounds needed)
+
+    The four are mutually exclusive (equivalence needs ``effect <= ci_high < T``).  Requiring the interval
+    to exclude 0 bounds the false-claim rate by the interval's error rate; requiring the point estimate to
+    reach ``T`` keeps a real but tiny change (or a lucky quick look) from counting as a gain.  Equivalence is
+    the two one-sided tests (TOST) procedure read off the same interval.
+    """
+    if ci_low > 0.0 and effect >= threshold:
+        return "improved"
+    if ci_high < 0.0 and effect <= -threshold:
+        return "regressed"
+    if -threshold < ci_low and ci_high < threshold:
+        return "equivalent"
+    return "undecided"
+
+
+def paired_effect(
+    base_us: Sequence[float],
+    variant_us: Sequence[float],
+    level: str,
+    threshold: float,
+    conf: float = 0.95,
+    trim: float = DEFAULT_TRIM,
+) -> Effect:
+    """Paired effect of the variant over the baseline at one level, from rounds of (base, variant) times.
+
+    The effect is the ``trim``-trimmed mean of ``d_i = log(base_i / variant_i)`` with its ``conf``
+    Tukey-McLaughlin interval (:func:`trimmed_mean_ci`; for fewer than ``1/trim`` rounds this is the
+    t-interval on the plain mean).  In a sequential investigation pass the per-look confidence from
+    :func:`look_confidence`, not the nominal one.  The verdict follows :func:`classify`.
+    """
+    if threshold < 0:
+        raise ValueError(f"threshold must be non-negative, got {threshold}")
+    d = paired_log_ratios(base_us, variant_us)
+    m, lo, hi = trimmed_mean_ci(d, conf=conf, trim=trim)
+    return Effect(
+        level=level,
+        n=int(d.size),
+        effect=m,
+        ci_low=lo,
+        ci_high=hi,
+        ratio=math.exp(m),
+        threshold=float(threshold),
+        verdict=classify(m, lo, hi, threshold),
+    )
+
+
+def abba_order(round_index: int) -> tuple[str, str]:
+    """Which arm to time first in a round: ``("A", "B")`` for even rounds, ``("B", "A")`` for odd ones.
+
+    Over rounds 0..3 this is A B | B A | A B | B A, so a linear drift within a round or a fixed "second one
+    runs warmer" effect enters the paired log-ratios with alternating sign and cancels in pairs of rounds.
+    """
+    if round_index < 0:
+        raise ValueError(f"round_index must be non-negative, got {round_index}")
+    return ("A", "B") if round_index % 2 == 0 else ("B", "A")
+
+
+# --------------------------------------------------------------------------------------------------
+# sequential plan
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SequentialPlan:
+    """Rounds for a sequential A/B: a quick look, then looks every ``step_rounds`` up to ``max_rounds``.
+
+    ``conf`` is the *overall* confidence: the chance that any level, at any look, gets an interval that
+    misses its true effect is at most ``1 - conf`` (see :func:`look_confidence`).
+    """
+
+    quick_rounds: int = 4
+    step_rounds: int = 4
+    max_rounds: int = 32
+    conf: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.quick_rounds < 2 or self.step_rounds < 1 or self.max_rounds < self.quick_rounds:
+            raise ValueError(f"bad plan {self}: need quick_rounds >= 2, step_rounds >= 1, max >= quick")
+        _check_conf(self.conf)
+
+    def look_rounds(self) -> list[int]:
+        """Round counts at which the plan looks: quick_rounds, +step_rounds, ..., max_rounds."""
+        looks = [self.quick_rounds]
+        while looks[-1] < self.max_rounds:
+            looks.append(min(looks[-1] + self.step_rounds, self.max_rounds))
+        return looks
+
+    @property
+    def n_looks(self) -> int:
+        return len(self.look_rounds())
+
+
+def look_confidence(plan: SequentialPlan, n_levels: int = 1) -> float:
+    """Confidence of each interval at each look: Bonferroni over the planned looks and the levels.
+
+    ``conf_look = 1 - (1 - plan.conf) / (n_looks * n_levels)``; the default plan (looks at 4, 8, ..., 32
+    rounds) over 5 levels gives ``1 - 0.05 / 40 = 0.99875``.  By the union bound the chance that *any*
+    interval of the investigation misses its level's true effect is at most ``1 - plan.conf``, however the
+    looks are correlated and whenever the investigation stops; a false "improved" or "regressed" needs such a
+    miss, so the chance of any false claim anywhere is at most ``(1 - plan.conf) / 2`` (one-sided).  Stopping
+    early only removes looks, which keeps the bound.  Bonferroni is conservative (the looks share data), and
+    the practical threshold on top of it makes false claims rarer still; the cost is a quick look that only
+    decides very clear cases.
+    """
+    if n_levels < 1:
+        raise ValueError("n_levels must be >= 1")
+    return 1.0 - (1.0 - plan.conf) / (plan.n_looks * n_levels)
+
+
+def sequential_decision(effects: dict[str, Effect], rounds_done: int, plan: SequentialPlan) -> str:
+    """``"continue"`` while some level is undecided and the budget (``max_rounds``) allows, else ``"stop"``.
+
+    The per-look intervals must come from :func:`look_confidence` for the error rates to hold across looks.
+    """
+    if rounds_done >= plan.max_rounds:
+        return "stop"
+    if any(e.verdict == "undecided" for e in effects.values()):
+        return "continue"
+    return "stop"
+
+
+def _levels_text(effects: Iterable[Effect]) -> str:
+    return ", ".join(f"{e.level} ({_pct(e.effect)})" for e in effects)
+
+
+def variant_verdict(effects: dict[str, Effect], budget_exhausted: bool) -> tuple[str, str]:
+    """Combine the levels' verdicts into ``(verdict, one-line reason)``; verdict in :data:`VARIANT_VERDICTS`.
+
+    In order:
+
+    * mixed        : improved at some level(s) and regressed at others -- a candidate for a level-conditional
+      config (undecided levels cannot undo that).
+    * reject       : regressed at some level(s) and improved nowhere; or equivalent at every level ("no gain
+      beyond the noise band").
+    * accept       : improved at >= 1 level, and every other level improved or equivalent.  An undecided level
+      blocks acceptance even when the budget is spent: it may hide a regression.
+    * inconclusive : anything else -- some level still undecided with nothing decisive elsewhere (or with
+      gains elsewhere that cannot be accepted yet).  ``budget_exhausted`` only changes the reason's wording.
+    """
+    if not effects:
+        raise ValueError("no levels to judge")
+    by = {v: [e for e in effects.values() if e.verdict == v] for v in LEVEL_VERDICTS}
+    unknown = [e.level for e in effects.values() if e.verdict not in LEVEL_VERDICTS]
+    if unknown:
+        raise ValueError(f"unknown level verdicts at {unknown}")
+    imp, reg, eq, und = by["improved"], by["regressed"], by["equivalent"], by["undecided"]
+    if imp and reg:
+        return "mixed", (
+            f"improved at {_levels_text(imp)} but regressed at {_levels_text(reg)}: "
+            "candidate for a level-conditional config"
+        )
+    if reg:
+        return "reject", f"regressed at {_levels_text(reg)}, improved nowhere"
+    if len(eq) == len(effects):
+        return "reject", "equivalent at every level: no gain beyond the noise band"
+    if imp and not und:
+        rest = f"; equivalent at {', '.join(e.level for e in eq)}" if eq else ""
+        return "accept", f"improved at {_levels_text(imp)}{rest}; regressed nowhere"
+    when = "after the full budget" if budget_exhausted else "so far (more rounds needed)"
+    und_text = f"undecided at {_levels_text(und)} {when}"
+    if imp:
+        return "inconclusive", f"improved at {_levels_text(imp)} but {und_text}: a regression is not ruled out"
+    return "inconclusive", und_text + ", no level improved or regressed"
+
+
+@dataclass
+class SequentialResult:
+    """Outcome of :func:`run_sequential`.
+
+    ``looks`` lists ``(rounds, {level: verdict})`` at every look, ``quick_look`` is the first of them,
+    ``conf_per_look`` the corrected per-look confidence, and ``samples`` the raw ``(base_us, variant_us)``
+    lists per level.
+    """
+
+    effects: dict[str, Effect]
+    rounds: int
+    verdict: str
+    reason: str
+    looks: list[tuple[int, dict[str, str]]]
+    quick_look: dict[str, str]
+    conf_per_look: float
+    samples: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
+
+
+def run_sequential(
+    sample_fn: Callable[[int], Mapping[str, tuple[float, float]]],
+    levels: list[str],
+    thresholds: dict[str, float],
+    plan: SequentialPlan,
+) -> SequentialResult:
+    """Run a sequential A/B to a verdict.
+
+    ``sample_fn(round_index)`` measures ONE round and returns ``{level: (base_us, variant_us)}`` for every
+    level (the caller times the two arms in :func:`abba_order`).  The loop runs ``plan.quick_rounds`` rounds,
+    looks (every level classified by :func:`paired_effect` at :func:`look_confidence`), and then keeps adding
+    ``plan.step_rounds`` rounds and looking while :func:`sequential_decision` says ``"continue"``.  The
+    verdict is :func:`variant_verdict` of the last look.
+    """
+    if not levels:
+        raise ValueError("no levels")
+    missing = [lv for lv in levels if lv not in thresholds]
+    if missing:
+        raise ValueError(f"no threshold for levels {missing}")
+    conf_look = look_confidence(plan, len(levels))
+    base: dict[str, list[float]] = {lv: [] for lv in levels}
+    variant: dict[str, list[float]] = {lv: [] for lv in levels}
+    looks: list[tuple[int, dict[str, str]]] = []
+    effects: dict[str, Effect] = {}
+    rounds = 0
+    for target in plan.look_rounds():
+        while rounds < target:
+            got = sample_fn(rounds)
+            for lv in levels:
+                b, v = got[lv]
+                base[lv].append(float(b))
+                variant[lv].append(float(v))
+            rounds += 1
+        effects = {lv: paired_effect(base[lv], variant[lv], lv, thresholds[lv], conf=conf_look) for lv in levels}
+        looks.append((rounds, {lv: e.verdict for lv, e in effects.items()}))
+        if sequential_decision(effects, rounds, plan) == "stop":
+            break
+    verdict, reason = variant_verdict(effects, budget_exhausted=rounds >= plan.max_rounds)
+    return SequentialResult(
+        effects=effects,
+        rounds=rounds,
+        verdict=verdict,
+        reason=reason,
+        looks=looks,
+        quick_look=dict(looks[0][1]),
+        conf_per_look=conf_look,
+        samples={lv: (base[lv], variant[lv]) for lv in levels},
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# recorded noise
+# --------------------------------------------------------------------------------------------------
+
+
+def _is_time(u: object) -> bool:
+    return isinstance(u, int | float) and not isinstance(u, bool) and math.isfinite(u) and u > 0
+
+
+def _recording_files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
+        return []
+    return sorted(p for pat in ("*.jsonl", "*.jsonl.gz") for p in root.rglob(pat) if p.is_file())
+
+
+def recorded_noise_residuals(path: str | Path | None = None, min_cell: int = 3) -> np.ndarray | None:
+    """Relative timing residuals pooled from recorded samples, or ``None`` when there are none.
+
+    Reads every JSON-lines file (``*.jsonl`` or ``*.jsonl.gz``) under ``path`` (default
+    ``kernels/recordings/``, searched recursively; a single file may be given too).  Each line is an object
+    with ``"level"``, ``"config_hash"``, ``"us"`` (one time or a list of them) and ``"kind"`` (``"ab"`` or
+    ``"aa"``).  Samples are grouped into cells by (file, kind, level, config_hash); each sample's residual is
+    ``us / median(cell) - 1``.  Cells with fewer than ``min_cell`` samples say nothing about spread and are
+    skipped; blank or malformed lines are skipped too.  The residuals include whatever drift the recording
+    had, so noise simulated from them is, if anything, pessimistic.
+    """
+    root = Path(path) if path is not None else RECORDINGS_DIR
+    cells: dict[tuple[str, str, str, str], list[float]] = {}
+    for f in _recording_files(root):
+        opener = gzip.open if f.name.endswith(".gz") else open
+        with opener(f, "rt", encoding="utf-8") as fh:
+            for line in fh:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                    us = rec["us"]
+                    key = (str(f), str(rec.get("kind", "")), str(rec["level"]), str(rec.get("config_hash", "")))
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue
+                values = us if isinstance(us, list) else [us]
+                good = [float(u) for u in values if _is_time(u)]
+                cells.setdefault(key, []).extend(good)
+    residuals = [np.asarray(v) / np.median(v) - 1.0 for v in cells.values() if len(v) >= min_cell]
+    if not residuals:
+        return None
+    return np.concatenate(residuals)
