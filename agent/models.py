@@ -1,0 +1,331 @@
+"""Pydantic models at kinv's boundaries: plan files, samples, verdicts, todos.
+
+Every model forbids unknown keys, and every field has a description a user
+can read in an error message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kernels.launch_config import PARAMS, ConfigError, validate_config
+
+WS_ID = re.compile(r"^#?[0-9]+[a-z]?$")
+ITEM_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
+MAX_PLAN_BYTES = 256 * 1024
+PLAN_ROOT_DIRS = ("plans", "kernels")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+def norm_ws(ws_id: str) -> str:
+    """'3a' and '#3a' are the same workstream: stored as '#3a'."""
+    ws_id = ws_id.strip()
+    return ws_id if ws_id.startswith("#") else f"#{ws_id}"
+
+
+class WorkstreamRef(Strict):
+    id: str = Field(description="workstream id such as '#3a' (a number and an optional letter)")
+    title: str = Field(min_length=1, max_length=200, description="one-line title of the workstream")
+    parent: str | None = Field(None, description="parent workstream id, such as '#3'")
+    parent_title: str | None = Field(None, max_length=200, description="title of the parent workstream")
+
+    @field_validator("id", "parent")
+    @classmethod
+    def _ws(cls, v):
+        if v is None:
+            return v
+        if not WS_ID.match(v):
+            raise ValueError(f"{v!r} is not a workstream id; use a number and an optional letter, like '#3a'")
+        return norm_ws(v)
+
+
+class ModelShape(Strict):
+    heads: int = Field(64, ge=1, le=1024, description="total attention heads of the model")
+    attention_tp: int = Field(4, ge=1, le=64, description="attention tensor-parallel size")
+    shape: Literal["v3", "v4flash"] = Field("v4flash", description="head dims: v3 = 576/512, v4flash = 512/512")
+
+
+class Workload(Strict):
+    levels: list[int] = Field(description="batch sizes (concurrency C) to measure, e.g. [1, 8, 32, 64, 96]")
+    context: int = Field(4096, ge=1, le=1 << 20, description="context length in tokens")
+    page_size: int = Field(64, ge=1, le=4096, description="KV-cache page size in tokens")
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v):
+        if not v or len(v) > 16:
+            raise ValueError("give 1 to 16 batch sizes")
+        if any(b < 1 or b > 4096 for b in v):
+            raise ValueError("each batch size must be from 1 to 4096")
+        if len(set(v)) != len(v):
+            raise ValueError("batch sizes must be distinct")
+        return sorted(v)
+
+
+class Requires(Strict):
+    variant: str = Field(description="id of the variant whose outcome this one depends on")
+    improves_somewhere: bool = Field(True, description="run only if that variant improved at some level")
+
+
+class Variant(Strict):
+    id: str = Field(description="short id such as 'V1'")
+    title: str = Field(min_length=1, max_length=200, description="what the variant changes, in a few words")
+    rationale: str = Field("", max_length=2000, description="why it might help")
+    patch: dict = Field(default_factory=dict, description="config keys to change relative to the baseline")
+    source_patch: str | None = Field(None, description="path of a unified diff to apply to the kernel source")
+    requires: Requires | None = Field(None, description="a premise: the variant is moot unless it holds")
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v):
+        if not ITEM_ID.match(v):
+            raise ValueError(f"{v!r} is not a valid id; use letters, digits, '_' or '-', starting with a letter")
+        return v
+
+    @field_validator("patch")
+    @classmethod
+    def _patch(cls, v):
+        allowed = set(PARAMS) | {"overrides"}
+        unknown = sorted(set(map(str, v)) - allowed)
+        if unknown:
+            raise ValueError(f"unknown patch key {unknown[0]!r}; valid keys: {', '.join(sorted(allowed))}")
+        return v
+
+    @field_validator("source_patch")
+    @classmethod
+    def _source(cls, v):
+        if v is not None:
+            safe_relative_path(v)
+        return v
+
+
+class BacklogItem(Strict):
+    id: str = Field(description="short id such as 'OEA'")
+    title: str = Field(min_length=1, max_length=200, description="the candidate in a few words")
+    rationale: str = Field(max_length=2000, description="why it is a candidate")
+    targets: Literal["roofline_gap", "occupancy", "tile_shape", "elsewhere"] = Field(
+        description="what it attacks: the kernel's roofline gap, occupancy, tile shape, or time outside this kernel"
+    )
+    prior: float = Field(0.5, ge=0, le=1, description="prior plausibility from 0 to 1")
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v):
+        if not ITEM_ID.match(v):
+            raise ValueError(f"{v!r} is not a valid id; use letters, digits, '_' or '-', starting with a letter")
+        return v
+
+
+class StatsSettings(Strict):
+    min_threshold: float = Field(0.01, gt=0, le=0.5, description="smallest effect worth acting on (0.01 = 1%)")
+    noise_multiple: float = Field(2.0, ge=1, le=10, description="threshold = max(min_threshold, this x noise band)")
+    aa_rounds: int = Field(8, ge=3, le=200, description="A/A rounds that measure the noise band")
+    quick_rounds: int = Field(4, ge=2, le=100, description="rounds before the quick look")
+    step_rounds: int = Field(4, ge=1, le=100, description="rounds added per look while a level is undecided")
+    max_rounds: int = Field(24, ge=2, le=1000, description="hard cap of A/B rounds per variant")
+
+
+class Budget(Strict):
+    gpu_seconds: float = Field(300, gt=0, le=86400, description="GPU seconds the whole investigation may spend")
+    wall_seconds: float = Field(3600, gt=0, le=7 * 86400, description="wall seconds the investigation may take")
+
+
+class Plan(Strict):
+    workstream: WorkstreamRef = Field(description="the workstream this plan investigates")
+    kernel: str = Field(description="kernel name, e.g. 'mla_decode'")
+    hypothesis: str = Field(min_length=1, max_length=4000, description="what the investigation tests")
+    device: str = Field("sm_90", description="target device for feasibility: sm_90, sm_100, sm_120, h200, ...")
+    model: ModelShape = Field(default_factory=ModelShape, description="model head count and attention TP")
+    workload: Workload = Field(description="levels, context length, page size")
+    environment: dict[str, str] = Field(default_factory=dict, description="expected env vars, e.g. TARGET_CTAS")
+    baseline: dict = Field(description="the baseline launch config (BLOCK_T, BLOCK_H, num_warps, num_stages)")
+    variants: list[Variant] = Field(description="the variants to test, in order")
+    bounds: dict[str, list[int]] = Field(default_factory=dict, description="values a config patch may auto-pass")
+    stats: StatsSettings = Field(default_factory=StatsSettings, description="noise and decision settings")
+    budget: Budget = Field(default_factory=Budget, description="GPU and wall-time budget")
+    backlog: list[BacklogItem] = Field(default_factory=list, description="next candidates with their rationale")
+
+    @field_validator("kernel")
+    @classmethod
+    def _kernel(cls, v):
+        from kernels.adapter import REGISTRY
+
+        if v not in REGISTRY:
+            raise ValueError(f"unknown kernel {v!r}; valid kernels: {', '.join(sorted(REGISTRY))}")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v):
+        from kernels.devices import get_device
+
+        get_device(v)
+        return v
+
+    @field_validator("environment")
+    @classmethod
+    def _env(cls, v):
+        for k, val in v.items():
+            if not ENV_NAME.match(k):
+                raise ValueError(f"{k!r} is not an environment variable name (A-Z, 0-9, _)")
+            if len(val) > 256:
+                raise ValueError(f"value of {k} is longer than 256 characters")
+        if "TARGET_CTAS" in v:
+            try:
+                n = int(v["TARGET_CTAS"])
+            except ValueError:
+                raise ValueError(f"TARGET_CTAS={v['TARGET_CTAS']!r} is not an integer") from None
+            if not 1 <= n <= 1 << 20:
+                raise ValueError(f"TARGET_CTAS={n} must be from 1 to {1 << 20}")
+        return v
+
+    @field_validator("baseline")
+    @classmethod
+    def _baseline(cls, v):
+        try:
+            return validate_config(v)
+        except ConfigError as exc:
+            raise ValueError(f"baseline: {exc}") from None
+
+    @model_validator(mode="after")
+    def _cross(self):
+        ids = [v.id for v in self.variants]
+        if not ids:
+            raise ValueError("variants: give at least one variant")
+        if len(set(ids)) != len(ids):
+            raise ValueError("variants: ids must be distinct")
+        for v in self.variants:
+            try:
+                self.variant_config(v)
+            except ConfigError as exc:
+                raise ValueError(f"variants.{v.id}.patch: {exc}") from None
+            if v.requires and v.requires.variant not in ids[: ids.index(v.id)]:
+                raise ValueError(f"variants.{v.id}.requires: {v.requires.variant!r} is not an earlier variant")
+        for key, values in self.bounds.items():
+            if key not in PARAMS:
+                raise ValueError(f"bounds: unknown key {key!r}; valid keys: {', '.join(PARAMS)}")
+        if self.stats.quick_rounds > self.stats.max_rounds:
+            raise ValueError("stats.quick_rounds must not exceed stats.max_rounds")
+        return self
+
+    # ---- derived ------------------------------------------------------------------
+    @property
+    def ws(self) -> str:
+        return self.workstream.id
+
+    def variant_config(self, variant: Variant) -> dict:
+        cfg = {k: v for k, v in self.baseline.items() if k != "overrides"}
+        cfg.update(variant.patch)
+        cfg.setdefault("kernel", self.kernel)
+        return validate_config(cfg, self.kernel)
+
+    def variant(self, vid: str) -> Variant:
+        for v in self.variants:
+            if v.id == vid:
+                return v
+        raise KeyError(f"unknown variant {vid!r}; valid: {', '.join(v.id for v in self.variants)}")
+
+
+class PlanError(ValueError):
+    """A plan that cannot be used; the message is one line naming the field."""
+
+
+def safe_relative_path(p: str) -> Path:
+    """A path inside the project (plans/ or kernels/): no absolute paths, no '..'."""
+    path = Path(p)
+    if path.is_absolute() or ".." in path.parts or not path.parts or path.parts[0] not in PLAN_ROOT_DIRS:
+        raise ValueError(f"path {p!r} must be relative and inside {' or '.join(PLAN_ROOT_DIRS)}/ (no '..')")
+    return path
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "plan"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{loc}: {msg}"
+
+
+def load_plan(path: str | Path) -> tuple[Plan, str]:
+    """Read and validate a YAML plan; returns (plan, content hash) or raises PlanError (one line)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(f"plan file {path} does not exist (plans live in plans/, e.g. plans/3a-attention-occupancy.yaml)")
+    raw = path.read_bytes()
+    if len(raw) > MAX_PLAN_BYTES:
+        raise PlanError(f"plan file {path} is {len(raw)} bytes; the limit is {MAX_PLAN_BYTES}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PlanError(f"plan file {path} is not UTF-8 text") from None
+    try:
+        data = yaml.load(text, Loader=_BoundedLoader)
+    except _TooBig as exc:
+        raise PlanError(f"plan file {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise PlanError(f"plan file {path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"plan file {path} must be a YAML mapping with keys workstream, kernel, hypothesis, ...")
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as exc:
+        raise PlanError(f"plan file {path}: {_first_error(exc)}") from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise PlanError(f"plan file {path}: {str(exc).splitlines()[0][:300]}") from None
+    return plan, hashlib.sha256(raw).hexdigest()[:12]
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _make_loader():
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        """SafeLoader that refuses alias expansion bombs ("billion laughs")."""
+
+        max_nodes = 20000
+
+        def __init__(self, stream):
+            super().__init__(stream)
+            self._nodes = 0
+
+        def construct_object(self, node, deep=False):
+            self._nodes += 1
+            if self._nodes > self.max_nodes:
+                raise _TooBig(f"YAML expands to more than {self.max_nodes} nodes (anchors/aliases bomb?)")
+            return super().construct_object(node, deep=deep)
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                self._nodes += 50
+                if self._nodes > self.max_nodes:
+                    raise _TooBig(f"YAML uses too many aliases (more than {self.max_nodes // 50})")
+            return super().compose_node(parent, index)
+
+    return BoundedLoader
+
+
+class _LazyLoader:
+    _cls = None
+
+    def __call__(self, stream):
+        if _LazyLoader._cls is None:
+            _LazyLoader._cls = _make_loader()
+        return _LazyLoader._cls(stream)
+
+
+_BoundedLoader = _LazyLoader()

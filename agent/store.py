@@ -1,0 +1,394 @@
+"""The state store: ``<state>/kinv.db``.  The only module that speaks SQL.
+
+sqlite-utils over SQLite in WAL mode with foreign keys on.  The schema only
+changes through the numbered migrations below, applied on every open.
+Imports: standard library and sqlite-utils only (read commands stay fast).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import sqlite_utils
+
+DB_NAME = "kinv.db"
+CHECKPOINTS_NAME = "checkpoints.db"
+
+
+class StoreError(RuntimeError):
+    """A state-store problem a user can act on (message says how)."""
+
+
+def state_dir(explicit: str | os.PathLike | None = None) -> Path:
+    """The state dir: explicit > $KINV_STATE_DIR > ./state."""
+    return Path(explicit or os.environ.get("KINV_STATE_DIR") or "state").resolve()
+
+
+def now() -> float:
+    return time.time()
+
+
+# --------------------------------------------------------------------------- #
+# migrations
+# --------------------------------------------------------------------------- #
+MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = []
+
+
+def migration(fn):
+    MIGRATIONS.append((fn.__name__, fn))
+    return fn
+
+
+@migration
+def m001_initial(db: sqlite_utils.Database) -> None:
+    db["workstreams"].create(
+        {"id": str, "parent": str, "parent_title": str, "title": str, "hypothesis": str, "kernel": str,
+         "plan_path": str, "plan_hash": str, "plan_json": str, "status": str, "backend": str, "approval": str,
+         "baseline_hash": str, "recommendation": str, "report_path": str, "created": float, "updated": float,
+         "closed": float},
+        pk="id",
+    )  # fmt: skip
+    db["todos"].create(
+        {"id": str, "workstream": str, "parent": str, "content": str, "active_form": str, "status": str,
+         "reason": str, "priority": str, "position": int, "created": float, "updated": float},
+        pk="id", foreign_keys=[("workstream", "workstreams", "id")],
+    )  # fmt: skip
+    db["devices"].create({"id": str, "gpu": str, "fingerprint": str, "first_seen": float}, pk="id")
+    db["experiments"].create(
+        {"id": int, "workstream": str, "todo": str, "variant": str, "kind": str, "backend": str,
+         "config_hash": str, "base_config_hash": str, "config_json": str, "status": str, "verdict": str,
+         "reason": str, "rounds": int, "gpu_s": float, "wall_s": float, "resources": str, "correctness": str,
+         "diff": str, "void_reason": str, "device": str, "started": float, "finished": float},
+        pk="id", foreign_keys=[("workstream", "workstreams", "id"), ("device", "devices", "id")],
+    )  # fmt: skip
+    db["samples"].create(
+        {"id": int, "experiment": int, "round": int, "arm": str, "level": str, "config_hash": str, "us": float,
+         "replays": int, "gpu_s": float, "harness_hash": str, "reference_hash": str, "env": str, "backend": str,
+         "device": str, "t": float},
+        pk="id", foreign_keys=[("experiment", "experiments", "id")],
+    )  # fmt: skip
+    db["samples"].create_index(["experiment", "level"])
+    db["verdicts"].create(
+        {"id": int, "experiment": int, "level": str, "n": int, "base_us": float, "variant_us": float,
+         "effect": float, "ci_low": float, "ci_high": float, "ratio": float, "threshold": float, "verdict": str,
+         "t": float},
+        pk="id", foreign_keys=[("experiment", "experiments", "id")],
+    )  # fmt: skip
+    db["noise"].create(
+        {"id": int, "experiment": int, "workstream": str, "level": str, "band": float, "cv": float,
+         "n_pairs": int, "equivalent": int, "effect": float, "ci_low": float, "ci_high": float, "t": float},
+        pk="id", foreign_keys=[("experiment", "experiments", "id")],
+    )  # fmt: skip
+    db["measurements"].create(
+        {"id": int, "experiment": int, "level": str, "config": str, "us": float, "gbps": float,
+         "frac_copy": float, "tokens_per_s": float, "copy_gbps": float, "n": int, "t": float},
+        pk="id", foreign_keys=[("experiment", "experiments", "id")],
+    )  # fmt: skip
+    db["backups"].create(
+        {"id": int, "path": str, "backup_path": str, "sha": str, "workstream": str, "t": float}, pk="id"
+    )
+    db["patches"].create(
+        {"id": int, "workstream": str, "experiment": int, "path": str, "kind": str, "state": str,
+         "sha_before": str, "sha_after": str, "diff": str, "backup": int, "created": float, "updated": float},
+        pk="id", foreign_keys=[("backup", "backups", "id")],
+    )  # fmt: skip
+    db["env_checks"].create(
+        {"id": int, "workstream": str, "experiment": int, "source": str, "expected": str, "seen": str, "ok": int,
+         "mismatch": str, "t": float},
+        pk="id",
+    )  # fmt: skip
+    db["approvals"].create(
+        {"id": str, "workstream": str, "todo": str, "variant": str, "kind": str, "diff": str, "resources": str,
+         "hypothesis": str, "status": str, "reason": str, "created": float, "decided": float},
+        pk="id",
+    )  # fmt: skip
+    db["events"].create(
+        {"id": int, "workstream": str, "t": float, "kind": str, "message": str, "data": str}, pk="id"
+    )
+    db["events"].create_index(["workstream", "t"])
+    db["locks"].create({"workstream": str, "pid": int, "host": str, "t": float}, pk="workstream")
+
+
+# --------------------------------------------------------------------------- #
+# the store
+# --------------------------------------------------------------------------- #
+class Store:
+    """All reads and writes of kinv.db."""
+
+    def __init__(self, directory: str | os.PathLike | None = None, *, create: bool = True):
+        self.dir = state_dir(directory)
+        self.path = self.dir / DB_NAME
+        if not self.path.exists():
+            if not create:
+                raise StoreError(
+                    f"no kinv state at {self.dir}: start an investigation with "
+                    "`kinv run plans/3a-attention-occupancy.yaml`, or point --state-dir / KINV_STATE_DIR at one"
+                )
+            self.dir.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout = 30000")
+        self.db = sqlite_utils.Database(conn)
+        if create:
+            self.db.execute("PRAGMA journal_mode = WAL")
+        self.db.execute("PRAGMA foreign_keys = ON")
+        self.migrate()
+
+    @property
+    def checkpoints_path(self) -> Path:
+        return self.dir / CHECKPOINTS_NAME
+
+    def migrate(self) -> None:
+        if "_migrations" not in self.db.table_names():
+            self.db["_migrations"].create({"name": str, "applied": float}, pk="name", if_not_exists=True)
+        done = {r["name"] for r in self.db["_migrations"].rows}
+        for name, fn in MIGRATIONS:
+            if name in done:
+                continue
+            with self.db.conn:
+                fn(self.db)
+                self.db["_migrations"].insert({"name": name, "applied": now()}, replace=True)
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    # ---- generic helpers ---------------------------------------------------
+    def _insert(self, table: str, row: dict) -> int:
+        return self.db[table].insert(row).last_pk
+
+    def _update(self, table: str, pk, values: dict) -> None:
+        self.db[table].update(pk, values)
+
+    def _one(self, table: str, pk) -> dict | None:
+        try:
+            return self.db[table].get(pk)
+        except sqlite_utils.db.NotFoundError:
+            return None
+
+    def _rows(self, table: str, where: str | None = None, args=None, order_by: str | None = None) -> list[dict]:
+        return list(self.db[table].rows_where(where, args or [], order_by=order_by))
+
+    # ---- workstreams and todos -----------------------------------------------
+    def upsert_workstream(self, row: dict) -> None:
+        row = {**row, "updated": now()}
+        if self._one("workstreams", row["id"]) is None:
+            self.db["workstreams"].insert({**row, "created": now()})
+        else:
+            self._update("workstreams", row["id"], row)
+
+    def workstream(self, ws_id: str) -> dict | None:
+        return self._one("workstreams", ws_id)
+
+    def workstreams(self) -> list[dict]:
+        return self._rows("workstreams", order_by="created")
+
+    def update_workstream(self, ws_id: str, **values) -> None:
+        self._update("workstreams", ws_id, {**values, "updated": now()})
+
+    def upsert_todo(self, row: dict) -> None:
+        row = {**row, "updated": now()}
+        if self._one("todos", row["id"]) is None:
+            self.db["todos"].insert({**row, "created": now()})
+        else:
+            self._update("todos", row["id"], row)
+
+    def todos(self, ws_id: str | None = None) -> list[dict]:
+        if ws_id is None:
+            return self._rows("todos", order_by="workstream, position")
+        return self._rows("todos", "workstream = ?", [ws_id], order_by="position")
+
+    def todo(self, todo_id: str) -> dict | None:
+        return self._one("todos", todo_id)
+
+    # ---- devices, experiments, samples -----------------------------------------
+    def device(self, fingerprint: dict) -> str:
+        import hashlib
+
+        stable = {k: fingerprint.get(k) for k in ("gpu", "arch", "sms", "driver", "torch", "triton", "cuda")}
+        dev_id = hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:12]
+        if self._one("devices", dev_id) is None:
+            self.db["devices"].insert(
+                {"id": dev_id, "gpu": fingerprint.get("gpu", "?"), "fingerprint": json.dumps(fingerprint),
+                 "first_seen": now()}, replace=True)  # fmt: skip
+        return dev_id
+
+    def new_experiment(self, **row) -> int:
+        row.setdefault("status", "running")
+        row.setdefault("started", now())
+        for k in ("resources", "correctness"):
+            if isinstance(row.get(k), dict | list):
+                row[k] = json.dumps(row[k])
+        return self._insert("experiments", row)
+
+    def update_experiment(self, exp_id: int, **values) -> None:
+        for k in ("resources", "correctness"):
+            if isinstance(values.get(k), dict | list):
+                values[k] = json.dumps(values[k])
+        self._update("experiments", exp_id, values)
+
+    def experiment(self, exp_id: int) -> dict | None:
+        return self._one("experiments", exp_id)
+
+    def experiments(self, ws_id: str | None = None) -> list[dict]:
+        if ws_id is None:
+            return self._rows("experiments", order_by="id")
+        return self._rows("experiments", "workstream = ?", [ws_id], order_by="id")
+
+    def add_samples(self, rows: list[dict]) -> None:
+        """Insert samples in one transaction (all or none)."""
+        rows = [{**r, "env": json.dumps(r["env"]) if isinstance(r.get("env"), dict) else r.get("env")} for r in rows]
+        with self.db.conn:
+            self.db["samples"].insert_all(rows)
+
+    def samples(self, exp_id: int) -> list[dict]:
+        return self._rows("samples", "experiment = ?", [exp_id], order_by="id")
+
+    def sample_count(self, exp_id: int | None = None) -> int:
+        if exp_id is None:
+            return self.db["samples"].count
+        return self.db.execute("select count(*) from samples where experiment = ?", [exp_id]).fetchone()[0]
+
+    def add_verdicts(self, exp_id: int, rows: list[dict]) -> None:
+        with self.db.conn:
+            self.db.execute("delete from verdicts where experiment = ?", [exp_id])
+            self.db["verdicts"].insert_all([{**r, "experiment": exp_id, "t": now()} for r in rows])
+
+    def verdicts(self, exp_id: int) -> list[dict]:
+        return self._rows("verdicts", "experiment = ?", [exp_id], order_by="id")
+
+    def add_noise(self, exp_id: int, ws_id: str | None, rows: list[dict]) -> None:
+        with self.db.conn:
+            self.db.execute("delete from noise where experiment = ?", [exp_id])
+            self.db["noise"].insert_all([{**r, "experiment": exp_id, "workstream": ws_id, "t": now()} for r in rows])
+
+    def noise(self, ws_id: str | None = None, exp_id: int | None = None) -> list[dict]:
+        if exp_id is not None:
+            return self._rows("noise", "experiment = ?", [exp_id], order_by="id")
+        if ws_id is not None:
+            return self._rows("noise", "workstream = ?", [ws_id], order_by="id")
+        return self._rows("noise", order_by="id")
+
+    def add_measurements(self, exp_id: int, rows: list[dict]) -> None:
+        with self.db.conn:
+            self.db["measurements"].insert_all([{**r, "experiment": exp_id, "t": now()} for r in rows])
+
+    def measurements(self, exp_id: int) -> list[dict]:
+        return self._rows("measurements", "experiment = ?", [exp_id], order_by="id")
+
+    # ---- backups and the patch journal ------------------------------------------
+    def add_backup(self, path: str, backup_path: str, sha: str, ws_id: str | None) -> int:
+        return self._insert("backups", {"path": path, "backup_path": backup_path, "sha": sha, "workstream": ws_id,
+                                        "t": now()})  # fmt: skip
+
+    def backups(self) -> list[dict]:
+        return self._rows("backups", order_by="id")
+
+    def journal_intent(self, **row) -> int:
+        """Write the intent to patch a file BEFORE the file is touched."""
+        row.update(state="intent", created=now(), updated=now())
+        return self._insert("patches", row)
+
+    def journal_set(self, patch_id: int, state: str, **values) -> None:
+        self._update("patches", patch_id, {**values, "state": state, "updated": now()})
+
+    def patches(self, ws_id: str | None = None, state: str | None = None) -> list[dict]:
+        clauses, args = [], []
+        if ws_id is not None:
+            clauses.append("workstream = ?")
+            args.append(ws_id)
+        if state is not None:
+            clauses.append("state = ?")
+            args.append(state)
+        return self._rows("patches", " and ".join(clauses) or None, args, order_by="id")
+
+    def dangling_patches(self) -> list[dict]:
+        """Patches whose file may differ from the baseline: intent or applied, never reverted."""
+        return self._rows("patches", "state in ('intent', 'applied')", order_by="id")
+
+    # ---- env checks, approvals, events -------------------------------------------
+    def add_env_check(self, **row) -> int:
+        for k in ("expected", "seen"):
+            if isinstance(row.get(k), dict):
+                row[k] = json.dumps(row[k])
+        return self._insert("env_checks", {**row, "t": now()})
+
+    def env_checks(self, ws_id: str | None = None, exp_id: int | None = None) -> list[dict]:
+        if exp_id is not None:
+            return self._rows("env_checks", "experiment = ?", [exp_id], order_by="id")
+        if ws_id is not None:
+            return self._rows("env_checks", "workstream = ?", [ws_id], order_by="id")
+        return self._rows("env_checks", order_by="id")
+
+    def add_approval(self, **row) -> None:
+        if isinstance(row.get("resources"), dict):
+            row["resources"] = json.dumps(row["resources"])
+        row.setdefault("status", "pending")
+        self.db["approvals"].insert({**row, "created": now()}, replace=True)
+
+    def approval(self, approval_id: str) -> dict | None:
+        return self._one("approvals", approval_id)
+
+    def approvals(self, status: str | None = None, ws_id: str | None = None) -> list[dict]:
+        clauses, args = [], []
+        if status:
+            clauses.append("status = ?")
+            args.append(status)
+        if ws_id:
+            clauses.append("workstream = ?")
+            args.append(ws_id)
+        return self._rows("approvals", " and ".join(clauses) or None, args, order_by="created")
+
+    def decide_approval(self, approval_id: str, status: str, reason: str = "") -> None:
+        self._update("approvals", approval_id, {"status": status, "reason": reason, "decided": now()})
+
+    def event(self, ws_id: str | None, kind: str, message: str, data: dict | None = None) -> None:
+        self._insert("events", {"workstream": ws_id, "t": now(), "kind": kind, "message": message,
+                                "data": json.dumps(data or {}, default=str)})  # fmt: skip
+
+    def events(self, ws_id: str | None = None, limit: int = 200) -> list[dict]:
+        if ws_id is None:
+            return list(self.db.query("select * from events order by id desc limit ?", [limit]))[::-1]
+        return list(self.db.query("select * from events where workstream = ? order by id desc limit ?",
+                                  [ws_id, limit]))[::-1]  # fmt: skip
+
+    # ---- the run lock ---------------------------------------------------------------
+    def acquire_lock(self, ws_id: str, pid: int) -> None:
+        """One writer per workstream; a stale lock (dead pid) is taken over."""
+        import socket
+
+        host = socket.gethostname()
+        conn = self.db.conn
+        if conn.in_transaction:
+            conn.commit()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute("select pid, host from locks where workstream = ?", [ws_id]).fetchone()
+            if row and row[0] != pid and row[1] == host and _alive(row[0]):
+                raise StoreError(f"workstream {ws_id} is already being run by pid {row[0]}; wait for it or stop it")
+            conn.execute("insert or replace into locks values (?, ?, ?, ?)", [ws_id, pid, host, now()])
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
+
+    def release_lock(self, ws_id: str, pid: int) -> None:
+        with self.db.conn:
+            self.db.execute("delete from locks where workstream = ? and pid = ?", [ws_id, pid])
+
+    def lock_holder(self, ws_id: str) -> int | None:
+        row = self.db.execute("select pid from locks where workstream = ?", [ws_id]).fetchone()
+        return row[0] if row and _alive(row[0]) else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
