@@ -60,7 +60,11 @@ class KernelAdapter(ABC):
 
     # ---- configuration -----------------------------------------------------
     def config_path(self) -> Path:
-        return KERNELS_DIR / "configs" / f"{self.name}.json"
+        """The live config file; KINV_CONFIG_DIR moves it (tests point it at a copy)."""
+        import os
+
+        base = Path(os.environ["KINV_CONFIG_DIR"]) if os.environ.get("KINV_CONFIG_DIR") else KERNELS_DIR / "configs"
+        return base / f"{self.name}.json"
 
     def bounds(self) -> dict:
         """Valid values of each launch parameter."""

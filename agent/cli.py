@@ -1,0 +1,394 @@
+"""kinv's command line: thin commands over the library.
+
+Every domain error becomes one line and an exit code in one place
+(:func:`main`): 2 for bad input, 1 for a failed investigation step,
+3 when a run pauses for an approval.  Read commands never import torch,
+triton or langgraph.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="kinv: kernel-optimization investigations with todo tracking, approvals and close-outs.\n\n"
+                       "Example: kinv run plans/3a-attention-occupancy.yaml --approval auto")  # fmt: skip
+
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_PAUSED = 0, 1, 2, 3
+StateOpt = typer.Option(None, "--state-dir", help="state directory (default ./state or $KINV_STATE_DIR)")
+JsonOpt = typer.Option(False, "--json", help="print the documented JSON instead of tables")
+
+
+class Exit(Exception):
+    def __init__(self, code: int, message: str = ""):
+        self.code, self.message = code, message
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=not sys.stdout.isatty())
+
+
+def _store(state_dir, create=False):
+    from agent.store import Store
+
+    return Store(state_dir, create=create)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise Exit(EXIT_BAD_INPUT, f"--{what} {text!r} must be comma-separated integers, e.g. 1,8,32,64,96") from None
+    if not vals or any(v < 1 or v > 1 << 20 for v in vals):
+        raise Exit(EXIT_BAD_INPUT, f"--{what} {text!r} must list integers from 1 to {1 << 20}")
+    return vals
+
+
+# --------------------------------------------------------------------------- #
+# run / resume / approvals
+# --------------------------------------------------------------------------- #
+@app.command()
+def run(
+    plan: Path = typer.Argument(..., help="workstream plan (YAML), e.g. plans/3a-attention-occupancy.yaml"),
+    backend: str = typer.Option("auto", help="auto | cuda | replay"),
+    approval: str = typer.Option("ask", help="ask | auto-config | auto"),
+    state_dir: str = StateOpt,
+):
+    """Run a workstream from its plan to its close-out (resumes where it stopped).
+
+    Example: kinv run plans/3a-attention-occupancy.yaml --backend replay --approval auto
+    Exit codes: 0 closed out, 3 paused for an approval, 2 bad input, 1 failed.
+    """
+    from agent.investigation import run_plan
+
+    raise Exit(*run_plan(str(plan), backend, approval, state_dir, _console()))
+
+
+@app.command()
+def resume(
+    ws: str = typer.Argument(..., help="workstream id, e.g. 3a or #3a"),
+    backend: str = typer.Option("auto", help="auto | cuda | replay"),
+    approval: str = typer.Option("ask", help="ask | auto-config | auto"),
+    state_dir: str = StateOpt,
+):
+    """Continue a paused or killed workstream from its last checkpoint.
+
+    Example: kinv resume 3a --approval ask
+    """
+    from agent.models import norm_ws
+
+    store = _store(state_dir)
+    row = store.workstream(norm_ws(ws))
+    if row is None:
+        known = ", ".join(w["id"] for w in store.workstreams()) or "none"
+        raise Exit(EXIT_BAD_INPUT, f"unknown workstream {norm_ws(ws)!r}; known: {known}")
+    from agent.investigation import run_plan
+
+    raise Exit(*run_plan(row["plan_path"], backend, approval, state_dir, _console()))
+
+
+def _decide(approval_id: str, status: str, reason: str, state_dir) -> None:
+    store = _store(state_dir)
+    row = store.approval(approval_id)
+    if row is None:
+        pend = ", ".join(a["id"] for a in store.approvals(status="pending")) or "none"
+        raise Exit(EXIT_BAD_INPUT, f"unknown approval {approval_id!r}; pending: {pend}")
+    if row["status"] != "pending":
+        raise Exit(EXIT_BAD_INPUT, f"approval {approval_id} is already {row['status']}")
+    store.decide_approval(approval_id, status, reason)
+    store.event(row["workstream"], "approval", f"{approval_id} {status}" + (f": {reason}" if reason else ""))
+    _console().print(f"{approval_id} {status}. Continue with: kinv resume {row['workstream'].lstrip('#')}")
+
+
+@app.command()
+def approve(approval_id: str = typer.Argument(..., help="pending approval id (kinv pending)"), state_dir: str = StateOpt):
+    """Approve a pending kernel edit; then `kinv resume WS` continues.
+
+    Example: kinv approve 3a-V1-2
+    """
+    _decide(approval_id, "approved", "", state_dir)
+
+
+@app.command()
+def reject(
+    approval_id: str = typer.Argument(..., help="pending approval id (kinv pending)"),
+    reason: str = typer.Option(..., "--reason", help="why the edit is rejected (recorded)"),
+    state_dir: str = StateOpt,
+):
+    """Reject a pending kernel edit with a reason; the variant is cancelled.
+
+    Example: kinv reject 3a-V2-3 --reason "V2 needs 81 KB smem on our sm_120 fleet"
+    """
+    _decide(approval_id, "rejected", reason, state_dir)
+
+
+# --------------------------------------------------------------------------- #
+# measuring
+# --------------------------------------------------------------------------- #
+@app.command()
+def bench(
+    config: Path = typer.Option(None, help="config JSON to time (default: the live kernels/configs/<kernel>.json)"),
+    variant: str = typer.Option(None, help="A/B against the live config: changes such as num_warps=8,num_stages=3"),
+    levels: str = typer.Option("1,8,32,64,96", help="batch sizes"),
+    contexts: str = typer.Option(None, help="context lengths (default 4096,16384 on cuda; 4096 on replay)"),
+    shapes: str = typer.Option(None, help="v3,v4flash (default both on cuda; v4flash on replay)"),
+    backend: str = typer.Option("auto", help="auto | cuda | replay"),
+    samples: int = typer.Option(5, min=1, max=1000, help="samples per level for a single config"),
+    rounds: int = typer.Option(24, min=2, max=1000, help="max ABBA rounds for --variant"),
+    state_dir: str = StateOpt,
+    as_json: bool = JsonOpt,
+):
+    """Time one config per level (µs, GB/s, % of copy bandwidth, tokens/s), or a variant against it.
+
+    Example: kinv bench --backend cuda            (the full sweep: 5 batches x 2 contexts x 2 shapes)
+    Example: kinv bench --variant num_warps=8 --backend replay
+    """
+    from agent.investigation import bench_command
+
+    raise Exit(*bench_command(config, variant, _ints(levels, "levels"), contexts, shapes, backend, samples, rounds,
+                              state_dir, as_json, _console()))  # fmt: skip
+
+
+@app.command()
+def noise(
+    levels: str = typer.Option("1,8,32,64,96", help="batch sizes"),
+    rounds: int = typer.Option(8, min=3, max=1000, help="A/A rounds"),
+    backend: str = typer.Option("auto", help="auto | cuda | replay"),
+    state_dir: str = StateOpt,
+    as_json: bool = JsonOpt,
+):
+    """Characterize benchmark noise: A/A rounds of the live config against itself, band per level.
+
+    Example: kinv noise --backend replay --rounds 8
+    """
+    from agent.investigation import noise_command
+
+    raise Exit(*noise_command(_ints(levels, "levels"), rounds, backend, state_dir, as_json, _console()))
+
+
+@app.command()
+def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/environ"),
+        plan: Path = typer.Option(Path("plans/3a-attention-occupancy.yaml"), help="plan whose environment is expected"),
+        state_dir: str = StateOpt):  # fmt: skip
+    """Check the plan's expected environment (e.g. TARGET_CTAS=512) against a live process.
+
+    Example: kinv env --pid 12345 --plan plans/3a-attention-occupancy.yaml
+    """
+    from agent.models import load_plan
+    from agent.tools import envcheck
+
+    p, _ = load_plan(plan)
+    if pid is None:
+        seen = {k: os.environ.get(k) for k in p.environment}
+        mism = envcheck.compare(p.environment, seen)
+        for m in mism:
+            _console().print(f"{m.var}: expected {m.expected!r}, this shell has {m.seen!r}")
+        raise Exit(EXIT_FAIL if mism else EXIT_OK, "" if mism else f"this shell matches {p.environment}")
+    store = _store(state_dir, create=True)
+    envcheck.check_pid(store, p.ws, pid, p.environment)
+    _console().print(f"pid {pid} sees {p.environment}: ok")
+
+
+@app.command()
+def revert(state_dir: str = StateOpt):
+    """Revert every patched kernel file to its backup (what every start does anyway).
+
+    Example: kinv revert
+    """
+    from agent.tools import configs
+
+    done = configs.recover(_store(state_dir, create=True))
+    _console().print(f"reverted {len(done)} patch(es)" if done else "nothing to revert: no kernel file is patched")
+
+
+# --------------------------------------------------------------------------- #
+# read commands (no torch, triton or langgraph)
+# --------------------------------------------------------------------------- #
+def _emit(model, as_json: bool, render) -> None:
+    if as_json:
+        from pydantic import BaseModel
+
+        if isinstance(model, list):
+            print(json.dumps([m.model_dump(mode="json") if isinstance(m, BaseModel) else m for m in model], indent=2))
+        else:
+            print(model.model_dump_json(indent=2))
+        return
+    render(_console(), model)
+
+
+@app.command()
+def status(state_dir: str = StateOpt, as_json: bool = JsonOpt):
+    """Every workstream: its todos as a tree, approvals waiting, latest verdicts, recommendation.
+
+    Example: kinv status --json
+    """
+    from agent import render, views
+
+    _emit(views.status(_store(state_dir)), as_json, render.status)
+
+
+@app.command()
+def todos(
+    ws: str = typer.Argument(..., help="workstream id, e.g. 3a or #3a"),
+    fmt: str = typer.Option("table", "--format", help="table | opencode | claude"),
+    state_dir: str = StateOpt,
+    as_json: bool = JsonOpt,
+):
+    """A workstream's todo list; --format opencode|claude exports it for a coding agent.
+
+    Example: kinv todos 3a --format claude
+    """
+    from agent import render, views
+
+    store = _store(state_dir)
+    items = views.todos(store, views.resolve_ws(store, ws))
+    if fmt == "opencode":
+        print(json.dumps(views.to_opencode(items), indent=2))
+    elif fmt == "claude":
+        print(json.dumps(views.to_claude(items), indent=2))
+    elif fmt == "table":
+        _emit(items, as_json, render.todos)
+    else:
+        raise Exit(EXIT_BAD_INPUT, f"--format {fmt!r} is not valid; use table, opencode or claude")
+
+
+@app.command()
+def experiments(ws: str = typer.Argument(..., help="workstream id"), state_dir: str = StateOpt,
+                as_json: bool = JsonOpt):  # fmt: skip
+    """A workstream's experiments: variant, verdict, rounds, GPU time.
+
+    Example: kinv experiments 3a
+    """
+    from agent import render, views
+
+    store = _store(state_dir)
+    _emit(views.experiments(store, views.resolve_ws(store, ws)), as_json, render.experiments)
+
+
+@app.command()
+def show(exp_id: int = typer.Argument(..., help="experiment id (kinv experiments WS)"), state_dir: str = StateOpt,
+         as_json: bool = JsonOpt):  # fmt: skip
+    """One experiment: config diff, env check, correctness, samples, effects with intervals, ledger.
+
+    Example: kinv show 3
+    """
+    from agent import render, views
+
+    _emit(views.show(_store(state_dir), exp_id), as_json, render.show)
+
+
+@app.command()
+def pending(state_dir: str = StateOpt, as_json: bool = JsonOpt):
+    """Kernel edits waiting for a person, with their diffs.
+
+    Example: kinv pending
+    """
+    from agent import render, views
+
+    _emit(views.pending(_store(state_dir)), as_json, render.pending)
+
+
+@app.command()
+def history(ws: str = typer.Argument(..., help="workstream id"), state_dir: str = StateOpt, as_json: bool = JsonOpt):
+    """The graph's checkpoints for a workstream: node, time, decision.
+
+    Example: kinv history 3a
+    """
+    from agent import render, views
+
+    store = _store(state_dir)
+    _emit(views.history(store, views.resolve_ws(store, ws)), as_json, render.history)
+
+
+@app.command()
+def backups(state_dir: str = StateOpt, as_json: bool = JsonOpt):
+    """Backups of kernel files taken before every patch.
+
+    Example: kinv backups
+    """
+    from agent import render, views
+
+    _emit(views.backups(_store(state_dir)), as_json, render.backups)
+
+
+@app.command()
+def report(ws: str = typer.Argument(..., help="workstream id"), out: Path = typer.Option(None, help="copy to PATH"),
+           state_dir: str = StateOpt):  # fmt: skip
+    """Print (or copy to --out) a workstream's close-out.
+
+    Example: kinv report 3a --out closeout-3a.md
+    """
+    from agent import views
+
+    store = _store(state_dir)
+    wsid = views.resolve_ws(store, ws)
+    row = store.workstream(wsid)
+    if not row.get("report_path") or not Path(row["report_path"]).exists():
+        raise Exit(EXIT_FAIL, f"{wsid} has no close-out yet (status {row['status']}); run: kinv resume {wsid.lstrip('#')}")
+    text = Path(row["report_path"]).read_text()
+    if out:
+        import shutil
+
+        out.write_text(text)
+        png = Path(row["report_path"]).with_suffix(".png")
+        if png.exists():
+            shutil.copy(png, out.with_suffix(".png"))
+        _console().print(f"close-out of {wsid} written to {out}")
+    else:
+        print(text)
+
+
+# --------------------------------------------------------------------------- #
+def main(argv=None) -> int:
+    """Entry point: one line and an exit code for every domain error, never a traceback."""
+    from pydantic import ValidationError
+
+    from agent.models import PlanError
+    from agent.store import StoreError
+    from kernels.launch_config import ConfigError
+
+    try:
+        app(args=argv, standalone_mode=False)
+        return EXIT_OK
+    except Exit as e:
+        if e.message:
+            (print if e.code == EXIT_OK else _err)(e.message)
+        return e.code
+    except (PlanError, ConfigError, ValidationError) as e:
+        _err(str(e).splitlines()[0])
+        return EXIT_BAD_INPUT
+    except StoreError as e:
+        _err(str(e))
+        return EXIT_FAIL
+    except Exception as e:  # click usage errors, domain errors of the tools
+        import click
+
+        if isinstance(e, click.exceptions.Exit):
+            return e.exit_code
+        if isinstance(e, click.ClickException):
+            _err(e.format_message().splitlines()[0])
+            return EXIT_BAD_INPUT
+        if isinstance(e, click.exceptions.Abort):
+            _err("aborted")
+            return EXIT_FAIL
+        name = type(e).__name__
+        bad_input = name in ("NotFound", "UnknownKernelError", "UnknownDeviceError", "PatchError", "NoRecording")
+        _err(f"{str(e).splitlines()[0] if str(e) else name}")
+        if os.environ.get("KINV_DEBUG"):
+            raise
+        return EXIT_BAD_INPUT if bad_input else EXIT_FAIL
+
+
+def _err(msg: str) -> None:
+    print(f"kinv: {msg}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,512 @@
+"""The investigation graph: LangGraph StateGraph with a SqliteSaver checkpointer.
+
+Data flow (DESIGN.md): setup -> baseline -> noise -> pick -> design ->
+[approval] -> apply -> gate -> measure -> revert -> decide -> pick ... ->
+closeout.  Nodes are thin: they call the tools (agent/tools/*), the planner
+and the stats.  The graph state holds ids and small values only; samples,
+verdicts, patches and todos live in kinv.db.  The thread id is the
+workstream id, so ``kinv run`` on the same plan resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TypedDict
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from agent import planner
+from agent.models import Plan
+from agent.store import Store
+from agent.tools import bench, configs, correctness, envcheck, resources
+from kernels.adapter import Level, get_adapter
+from kernels.devices import get_device
+from kernels.launch_config import PARAMS, config_hash, describe
+
+APPROVAL_POLICIES = ("ask", "auto-config", "auto")
+RECURSION_LIMIT = 200
+
+
+class InvestigationError(RuntimeError):
+    """The investigation cannot go on; one line says why."""
+
+
+class State(TypedDict, total=False):
+    ws: str
+    decision: str
+    current: str | None
+    exp_id: int | None
+    patch_id: int | None
+    approval_id: str | None
+    needs_approval: bool
+    results: dict
+    cancelled: list
+    noise_exp: int | None
+    bands: dict
+    thresholds: dict
+    gpu_s: float
+    rounds: int
+    budget_exhausted: bool
+    report: str | None
+
+
+@dataclass
+class Context:
+    """What every node needs and the graph state must not hold."""
+
+    store: Store
+    plan: Plan
+    plan_path: str
+    plan_hash: str
+    backend_name: str
+    approval: str
+    progress: object = None  # callable(kind, **info) for the CLI's progress display
+    _backend: bench.Backend | None = field(default=None, repr=False)
+
+    @property
+    def backend(self) -> bench.Backend:
+        if self._backend is None:
+            self._backend = bench.get_backend(self.backend_name)
+            self.say("backend", message=self._backend.loud)
+        return self._backend
+
+    @property
+    def adapter(self):
+        return get_adapter(self.plan.kernel)
+
+    @property
+    def config_path(self) -> Path:
+        return self.adapter.config_path()
+
+    def levels(self) -> list[Level]:
+        heads = resources.local_heads(self.plan.model.heads, self.plan.model.attention_tp)
+        w = self.plan.workload
+        return [Level(batch=b, context=w.context, shape=self.plan.model.shape, heads=heads, page_size=w.page_size)
+                for b in w.levels]  # fmt: skip
+
+    def say(self, kind: str, **info) -> None:
+        msg = info.get("message")
+        if msg:
+            self.store.event(self.plan.ws, kind, msg, {k: v for k, v in info.items() if k != "message"})
+        if self.progress:
+            self.progress(kind, **info)
+
+
+# --------------------------------------------------------------------------- #
+# helpers the nodes share
+# --------------------------------------------------------------------------- #
+def _baseline_config(ctx: Context) -> dict:
+    return {**ctx.plan.baseline, "kernel": ctx.plan.kernel}
+
+
+def _ensure_patched(ctx: Context, cfg: dict, exp_id: int, patch_id: int | None) -> int:
+    """The live config equals the variant's (re-applied if a recovery reverted it)."""
+    live = configs.read_config(ctx.config_path, ctx.plan.kernel)
+    if config_hash(live) == config_hash(cfg) and patch_id is not None:
+        return patch_id
+    row = configs.patch_config(ctx.store, ctx.config_path, cfg, ctx.plan.ws, exp_id)
+    return row["id"]
+
+
+def _revert_all(ctx: Context) -> None:
+    for p in ctx.store.patches(ctx.plan.ws):
+        if p["state"] in ("intent", "applied"):
+            configs.revert(ctx.store, p["id"])
+
+
+def _stored_pairs(store: Store, exp_id: int, tags=("A", "B")) -> dict[int, dict[str, tuple[float, float]]]:
+    """Rounds already committed for an experiment: round -> level -> (a_us, b_us)."""
+    by = {}
+    for s in store.samples(exp_id):
+        by.setdefault(s["round"], {}).setdefault(s["level"], {})[s["arm"]] = s["us"]
+    out = {}
+    for r, levels in by.items():
+        if all(tags[0] in v and tags[1] in v for v in levels.values()):
+            out[r] = {lv: (v[tags[0]], v[tags[1]]) for lv, v in levels.items()}
+    return out
+
+
+def _needs_approval(ctx: Context, cfg: dict, source_patch: bool) -> bool:
+    if ctx.approval == "auto":
+        return False
+    if ctx.approval == "ask" or source_patch:
+        return True
+    bounds = ctx.plan.bounds
+    items = [cfg] + list(cfg.get("overrides", []))
+    for item in items:
+        for k in PARAMS:
+            if k in item and k in bounds and item[k] not in bounds[k]:
+                return True
+    return False
+
+
+# --------------------------------------------------------------------------- #
+# nodes
+# --------------------------------------------------------------------------- #
+def make_nodes(ctx: Context):
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+
+    def setup(state: State) -> dict:
+        configs.recover(store)
+        live = configs.read_config(ctx.config_path, plan.kernel)
+        base = _baseline_config(ctx)
+        if config_hash(live) != config_hash(base):
+            raise InvestigationError(
+                f"live config {ctx.config_path} is {describe(live)} but the plan's baseline is {describe(base)}; "
+                "restore it (kinv revert) or fix the plan"
+            )
+        store.update_workstream(ws, baseline_hash=configs.sha(ctx.config_path), status="running")
+        planner.init_todos(store, plan)
+        ctx.say("setup", message=f"{ws}: baseline {describe(base)} verified on disk")
+        return {"ws": ws, "results": state.get("results", {}), "cancelled": state.get("cancelled", []),
+                "gpu_s": state.get("gpu_s", 0.0), "rounds": state.get("rounds", 0),
+                "decision": "baseline on disk matches the plan"}  # fmt: skip
+
+    def baseline(state: State) -> dict:
+        planner.start(store, ws, "baseline")
+        levels = ctx.levels()
+        heads = levels[0].heads
+        block_h = resources.block_h_for(heads)
+        if block_h != plan.baseline["BLOCK_H"]:
+            ctx.say("warning", message=f"{heads} local heads want block_h {block_h}, the baseline uses "
+                                       f"{plan.baseline['BLOCK_H']}")  # fmt: skip
+        exp = store.new_experiment(workstream=ws, todo=planner.todo_id(ws, "baseline"), variant="baseline",
+                                   kind="baseline", backend=ctx.backend.name, config_hash=config_hash(
+                                       _baseline_config(ctx)), config_json=str(_baseline_config(ctx)))  # fmt: skip
+        assessment = resources.assess(ctx.adapter, _baseline_config(ctx), levels, get_device(plan.device))
+        resources.record(store, ws, exp, assessment)
+        result = correctness.check(ctx.adapter, _baseline_config(ctx), levels, seed=int(time.time()) % 100000,
+                                   device=_corr_device(ctx))  # fmt: skip
+        correctness.record(store, ws, exp, result)
+        if not result["ok"]:
+            raise InvestigationError(f"the baseline itself is incorrect: {result['reason']}")
+        arm = ctx.backend.open("baseline", plan.kernel, _baseline_config(ctx), plan.environment)
+        try:
+            envcheck.check_worker(store, ws, exp, plan.environment, arm.env_seen)
+        finally:
+            arm.close()
+        store.update_experiment(exp, status="done", finished=time.time())
+        planner.finish(store, ws, "baseline", "completed",
+                       f"{local_heads_text(plan)}; env {plan.environment} confirmed; correct")  # fmt: skip
+        ctx.say("baseline", message=f"baseline verified: {local_heads_text(plan)}, env confirmed, correct")
+        return {"decision": "baseline verified"}
+
+    def noise(state: State) -> dict:
+        from agent import stats
+
+        planner.start(store, ws, "noise")
+        exp = state.get("noise_exp") or store.new_experiment(
+            workstream=ws, todo=planner.todo_id(ws, "noise"), variant="A/A", kind="noise", backend=ctx.backend.name,
+            config_hash=config_hash(_baseline_config(ctx)))  # fmt: skip
+        levels = ctx.levels()
+        base = _baseline_config(ctx)
+        done = _stored_pairs(store, exp, ("A", "A2"))
+        acc = bench.PairedRounds()
+        arms = []
+        t0 = time.time()
+        try:
+            for r in range(plan.stats.aa_rounds):
+                if r in done:
+                    for lv, (a, b) in done[r].items():
+                        acc.add(lv, a, b)
+                    continue
+                if not arms:
+                    arms = [ctx.backend.open("A", plan.kernel, base, plan.environment),
+                            ctx.backend.open("A2", plan.kernel, base, plan.environment, replica=1)]  # fmt: skip
+                    for a in arms:
+                        for lv in levels:
+                            a.setup(lv)
+                device = store.device(arms[0].fingerprint)
+                bench.paired_round(store, exp, ctx.backend, arms[0], arms[1], levels, r, acc, device,
+                                   bench.reference_hash(plan.kernel), tags=("A", "A2"))  # fmt: skip
+                ctx.say("round", phase="noise", round=r + 1, total=plan.stats.aa_rounds)
+        finally:
+            for a in arms:
+                a.close()
+        bands = [stats.noise_band(acc.a[lv.key], acc.b[lv.key], lv.key, min_threshold=plan.stats.min_threshold)
+                 for lv in levels]  # fmt: skip
+        store.add_noise(exp, ws, [b.__dict__ for b in bands])
+        store.update_experiment(exp, status="done", rounds=plan.stats.aa_rounds, gpu_s=acc.gpu_s,
+                                wall_s=time.time() - t0, finished=time.time())  # fmt: skip
+        stats.check_aa(bands, min_threshold=plan.stats.min_threshold)
+        band = {b.level: b.band for b in bands}
+        thresholds = {lv: stats.practical_threshold(b, plan.stats.min_threshold, plan.stats.noise_multiple)
+                      for lv, b in band.items()}  # fmt: skip
+        lo, hi = min(band.values()), max(band.values())
+        reason = f"noise band ±{lo:.2%}..±{hi:.2%}; A/A equivalent at every level; thresholds ≥ {min(thresholds.values()):.1%}"
+        planner.finish(store, ws, "noise", "completed", reason)
+        ctx.say("noise", message=reason, bands=band)
+        return {"noise_exp": exp, "bands": band, "thresholds": thresholds, "gpu_s": state.get("gpu_s", 0) + acc.gpu_s,
+                "decision": reason}  # fmt: skip
+
+    def pick(state: State) -> Command[Literal["design", "closeout"]]:
+        results, cancelled = dict(state.get("results", {})), list(state.get("cancelled", []))
+        if state.get("gpu_s", 0) >= plan.budget.gpu_seconds:
+            for v in plan.variants:
+                if v.id not in results and v.id not in cancelled:
+                    planner.finish(store, ws, v.id, "cancelled", "budget spent before it could run")
+                    cancelled.append(v.id)
+            return Command(goto="closeout", update={"cancelled": cancelled, "budget_exhausted": True,
+                                                    "decision": "budget spent: closing out"})  # fmt: skip
+        vid, moot = planner.next_variant(plan, results, set(cancelled))
+        for mid, reason in moot.items():
+            planner.finish(store, ws, mid, "cancelled", reason)
+            ctx.say("moot", message=f"{mid} {reason}")
+            cancelled.append(mid)
+        if vid is None:
+            return Command(goto="closeout", update={"cancelled": cancelled, "decision": "all variants decided"})
+        return Command(goto="design", update={"current": vid, "cancelled": cancelled, "exp_id": None,
+                                              "patch_id": None, "approval_id": None, "decision": f"next: {vid}"})
+
+    def design(state: State) -> Command[Literal["approval", "apply", "decide"]]:
+        vid = state["current"]
+        v = plan.variant(vid)
+        planner.start(store, ws, vid)
+        cfg = plan.variant_config(v)
+        exp = store.new_experiment(workstream=ws, todo=planner.todo_id(ws, vid), variant=vid, kind="ab",
+                                   backend=ctx.backend.name, config_hash=config_hash(cfg),
+                                   base_config_hash=config_hash(_baseline_config(ctx)), config_json=str(cfg))
+        device = get_device(plan.device)
+        levels = ctx.levels()
+        base_a = resources.assess(ctx.adapter, _baseline_config(ctx), levels, device)
+        var_a = resources.assess(ctx.adapter, cfg, levels, device)
+        predicted = resources.predicted_change(base_a, var_a)
+        var_a["predicted"] = predicted
+        resources.record(store, ws, exp, var_a)
+        diff = configs.config_diff(_baseline_config(ctx), cfg, ctx.config_path)
+        store.update_experiment(exp, diff=diff)
+        if not var_a["feasible"]:
+            result = {"verdict": "infeasible", "reason": f"infeasible on {plan.device}: {var_a['reason']}",
+                      "levels": {}, "exp_id": exp}  # fmt: skip
+            store.update_experiment(exp, status="rejected", verdict="reject", reason=result["reason"])
+            return Command(goto="decide", update={"exp_id": exp, "results": {**state.get("results", {}), vid: result}})
+        if _needs_approval(ctx, cfg, bool(v.source_patch)):
+            aid = f"{ws.lstrip('#')}-{vid}-{exp}"
+            store.add_approval(id=aid, workstream=ws, todo=planner.todo_id(ws, vid), variant=vid, kind="config",
+                               diff=diff, resources={"smem_max": var_a.get("smem_estimate_max"),
+                                                     "predicted": predicted}, hypothesis=plan.hypothesis)
+            ctx.say("approval", message=f"{vid} waits for approval {aid}", approval_id=aid)
+            return Command(goto="approval", update={"exp_id": exp, "approval_id": aid, "needs_approval": True,
+                                                    "decision": f"{vid}: approval {aid} requested"})
+        return Command(goto="apply", update={"exp_id": exp, "needs_approval": False,
+                                             "decision": f"{vid}: auto-approved ({ctx.approval})"})
+
+    def approval(state: State) -> Command[Literal["apply", "declined"]]:
+        # side-effect free: it re-runs from its start when the graph resumes
+        answer = interrupt({"approval_id": state["approval_id"], "variant": state["current"]})
+        if isinstance(answer, dict) and answer.get("approved"):
+            return Command(goto="apply", update={"decision": f"{state['approval_id']} approved"})
+        return Command(goto="declined", update={"decision": f"{state['approval_id']} rejected"})
+
+    def declined(state: State) -> dict:
+        vid = state["current"]
+        appr = store.approval(state["approval_id"]) or {}
+        reason = f"rejected by a person: {appr.get('reason') or 'no reason given'}"
+        store.update_experiment(state["exp_id"], status="cancelled", reason=reason)
+        planner.finish(store, ws, vid, "cancelled", reason)
+        return {"cancelled": list(state.get("cancelled", [])) + [vid], "decision": reason}
+
+    def apply(state: State) -> dict:
+        cfg = plan.variant_config(plan.variant(state["current"]))
+        pid = _ensure_patched(ctx, cfg, state["exp_id"], state.get("patch_id"))
+        ctx.say("patch", message=f"{state['current']}: {ctx.config_path.name} patched to {describe(cfg)} (backup kept)")
+        return {"patch_id": pid, "decision": f"patched {describe(cfg)}"}
+
+    def gate(state: State) -> Command[Literal["measure", "revert"]]:
+        vid = state["current"]
+        cfg = plan.variant_config(plan.variant(vid))
+        pid = _ensure_patched(ctx, cfg, state["exp_id"], state.get("patch_id"))
+        live = configs.read_config(ctx.config_path, plan.kernel)
+        result = correctness.check(ctx.adapter, live, ctx.levels(), seed=int(time.time()) % 100000,
+                                   device=_corr_device(ctx))  # fmt: skip
+        correctness.record(store, ws, state["exp_id"], result)
+        if not result["ok"]:
+            res = {"verdict": "incorrect", "reason": f"incorrect: {result['reason']}", "levels": {},
+                   "exp_id": state["exp_id"]}  # fmt: skip
+            ctx.say("incorrect", message=f"{vid} rejected before timing: {result['reason']}")
+            return Command(goto="revert", update={"patch_id": pid, "results": {**state.get("results", {}), vid: res},
+                                                  "decision": f"{vid} incorrect: never timed"})
+        return Command(goto="measure", update={"patch_id": pid, "decision": f"{vid} correct"})
+
+    def measure(state: State) -> dict:
+        from agent import stats
+
+        vid, exp = state["current"], state["exp_id"]
+        cfg = plan.variant_config(plan.variant(vid))
+        pid = _ensure_patched(ctx, cfg, exp, state.get("patch_id"))
+        live = configs.read_config(ctx.config_path, plan.kernel)  # the variant is what is on disk
+        levels = ctx.levels()
+        by_key = {lv.key: lv for lv in levels}
+        done = _stored_pairs(store, exp)
+        arms: list = []
+        acc = bench.PairedRounds()
+        t0 = time.time()
+        s = plan.stats
+        seq = stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds)
+
+        def open_arms():
+            arms.append(ctx.backend.open("baseline", plan.kernel, _baseline_config(ctx), plan.environment))
+            arms.append(ctx.backend.open(vid, plan.kernel, live, plan.environment))
+            for a in arms:
+                envcheck.check_worker(store, ws, exp, plan.environment, a.env_seen)
+                for lv in levels:
+                    a.setup(lv)
+
+        def sample_fn(r: int) -> dict:
+            if r in done:
+                return done[r]
+            if not arms:
+                open_arms()
+            rr = bench.PairedRounds()
+            bench.paired_round(store, exp, ctx.backend, arms[0], arms[1], levels, r, rr,
+                               store.device(arms[0].fingerprint), bench.reference_hash(plan.kernel))  # fmt: skip
+            acc.gpu_s += rr.gpu_s
+            ctx.say("round", phase=vid, round=r + 1, total=s.max_rounds)
+            return {lv: (rr.a[lv][0], rr.b[lv][0]) for lv in rr.a}
+
+        try:
+            seq_res = stats.run_sequential(sample_fn, [lv.key for lv in levels], state["thresholds"], seq)
+        except bench.VariantFailed as exc:
+            res = {"verdict": "failed", "reason": f"variant failed: {exc}", "levels": {}, "exp_id": exp}
+            store.update_experiment(exp, status="rejected", verdict="reject", reason=res["reason"],
+                                    gpu_s=acc.gpu_s, wall_s=time.time() - t0)  # fmt: skip
+            ctx.say("failed", message=f"{vid}: {exc}")
+            return {"patch_id": pid, "results": {**state.get("results", {}), vid: res},
+                    "decision": res["reason"][:200]}  # fmt: skip
+        finally:
+            for a in arms:
+                a.close()
+        rows = []
+        for lv, e in seq_res.effects.items():
+            base_us, var_us = seq_res.samples[lv]
+            rows.append({"level": lv, "n": e.n, "base_us": _median(base_us), "variant_us": _median(var_us),
+                         "effect": e.effect, "ci_low": e.ci_low, "ci_high": e.ci_high, "ratio": e.ratio,
+                         "threshold": e.threshold, "verdict": e.verdict})  # fmt: skip
+        store.add_verdicts(exp, rows)
+        gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
+        void = _integrity(store, exp, plan.kernel)
+        verdict, reason = seq_res.verdict, seq_res.reason
+        if void:
+            verdict, reason = "void", void
+        quick = ", ".join(f"{k.rsplit('/', 1)[1]}:{v}" for k, v in seq_res.quick_look.items())
+        store.update_experiment(exp, status="done", verdict=verdict, reason=reason, rounds=seq_res.rounds,
+                                gpu_s=gpu_total, wall_s=time.time() - t0, finished=time.time(),
+                                void_reason=void or None)  # fmt: skip
+        if seq_res.rounds > s.quick_rounds:
+            ctx.say("escalate", message=f"{vid}: quick look after {s.quick_rounds} rounds ({quick}) left levels "
+                                        f"undecided; escalated to {seq_res.rounds} rounds")  # fmt: skip
+        res = {"verdict": verdict, "reason": reason, "exp_id": exp, "rounds": seq_res.rounds,
+               "levels": {lv: e.verdict for lv, e in seq_res.effects.items()},
+               "effects": {lv: round(e.effect, 5) for lv, e in seq_res.effects.items()}}  # fmt: skip
+        del by_key
+        ctx.say("verdict", message=f"{vid}: {verdict} — {reason}")
+        return {"patch_id": pid, "results": {**state.get("results", {}), vid: res},
+                "gpu_s": state.get("gpu_s", 0) + acc.gpu_s, "rounds": state.get("rounds", 0) + seq_res.rounds,
+                "decision": f"{vid}: {verdict}"}  # fmt: skip
+
+    def revert(state: State) -> dict:
+        _revert_all(ctx)
+        wsrow = store.workstream(ws)
+        now_sha = configs.sha(ctx.config_path)
+        if now_sha != wsrow["baseline_hash"]:
+            raise InvestigationError(f"revert left {ctx.config_path} at {now_sha}, baseline is {wsrow['baseline_hash']}")
+        ctx.say("revert", message=f"{state['current']}: reverted; config hash {now_sha} matches the baseline")
+        return {"patch_id": None, "decision": f"reverted to baseline {now_sha}"}
+
+    def decide(state: State) -> dict:
+        vid = state["current"]
+        res = state["results"][vid]
+        planner.finish(store, ws, vid, "completed", f"{res['verdict']}: {res['reason']}")
+        if res["verdict"] == "mixed":
+            cond = planner.level_conditional(plan, plan.variant(vid), res.get("levels", {}))
+            if cond:
+                planner.add_follow_up(store, ws, f"{vid}-cond", f"{vid} as a level-conditional config: {describe(cond)}",
+                                      "proposed: mixed verdict")  # fmt: skip
+        return {"decision": f"{vid} closed: {res['verdict']}"}
+
+    def closeout(state: State) -> dict:
+        from agent import report
+
+        planner.start(store, ws, "closeout")
+        _revert_all(ctx)
+        path = report.write_closeout(store, plan, state, ctx)
+        planner.finish(store, ws, "closeout", "completed", f"close-out at {path}")
+        ctx.say("closeout", message=f"close-out written to {path}")
+        return {"report": str(path), "decision": "closed out"}
+
+    return {
+        "setup": setup, "baseline": baseline, "noise": noise, "pick": pick, "design": design,
+        "approval": approval, "declined": declined, "apply": apply, "gate": gate, "measure": measure,
+        "revert": revert, "decide": decide, "closeout": closeout,
+    }  # fmt: skip
+
+
+def _median(xs):
+    import statistics
+
+    return statistics.median(xs) if xs else None
+
+
+def _integrity(store: Store, exp: int, kernel: str) -> str | None:
+    """A verdict whose samples disagree on the harness or reference hash is void."""
+    harness = {s["harness_hash"] for s in store.samples(exp)}
+    refs = {s["reference_hash"] for s in store.samples(exp)}
+    if len(harness) > 1:
+        return f"void: the benchmark harness changed during the experiment ({', '.join(sorted(map(str, harness)))})"
+    if len(refs) > 1:
+        return f"void: the reference changed during the experiment ({', '.join(sorted(map(str, refs)))})"
+    current = bench.reference_hash(kernel)
+    if refs and current not in refs:
+        return f"void: the reference now hashes {current}, the samples were taken under {', '.join(sorted(refs))}"
+    return None
+
+
+def _corr_device(ctx: Context) -> str:
+    return "cuda" if ctx.backend.name == "cuda" else "cpu"
+
+
+def local_heads_text(plan: Plan) -> str:
+    h = resources.local_heads(plan.model.heads, plan.model.attention_tp)
+    return f"{plan.model.heads} heads / attention TP {plan.model.attention_tp} = {h} local heads -> block_h {resources.block_h_for(h)}"
+
+
+# --------------------------------------------------------------------------- #
+# assembly
+# --------------------------------------------------------------------------- #
+def build_graph(ctx: Context, checkpointer):
+    nodes = make_nodes(ctx)
+    g = StateGraph(State)
+    for name, fn in nodes.items():
+        g.add_node(name, fn)
+    g.add_edge(START, "setup")
+    g.add_edge("setup", "baseline")
+    g.add_edge("baseline", "noise")
+    g.add_edge("noise", "pick")
+    g.add_edge("declined", "pick")
+    g.add_edge("apply", "gate")
+    g.add_edge("measure", "revert")
+    g.add_edge("revert", "decide")
+    g.add_edge("decide", "pick")
+    g.add_edge("closeout", END)
+    return g.compile(checkpointer=checkpointer)
+
+
+def open_checkpointer(store: Store):
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(str(store.checkpoints_path), check_same_thread=False, timeout=30)
+    return SqliteSaver(conn)
+
+
+def run_config(ws: str) -> dict:
+    return {"configurable": {"thread_id": ws}, "recursion_limit": RECURSION_LIMIT}
+
+
+def pid_note() -> str:
+    return str(os.getpid())

@@ -1,0 +1,158 @@
+"""The deterministic planner: the todo list and the engineer's rules.
+
+No network, no model: the same plan and the same measurements give the same
+todos, the same moot decisions and the same recommendation.
+
+Rules
+-----
+* Todo ids: ``#3a.baseline``, ``#3a.noise``, ``#3a.V1`` ..., ``#3a.closeout``;
+  statuses pending / in_progress / completed / cancelled (with a reason);
+  exactly one item in_progress at a time.
+* Moot: a variant whose ``requires`` premise was refuted is cancelled with the
+  reason ("moot: V1 regressed at every level").
+* Escalation: a quick look that leaves a level undecided escalates to the full
+  suite (more rounds), up to the plan's cap (agent.stats.run_sequential).
+* Mixed: improved at some levels and regressed at others proposes a
+  level-conditional config (the variant where it helped, the baseline elsewhere).
+* Recommendation: the backlog ranked on evidence: the roofline headroom the
+  benchmark measured and the verdicts just reached.
+"""
+
+from __future__ import annotations
+
+from agent.models import Plan, Variant
+from agent.store import Store
+
+STATUSES = ("pending", "in_progress", "completed", "cancelled")
+
+
+def todo_id(ws: str, item: str) -> str:
+    return f"{ws}.{item}"
+
+
+def init_todos(store: Store, plan: Plan) -> None:
+    """Create the workstream's todo list once (existing items keep their status)."""
+    ws = plan.ws
+    items = [("baseline", "Verify the baseline: env, correctness, resources", "Verifying the baseline", "high"),
+             ("noise", "Characterize benchmark noise (A/A of the baseline)", "Characterizing benchmark noise", "high")]
+    for v in plan.variants:
+        items.append((v.id, f"{v.id}: {v.title}", f"Testing {v.id}: {v.title}", "medium"))
+    items.append(("closeout", "Close out: summary, state restored, next step", "Writing the close-out", "medium"))
+    for pos, (item, content, active, prio) in enumerate(items):
+        tid = todo_id(ws, item)
+        if store.todo(tid) is None:
+            store.upsert_todo({"id": tid, "workstream": ws, "parent": ws, "content": content, "active_form": active,
+                               "status": "pending", "reason": "", "priority": prio, "position": pos})  # fmt: skip
+
+
+def start(store: Store, ws: str, item: str) -> None:
+    """Mark one item in_progress; any other in_progress item of the workstream goes back to pending."""
+    tid = todo_id(ws, item)
+    for t in store.todos(ws):
+        if t["status"] == "in_progress" and t["id"] != tid:
+            store.upsert_todo({"id": t["id"], "status": "pending"})
+    store.upsert_todo({"id": tid, "status": "in_progress"})
+
+
+def finish(store: Store, ws: str, item: str, status: str = "completed", reason: str = "") -> None:
+    if status not in STATUSES:
+        raise ValueError(f"unknown todo status {status!r}; valid: {', '.join(STATUSES)}")
+    store.upsert_todo({"id": todo_id(ws, item), "status": status, "reason": reason})
+
+
+def add_follow_up(store: Store, ws: str, item: str, content: str, reason: str) -> None:
+    tid = todo_id(ws, item)
+    if store.todo(tid) is None:
+        pos = len(store.todos(ws))
+        store.upsert_todo({"id": tid, "workstream": ws, "parent": ws, "content": content,
+                           "active_form": f"Proposing {content}", "status": "pending", "reason": reason,
+                           "priority": "low", "position": pos})  # fmt: skip
+
+
+# --------------------------------------------------------------------------- #
+# rules
+# --------------------------------------------------------------------------- #
+def moot_reason(variant: Variant, results: dict) -> str | None:
+    """Why a variant is moot given earlier verdicts, or None if its premise holds (or it has none)."""
+    req = variant.requires
+    if req is None:
+        return None
+    prior = results.get(req.variant)
+    if prior is None:
+        return f"moot: {req.variant} was not measured"
+    levels = prior.get("levels", {})
+    improved = [lv for lv, v in levels.items() if v == "improved"]
+    if req.improves_somewhere and not improved:
+        if levels and all(v == "regressed" for v in levels.values()):
+            return f"moot: {req.variant} regressed at every level"
+        if prior.get("verdict") == "incorrect":
+            return f"moot: {req.variant} was incorrect"
+        if prior.get("verdict") == "infeasible":
+            return f"moot: {req.variant} was infeasible"
+        return f"moot: {req.variant} improved at no level ({prior.get('verdict')})"
+    return None
+
+
+def next_variant(plan: Plan, results: dict, cancelled: set[str]) -> tuple[str | None, dict[str, str]]:
+    """The next variant to test, and the variants found moot on the way (id -> reason)."""
+    moot = {}
+    for v in plan.variants:
+        if v.id in results or v.id in cancelled:
+            continue
+        reason = moot_reason(v, results)
+        if reason:
+            moot[v.id] = reason
+            continue
+        return v.id, moot
+    return None, moot
+
+
+def level_conditional(plan: Plan, variant: Variant, levels: dict[str, str]) -> dict | None:
+    """For a mixed verdict: overrides that use the variant at its improved batch sizes only."""
+    improved = sorted(int(k.rsplit("/b", 1)[1]) for k, v in levels.items() if v == "improved")
+    if not improved:
+        return None
+    cfg = plan.variant_config(variant)
+    changed = {k: cfg[k] for k in ("BLOCK_T", "BLOCK_H", "num_warps", "num_stages") if cfg[k] != plan.baseline[k]}
+    overrides = [{"batch_min": b, "batch_max": b, **changed} for b in improved]
+    return {**{k: v for k, v in plan.baseline.items()}, "overrides": overrides}
+
+
+def recommend(plan: Plan, results: dict, headroom: float | None) -> list[dict]:
+    """Rank the backlog: prior plausibility times what this investigation's evidence says.
+
+    * occupancy items: refuted (x0.1) when every occupancy variant regressed or showed
+      no gain; boosted (x1.5) when one was accepted;
+    * roofline-gap items: scaled by the measured headroom (1 - fraction of copy bandwidth);
+    * tile-shape items: boosted (x1.3) when occupancy was refuted (the remaining kernel lever);
+    * work elsewhere: boosted (x1.5) when every kernel variant here was rejected.
+    """
+    occupancy_ids = [v.id for v in plan.variants if set(v.patch) & {"num_warps", "num_stages", "overrides"}]
+    occ = [results[i] for i in occupancy_ids if i in results]
+    occ_refuted = bool(occ) and all(r.get("verdict") in ("reject", "incorrect", "infeasible") for r in occ)
+    occ_won = any(r.get("verdict") == "accept" for r in occ)
+    all_rejected = bool(results) and all(r.get("verdict") != "accept" for r in results.values())
+    ranked = []
+    for item in plan.backlog:
+        score, why = item.prior, [f"prior {item.prior:.2f}"]
+        if item.targets == "occupancy":
+            if occ_refuted:
+                score *= 0.1
+                why.append("occupancy refuted here: " + ", ".join(f"{i} {results[i]['verdict']}" for i in occupancy_ids
+                                                                   if i in results))  # fmt: skip
+            elif occ_won:
+                score *= 1.5
+                why.append("an occupancy variant was accepted")
+        elif item.targets == "roofline_gap" and headroom is not None:
+            score *= 0.5 + headroom
+            why.append(f"baseline leaves {headroom:.0%} of copy bandwidth unused")
+        elif item.targets == "tile_shape" and occ_refuted:
+            score *= 1.3
+            why.append("the kernel lever left after occupancy was refuted")
+        elif item.targets == "elsewhere" and all_rejected:
+            score *= 1.5
+            why.append("no kernel variant here beat the baseline")
+        ranked.append({"id": item.id, "title": item.title, "score": round(score, 3), "rationale": item.rationale,
+                       "evidence": "; ".join(why)})  # fmt: skip
+    ranked.sort(key=lambda r: -r["score"])
+    return ranked

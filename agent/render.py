@@ -1,0 +1,106 @@
+"""Rich rendering of the read views (agent/views.py); plain text when not a terminal."""
+
+from __future__ import annotations
+
+import time
+
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.tree import Tree
+
+MARK = {"completed": "[green]✓[/green]", "in_progress": "[yellow]▶[/yellow]", "pending": "·",
+        "cancelled": "[dim]✗[/dim]"}  # fmt: skip
+
+
+def _t(ts) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else ""
+
+
+def status(console, view) -> None:
+    if not view.workstreams:
+        console.print(f"no workstreams in {view.state_dir}; start one: kinv run plans/3a-attention-occupancy.yaml")
+        return
+    for ws in view.workstreams:
+        head = f"[bold]{ws.id}[/bold] {ws.title} — {ws.status}"
+        if ws.parent:
+            head += f"  (part of {ws.parent}: {ws.parent_title or ''})"
+        tree = Tree(head)
+        for t in ws.todos:
+            reason = f" — {t.reason}" if t.reason else ""
+            tree.add(f"{MARK.get(t.status, '?')} {t.id} {t.content} [dim]{t.status}{reason}[/dim]")
+        console.print(tree)
+        for a in ws.pending_approvals:
+            console.print(f"  [bold yellow]waiting for you[/bold yellow]: {a.id} ({a.variant}) → kinv approve {a.id}")
+        for v in ws.latest_verdicts:
+            console.print(f"  verdict {v.get('variant')}: {v.get('verdict')} — {v.get('reason') or ''}")
+        if ws.recommendation:
+            console.print(f"  next: {ws.recommendation}")
+        if ws.report_path:
+            console.print(f"  close-out: {ws.report_path}")
+
+
+def todos(console, items) -> None:
+    t = Table("id", "status", "content", "reason")
+    for i in items:
+        t.add_row(i.id, i.status, i.content, i.reason or "")
+    console.print(t)
+
+
+def experiments(console, items) -> None:
+    t = Table("id", "variant", "kind", "backend", "status", "verdict", "rounds", "GPU s", "samples")
+    for e in items:
+        t.add_row(str(e.id), e.variant or "", e.kind or "", e.backend or "", e.status or "", e.verdict or "",
+                  str(e.rounds or ""), f"{e.gpu_s or 0:.2f}", str(e.samples))  # fmt: skip
+    console.print(t)
+
+
+def show(console, v) -> None:
+    e = v.experiment
+    console.print(f"[bold]experiment {e.id}[/bold] {e.workstream or ''} {e.variant or ''} ({e.kind}, {e.backend}): "
+                  f"{e.verdict or e.status} — {e.reason or ''}")  # fmt: skip
+    if v.diff:
+        console.print(Syntax(v.diff, "diff", theme="ansi_dark"))
+    for c in v.env_checks:
+        console.print(f"env check ({c.get('source')}): {'ok' if c.get('ok') else 'MISMATCH ' + str(c.get('mismatch'))}"
+                      f" expected {c.get('expected')} seen {c.get('seen')}")  # fmt: skip
+    if v.correctness:
+        console.print(f"correctness: {'passed' if v.correctness.get('ok') else 'FAILED'} "
+                      f"({v.correctness.get('device')}, {v.correctness.get('dtype')}) {v.correctness.get('reason') or ''}")
+    if v.sample_summary:
+        t = Table("level", "arm", "n", "median µs", "min", "max", "CV")
+        for s in v.sample_summary:
+            t.add_row(str(s.get("level")), str(s.get("arm")), str(s.get("n")), f"{s.get('median_us', 0):.2f}",
+                      f"{s.get('min_us', 0):.2f}", f"{s.get('max_us', 0):.2f}", f"{s.get('cv', 0):.2%}")
+        console.print(t)
+    if v.effects:
+        t = Table("level", "effect", "95% CI", "threshold", "verdict")
+        for r in v.effects:
+            t.add_row(r.level, f"{r.effect:+.2%}", f"[{r.ci_low:+.2%}, {r.ci_high:+.2%}]", f"{r.threshold:.1%}", r.verdict)
+        console.print(t)
+    console.print(f"ledger: {v.ledger}")
+
+
+def pending(console, items) -> None:
+    if not items:
+        console.print("nothing is waiting for approval")
+        return
+    for a in items:
+        console.print(f"[bold]{a.id}[/bold] {a.workstream} {a.variant} ({a.kind}) since {_t(a.created)}")
+        if a.diff:
+            console.print(Syntax(a.diff, "diff", theme="ansi_dark"))
+        console.print(f"  predicted resources: {a.resources}")
+        console.print(f"  approve: kinv approve {a.id}   reject: kinv reject {a.id} --reason '...'")
+
+
+def history(console, items) -> None:
+    t = Table("step", "node", "time", "decision")
+    for h in items:
+        t.add_row(str(h.step), h.node or "", h.time or "", h.decision or "")
+    console.print(t)
+
+
+def backups(console, items) -> None:
+    t = Table("id", "workstream", "file", "backup", "sha")
+    for b in items:
+        t.add_row(str(b.id), b.workstream or "", b.path, b.backup_path, b.sha)
+    console.print(t)

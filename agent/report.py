@@ -1,0 +1,242 @@
+"""The close-out: Markdown with tables, the noise band, resources, state restored,
+the recommendation and the ledger, plus a PNG plot of throughput by level."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from agent import planner
+from agent.store import Store
+from kernels.launch_config import describe
+
+
+def _batch(level_key: str) -> int:
+    return int(level_key.rsplit("/b", 1)[1])
+
+
+def _tok_s(batch: int, us: float | None) -> float | None:
+    return batch / (us * 1e-6) if us else None
+
+
+def collect(store: Store, ws: str) -> dict:
+    """Everything the close-out shows, from the store."""
+    exps = store.experiments(ws)
+    noise = store.noise(ws)
+    ab = [e for e in exps if e["kind"] == "ab"]
+    variants = []
+    for e in ab:
+        rows = store.verdicts(e["id"])
+        variants.append({"exp": e, "verdicts": rows, "resources": json.loads(e["resources"] or "{}"),
+                         "correctness": json.loads(e["correctness"] or "{}")})  # fmt: skip
+    baseline = next((e for e in exps if e["kind"] == "baseline"), None)
+    return {"experiments": exps, "noise": noise, "variants": variants, "baseline": baseline,
+            "todos": store.todos(ws), "events": store.events(ws, limit=500)}  # fmt: skip
+
+
+def headroom(store: Store, ws: str, adapter, levels, copy_gbps: float | None) -> float | None:
+    """1 - (best baseline fraction of copy bandwidth) over the levels, from measured baseline times."""
+    if not copy_gbps:
+        return None
+    data = collect(store, ws)
+    best = 0.0
+    for v in data["variants"]:
+        for row in v["verdicts"]:
+            lv = next((x for x in levels if x.key == row["level"]), None)
+            if lv and row["base_us"]:
+                best = max(best, adapter.bytes_moved(lv) / (row["base_us"] * 1e-6) / 1e9 / copy_gbps)
+    return max(0.0, 1.0 - best) if best else None
+
+
+def plot(data: dict, path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    base_done = False
+    for v in data["variants"]:
+        rows = sorted(v["verdicts"], key=lambda r: _batch(r["level"]))
+        if not rows:
+            continue
+        xs = [_batch(r["level"]) for r in rows]
+        if not base_done:
+            ax.plot(xs, [_tok_s(b, r["base_us"]) / 1e6 for b, r in zip(xs, rows)], "k-o", label="baseline")
+            base_done = True
+        ys = [_tok_s(b, r["variant_us"]) / 1e6 for b, r in zip(xs, rows)]
+        # interval of the throughput ratio applied to the baseline throughput
+        lo = [(_tok_s(b, r["base_us"]) / 1e6) * _exp(r["ci_low"]) for b, r in zip(xs, rows)]
+        hi = [(_tok_s(b, r["base_us"]) / 1e6) * _exp(r["ci_high"]) for b, r in zip(xs, rows)]
+        err = [[max(0, y - a) for y, a in zip(ys, lo)], [max(0, b - y) for y, b in zip(ys, hi)]]
+        ax.errorbar(xs, ys, yerr=err, marker="s", capsize=3, label=f"{v['exp']['variant']} ({v['exp']['verdict']})")
+    if not base_done:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch (concurrency C)")
+    ax.set_ylabel("attention tokens/s (millions, one layer)")
+    ax.set_title("Throughput by level, 95% intervals")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _exp(x: float) -> float:
+    import math
+
+    return math.exp(x)
+
+
+def render(store: Store, plan, state: dict, ctx) -> str:
+    ws = plan.ws
+    data = collect(store, ws)
+    wsrow = store.workstream(ws)
+    bands = {n["level"]: n for n in data["noise"]}
+    results = state.get("results", {})
+    out = [f"# Close-out {ws}: {plan.workstream.title}", ""]
+    if plan.workstream.parent:
+        out += [f"Part of {plan.workstream.parent} ({plan.workstream.parent_title or ''}).", ""]
+    out += ["## Hypothesis", "", plan.hypothesis.strip(), ""]
+
+    # ---- summary ------------------------------------------------------------------
+    out += ["## Outcome", ""]
+    for v in plan.variants:
+        if v.id in results:
+            r = results[v.id]
+            out.append(f"- **{v.id}** ({v.title}): **{r['verdict']}** — {r['reason']}")
+        else:
+            todo = store.todo(planner.todo_id(ws, v.id)) or {}
+            out.append(f"- **{v.id}** ({v.title}): {todo.get('status', 'not run')} — {todo.get('reason', '')}")
+    accepted = [v for v, r in results.items() if r["verdict"] == "accept"]
+    if accepted:
+        out.append(f"- Accepted: {', '.join(accepted)}. The baseline is restored on disk; adopting a variant is a "
+                   "separate, reviewed change.")  # fmt: skip
+    else:
+        out.append(f"- No variant beat the baseline: {describe(plan.baseline)} stays. The hypothesis is "
+                   "refuted for this kernel shape." if results else "- Nothing was measured.")  # fmt: skip
+    out.append("")
+
+    # ---- backend -------------------------------------------------------------------
+    be = ctx.backend
+    out += ["## Where this was measured", "", f"- Backend: `{be.name}` — {be.loud}"]
+    if data["baseline"] and data["baseline"]["device"]:
+        pass
+    out += [f"- Environment expected and confirmed in every worker: {plan.environment}", ""]
+
+    # ---- noise -------------------------------------------------------------------
+    out += ["## Noise (A/A of the baseline)", "", "| level | noise band | per-sample CV | A/A effect [95% CI] | threshold |",
+            "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for lv, n in bands.items():
+        th = state.get("thresholds", {}).get(lv)
+        out.append(f"| {lv} | ±{n['band']:.2%} | {n['cv']:.2%} | {n['effect']:+.2%} [{n['ci_low']:+.2%}, "
+                   f"{n['ci_high']:+.2%}] | {th:.1%} |" if th else f"| {lv} | ±{n['band']:.2%} | | | |")  # fmt: skip
+    out += ["", "Every A/A came out equivalent, so the harness can tell a variant from itself; the practical "
+            f"threshold per level is max({plan.stats.min_threshold:.0%}, {plan.stats.noise_multiple:g} × band).", ""]
+
+    # ---- per-variant tables -------------------------------------------------------
+    for v in data["variants"]:
+        e = v["exp"]
+        out += [f"## {e['variant']}: {plan.variant(e['variant']).title if e['variant'] in [x.id for x in plan.variants] else ''}",
+                "", f"Verdict: **{e['verdict'] or e['status']}** — {e['reason'] or ''}", ""]  # fmt: skip
+        if e["void_reason"]:
+            out += [f"**Void:** {e['void_reason']}", ""]
+        if v["verdicts"]:
+            out += ["| batch | baseline tok/s | variant tok/s | effect [95% CI] | threshold | verdict |",
+                    "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+            for r in sorted(v["verdicts"], key=lambda r: _batch(r["level"])):
+                b = _batch(r["level"])
+                out.append(f"| {b} | {_tok_s(b, r['base_us']):,.0f} ({r['base_us']:.1f} µs) | "
+                           f"{_tok_s(b, r['variant_us']):,.0f} ({r['variant_us']:.1f} µs) | {r['effect']:+.2%} "
+                           f"[{r['ci_low']:+.2%}, {r['ci_high']:+.2%}] | {r['threshold']:.1%} | {r['verdict']} |")
+            out += ["", f"Rounds: {e['rounds']} (ABBA-paired), GPU time {e['gpu_s'] or 0:.2f} s.", ""]
+        res = v["resources"]
+        if res:
+            out += _resource_lines(res)
+        corr = v["correctness"]
+        if corr:
+            out += [f"Correctness before timing: {'passed' if corr.get('ok') else 'FAILED'} on fresh random inputs "
+                    f"({corr.get('device')}, {corr.get('dtype')}){': ' + corr.get('reason', '') if not corr.get('ok') else ''}.", ""]  # fmt: skip
+
+    # ---- moot / cancelled -----------------------------------------------------------
+    cancelled = [t for t in data["todos"] if t["status"] == "cancelled"]
+    if cancelled:
+        out += ["## Not run", ""] + [f"- {t['id']}: {t['reason']}" for t in cancelled] + [""]
+
+    # ---- state restored -----------------------------------------------------------
+    from agent.tools import configs
+
+    now_sha = configs.sha(ctx.config_path)
+    backups = [b for b in store.backups() if b["workstream"] == ws]
+    ok = now_sha == wsrow["baseline_hash"]
+    out += ["## State", "",
+            f"- State restored: config hash {'matches' if ok else 'DOES NOT MATCH'} baseline ({now_sha}), "
+            f"backup kept at {backups[-1]['backup_path'] if backups else '(no patch was made)'}.",
+            f"- Open patches in the journal: {len(store.dangling_patches())}.", ""]  # fmt: skip
+
+    # ---- recommendation -----------------------------------------------------------
+    adapter = ctx.adapter
+    hr = headroom(store, ws, adapter, ctx.levels(), be.copy_bandwidth())
+    ranked = planner.recommend(plan, results, hr)
+    if ranked:
+        top = ranked[0]
+        out += ["## Recommendation", "", f"Next: **{top['id']} — {top['title']}**. {top['rationale']}", "",
+                "| rank | candidate | score | evidence |", "| --- | --- | --- | --- |"]  # fmt: skip
+        out += [f"| {i + 1} | {r['id']}: {r['title']} | {r['score']:.2f} | {r['evidence']} |" for i, r in enumerate(ranked)]
+        out.append("")
+        store.update_workstream(ws, recommendation=f"{top['id']}: {top['title']}")
+    follow = [t for t in data["todos"] if t["reason"] == "proposed: mixed verdict"]
+    if follow:
+        out += ["Proposed follow-ups:"] + [f"- {t['content']}" for t in follow] + [""]
+
+    # ---- ledger --------------------------------------------------------------------
+    gpu = sum(e["gpu_s"] or 0 for e in data["experiments"])
+    rounds = sum(e["rounds"] or 0 for e in data["experiments"])
+    n_samples = sum(store.sample_count(e["id"]) for e in data["experiments"])
+    out += ["## Ledger", "", f"- GPU time in samples: {gpu:.2f} s ({'recorded' if be.name == 'replay' else 'measured'}); "
+            f"rounds: {rounds}; samples stored: {n_samples}; budget {plan.budget.gpu_seconds:.0f} GPU s"
+            f"{' — spent, close-out written anyway' if state.get('budget_exhausted') else ''}.",
+            f"- Plan: `{ctx.plan_path}` (sha {ctx.plan_hash}); written {time.strftime('%Y-%m-%d %H:%M:%S')}.", ""]  # fmt: skip
+    return "\n".join(out)
+
+
+def _resource_lines(res: dict) -> list[str]:
+    lines = []
+    per = res.get("levels") or res.get("per_level") or []
+    pred = res.get("predicted") or {}
+    if isinstance(per, dict):
+        per = list(per.values())
+    if per:
+        first = per[0]
+        r = first.get("resources", first)
+        why = r.get("why", {})
+        occ = r.get("occupancy", {})
+        lines.append(f"Resources (predicted, analytical): shared memory {r.get('smem_estimate', 0) / 1024:.1f} KB per CTA, "
+                     f"{occ.get('ctas_per_sm', '?')} CTAs/SM by {occ.get('limited_by', '?')}; tile {why.get('tile', '?')}, "
+                     f"iterations per split {why.get('iterations_per_split', '?')}.")  # fmt: skip
+    if pred:
+        lines.append(f"Predicted change vs baseline: {json.dumps(pred, default=str)[:400]}")
+    return lines + [""] if lines else []
+
+
+def write_closeout(store: Store, plan, state: dict, ctx, out_dir: Path | None = None) -> Path:
+    out_dir = Path(out_dir or store.dir / "reports")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = plan.ws.lstrip("#") + "-closeout"
+    md = render(store, plan, state, ctx)
+    png = plot(collect(store, plan.ws), out_dir / f"{stem}.png")
+    if png:
+        md += f"\n![throughput by level]({png.name})\n"
+    path = out_dir / f"{stem}.md"
+    path.write_text(md)
+    store.update_workstream(plan.ws, report_path=str(path), status="closed", closed=time.time())
+    return path
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None

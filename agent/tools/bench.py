@@ -1,0 +1,382 @@
+"""Benchmark backends behind one interface, and the measurement loops that use them.
+
+* ``cuda``: each variant ("arm") is a worker subprocess with its own
+  environment and config (``agent/tools/bench_worker.py``): CUDA-graph replay,
+  L2 rotation, correctness before timing, crash isolation.
+* ``replay``: serves samples that the cuda backend recorded on a real GPU
+  (``kernels/recordings/<gpu>/*.jsonl.gz``), selected by kernel, config hash,
+  level and workload, so a whole investigation runs without a GPU.  It says
+  so loudly, and refuses a config or level it has no recording of.
+* ``auto``: cuda when a GPU is visible, replay otherwise.
+
+Rounds pair the arms: in round r the baseline and the variant are measured
+back to back, in ABBA order, so slow drifts hit both alike.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import inspect
+import json
+import math
+import os
+import statistics
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
+from kernels.adapter import KERNELS_DIR, Level, get_adapter
+from kernels.launch_config import config_hash, describe
+
+BACKENDS = ("auto", "cuda", "replay")
+RECORDINGS = KERNELS_DIR / "recordings"
+HARNESS_FILE = Path(__file__).resolve().parent / "bench_worker.py"
+
+
+class BackendError(RuntimeError):
+    """A backend cannot serve this request; one line, names what is valid."""
+
+
+class NoRecording(BackendError):
+    pass
+
+
+class VariantFailed(BackendError):
+    """The variant's worker crashed or the variant failed its gate: the variant's failure, not kinv's."""
+
+
+def harness_hash() -> str:
+    return hashlib.sha256(HARNESS_FILE.read_bytes()).hexdigest()[:12]
+
+
+def reference_hash(kernel: str) -> str:
+    adapter = get_adapter(kernel)
+    src = inspect.getsource(type(adapter).reference) + inspect.getsource(type(adapter).bytes_moved)
+    if kernel == "mla_decode":
+        import kernels.mla_decode as mla
+
+        src += inspect.getsource(mla.mla_decode_reference)
+    return hashlib.sha256(src.encode()).hexdigest()[:12]
+
+
+def gpu_visible() -> bool:
+    if os.environ.get("KINV_FORCE_NO_GPU"):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+# --------------------------------------------------------------------------- #
+# interface
+# --------------------------------------------------------------------------- #
+@dataclass
+class Arm(ABC):
+    """One variant under measurement: a config in its own environment."""
+
+    name: str
+    kernel: str
+    config: dict
+    env: dict
+    fingerprint: dict = field(default_factory=dict)
+    env_seen: dict = field(default_factory=dict)
+    setups: dict = field(default_factory=dict)
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.config)
+
+    @abstractmethod
+    def setup(self, level: Level) -> dict:
+        """Prepare a level: derived env, resources, correctness, graph."""
+
+    @abstractmethod
+    def sample(self, level: Level, round_index: int) -> dict:
+        """One sample at a level: at least us, replays, gpu_s."""
+
+    def close(self) -> None:
+        pass
+
+
+class Backend(ABC):
+    name: str = ""
+    loud: str = ""
+
+    @abstractmethod
+    def open(self, name: str, kernel: str, config: dict, env: dict, replica: int = 0) -> Arm:
+        """Start an arm.  ``replica`` 1 is a second, independent arm of the same config (A/A)."""
+
+    def copy_bandwidth(self) -> float | None:
+        return None
+
+    def describe(self) -> str:
+        return self.name
+
+
+# --------------------------------------------------------------------------- #
+# cuda
+# --------------------------------------------------------------------------- #
+class CudaArm(Arm):
+    def __init__(self, name, kernel, config, env):
+        super().__init__(name=name, kernel=kernel, config=config, env=env)
+        self.worker = WorkerProcess(env={k: str(v) for k, v in env.items()}, label=name)
+        try:
+            hello = self.worker.request("hello", env_keys=sorted(env))
+        except (WorkerCrashed, WorkerError) as exc:
+            raise VariantFailed(f"{name}: worker failed to start: {exc}") from None
+        self.fingerprint = hello["fingerprint"]
+        self.env_seen = hello["env"]
+        self.harness = hello["harness_hash"]
+        self.worker_pid = hello["pid"]
+
+    def setup(self, level: Level) -> dict:
+        try:
+            s = self.worker.request("setup", kernel=self.kernel, config=self.config, level=level.to_dict())
+        except WorkerCrashed as exc:
+            raise VariantFailed(f"{self.name} crashed during set-up at {level.key}: {exc}") from None
+        except WorkerError as exc:
+            raise VariantFailed(f"{self.name} failed at {level.key}: {exc}") from None
+        if not s["correct"]:
+            raise VariantFailed(
+                f"{self.name} is incorrect at {level.key}: {s['mismatched']} elements off, rel err {s['rel_err']:.2e}"
+            )
+        self.setups[level.key] = s
+        return s
+
+    def sample(self, level: Level, round_index: int) -> dict:
+        s = self.setups.get(level.key) or self.setup(level)
+        t0 = time.perf_counter()
+        try:
+            r = self.worker.request("sample", key=s["key"], replays=20)
+        except (WorkerCrashed, WorkerError) as exc:
+            raise VariantFailed(f"{self.name} failed while sampling {level.key}: {exc}") from None
+        r["request_wall_s"] = time.perf_counter() - t0
+        r["derived_env"] = s["derived_env"]
+        r["harness_hash"] = self.harness
+        return r
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    loud = "CUDA backend: measuring live on this machine's GPU"
+
+    def __init__(self):
+        if not gpu_visible():
+            raise BackendError("no CUDA GPU visible: use --backend replay to serve samples recorded on an H200")
+        self._copy = None
+
+    def open(self, name, kernel, config, env, replica=0) -> Arm:
+        return CudaArm(name, kernel, config, env)
+
+    def copy_bandwidth(self) -> float:
+        if self._copy is None:
+            with WorkerProcess(label="copy") as w:
+                self._copy = w.request("copy_bandwidth", mib=2048)["gbps"]
+        return self._copy
+
+
+# --------------------------------------------------------------------------- #
+# replay
+# --------------------------------------------------------------------------- #
+class Recording:
+    """All recorded samples of one directory, indexed by (config hash, level, kind)."""
+
+    def __init__(self, files: list[Path]):
+        self.files = files
+        self.headers: list[dict] = []
+        self.cells: dict[tuple[str, str, str], dict[int, dict]] = {}
+        self.configs: dict[str, dict] = {}
+        self.resources: dict[tuple[str, str], dict] = {}
+        for f in files:
+            with gzip.open(f, "rt") as fh:
+                for line in fh:
+                    row = json.loads(line)
+                    kind = row.get("type")
+                    if kind == "header":
+                        self.headers.append(row)
+                        for cfg in row.get("configs", {}).values():
+                            self.configs[config_hash(cfg)] = cfg
+                    elif kind == "sample":
+                        key = (row["config_hash"], row["level"], row["kind"])
+                        self.cells.setdefault(key, {})[row["round"]] = row
+        if not self.headers:
+            raise BackendError(f"no recordings found in {', '.join(map(str, files)) or RECORDINGS}")
+
+    @property
+    def fingerprint(self) -> dict:
+        return self.headers[0]["fingerprint"]
+
+    def levels(self, chash: str) -> list[str]:
+        return sorted({lv for (h, lv, _) in self.cells if h == chash})
+
+    def cell(self, chash: str, level_key: str, kind: str) -> dict[int, dict]:
+        cell = self.cells.get((chash, level_key, kind))
+        if cell:
+            return cell
+        if chash not in self.configs:
+            known = ", ".join(f"{describe(c)} ({h})" for h, c in sorted(self.configs.items()))
+            raise NoRecording(f"replay has no recording of config {chash}; recorded configs: {known}")
+        levels = ", ".join(self.levels(chash))
+        raise NoRecording(f"replay has no recording of {describe(self.configs[chash])} at {level_key}; recorded: {levels}")
+
+
+class ReplayArm(Arm):
+    def __init__(self, name, kernel, config, env, recording: Recording, kind: str):
+        super().__init__(name=name, kernel=kernel, config=config, env=env)
+        self.rec = recording
+        self.kind = kind
+        self.fingerprint = recording.fingerprint
+        self.env_seen = dict(recording.headers[0].get("env", {}))
+        if config_hash(config) not in recording.configs:
+            recording.cell(config_hash(config), "-", kind)  # raises NoRecording naming what exists
+
+    def setup(self, level: Level) -> dict:
+        cell = self.rec.cell(self.config_hash, level.key, self.kind)
+        first = cell[min(cell)]
+        s = {"level": level.key, "derived_env": first.get("derived_env", {}), "rounds_recorded": len(cell),
+             "correct": True, "replayed": True}  # fmt: skip
+        self.setups[level.key] = s
+        return s
+
+    def sample(self, level: Level, round_index: int) -> dict:
+        cell = self.rec.cell(self.config_hash, level.key, self.kind)
+        rounds = sorted(cell)
+        row = cell[rounds[round_index % len(rounds)]]
+        return {
+            "us": row["us"], "replays": row["replays"], "gpu_s": row["gpu_s"], "t": row["t"],
+            "derived_env": row.get("derived_env", {}), "harness_hash": self.rec.headers[0]["harness_hash"],
+            "recorded_round": row["round"], "env_seen": row.get("env", {}),
+        }  # fmt: skip
+
+
+class ReplayBackend(Backend):
+    name = "replay"
+
+    def __init__(self, directory: Path | None = None):
+        directory = Path(directory or os.environ.get("KINV_RECORDINGS") or RECORDINGS)
+        files = sorted(directory.rglob("*.jsonl.gz"))
+        if not files:
+            raise BackendError(f"replay backend: no recordings under {directory} (record them with benchmarks/record_3a.py)")
+        self.recording = Recording(files)
+        fp = self.recording.fingerprint
+        self.loud = (
+            f"REPLAY backend: no GPU is measured; serving samples recorded on {fp.get('gpu')} "
+            f"({fp.get('sms')} SMs, torch {fp.get('torch')}, triton {fp.get('triton')})"
+        )
+
+    def open(self, name, kernel, config, env, replica=0) -> Arm:
+        recorded_env = self.recording.headers[0].get("env", {})
+        for k, v in env.items():
+            if recorded_env.get(k) != str(v):
+                raise NoRecording(f"replay has no recording with {k}={v!r}; the recordings ran with {k}={recorded_env.get(k)!r}")
+        return ReplayArm(name, kernel, config, env, self.recording, "aa" if replica else "ab")
+
+    def copy_bandwidth(self) -> float | None:
+        return self.recording.headers[0].get("copy_gbps")
+
+
+def get_backend(name: str) -> Backend:
+    """Resolve ``auto|cuda|replay``; auto says which it picked through ``.loud``."""
+    if name not in BACKENDS:
+        raise BackendError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
+    if name == "auto":
+        return CudaBackend() if gpu_visible() else ReplayBackend()
+    return CudaBackend() if name == "cuda" else ReplayBackend()
+
+
+# --------------------------------------------------------------------------- #
+# measurement loops (they store every sample)
+# --------------------------------------------------------------------------- #
+def _sample_row(exp_id, arm: Arm, level: Level, round_index: int, tag: str, s: dict, backend: str, ref_hash: str,
+                device: str | None) -> dict:  # fmt: skip
+    return {
+        "experiment": exp_id, "round": round_index, "arm": tag, "level": level.key, "config_hash": arm.config_hash,
+        "us": s["us"], "replays": s.get("replays"), "gpu_s": s.get("gpu_s"), "harness_hash": s.get("harness_hash"),
+        "reference_hash": ref_hash, "env": {"seen": arm.env_seen, "derived": s.get("derived_env", {})},
+        "backend": backend, "device": device, "t": time.time(),
+    }  # fmt: skip
+
+
+@dataclass
+class PairedRounds:
+    """Samples of two arms, paired by round: level -> (a_us list, b_us list)."""
+
+    a: dict[str, list[float]] = field(default_factory=dict)
+    b: dict[str, list[float]] = field(default_factory=dict)
+    gpu_s: float = 0.0
+    rounds: int = 0
+
+    def add(self, level: str, a_us: float, b_us: float) -> None:
+        self.a.setdefault(level, []).append(a_us)
+        self.b.setdefault(level, []).append(b_us)
+
+
+def paired_round(store, exp_id, backend: Backend, arm_a: Arm, arm_b: Arm, levels: list[Level], round_index: int,
+                 acc: PairedRounds, device: str | None, ref_hash: str, tags=("A", "B")) -> None:  # fmt: skip
+    """One round: every level, A then B on even rounds, B then A on odd (ABBA)."""
+    from agent.stats import abba_order
+
+    rows = []
+    for level in levels:
+        order = abba_order(round_index)
+        got = {}
+        for who in order:
+            arm, tag = (arm_a, tags[0]) if who == "A" else (arm_b, tags[1])
+            s = arm.sample(level, round_index)
+            got[who] = s
+            acc.gpu_s += s.get("gpu_s") or 0.0
+            rows.append(_sample_row(exp_id, arm, level, round_index, tag, s, backend.name, ref_hash, device))
+        acc.add(level.key, got["A"]["us"], got["B"]["us"])
+    store.add_samples(rows)  # the round's samples commit together
+    acc.rounds = round_index + 1
+
+
+def levels_for(plan_or_levels, context=4096, shape="v4flash", heads=16, page_size=64) -> list[Level]:
+    return [Level(batch=b, context=context, shape=shape, heads=heads, page_size=page_size) for b in plan_or_levels]
+
+
+def measure_config(store, exp_id, backend: Backend, kernel: str, config: dict, env: dict, levels: list[Level],
+                   samples: int = 5, on_level: Callable | None = None) -> list[dict]:  # fmt: skip
+    """``kinv bench`` of one config: per level µs, GB/s, fraction of copy bandwidth, tokens/s; all stored."""
+    adapter = get_adapter(kernel)
+    copy = backend.copy_bandwidth()
+    ref_hash = reference_hash(kernel)
+    arm = backend.open("config", kernel, config, env)
+    device = store.device(arm.fingerprint) if arm.fingerprint else None
+    out = []
+    try:
+        for level in levels:
+            setup = arm.setup(level)
+            rows, us = [], []
+            for r in range(samples):
+                s = arm.sample(level, r)
+                us.append(s["us"])
+                rows.append(_sample_row(exp_id, arm, level, r, "A", s, backend.name, ref_hash, device))
+            store.add_samples(rows)
+            med = statistics.median(us)
+            gbps = adapter.bytes_moved(level) / (med * 1e-6) / 1e9
+            m = {"level": level.key, "config": describe(config), "us": med, "gbps": gbps,
+                 "frac_copy": gbps / copy if copy else None, "tokens_per_s": level.batch / (med * 1e-6),
+                 "copy_gbps": copy, "n": samples,
+                 "cv": statistics.pstdev(us) / statistics.mean(us) if len(us) > 1 else 0.0,
+                 "derived_env": setup.get("derived_env", {})}  # fmt: skip
+            store.add_measurements(exp_id, [{k: v for k, v in m.items() if k not in ("cv", "derived_env")}])
+            out.append(m)
+            if on_level:
+                on_level(m)
+    finally:
+        arm.close()
+    return out
+
+
+def ensure_finite(x: float) -> float:
+    return x if math.isfinite(x) else float("nan")

@@ -1,0 +1,368 @@
+"""Read, patch, back up, revert and diff kernel config files and kernel sources, journaled.
+
+Crash safety is the point: no kernel file may ever be left patched.  Every
+patch follows the same order, so that a crash at any instant is recoverable:
+
+1. validate the change (nothing is written for a bad one);
+2. copy the file into a content-addressed backup (fsynced);
+3. write the journal intent (``patches`` row, state ``intent``) naming the
+   backup and the file's hash before;
+4. write the new bytes atomically (temp file in the same dir, fsync,
+   ``os.replace``): the file is always either the old or the new bytes;
+5. mark the journal row ``applied``.
+
+:func:`recover` (called at every start) restores every ``intent`` or
+``applied`` row from its backup and marks it ``reverted``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+from agent.store import Store
+from kernels.launch_config import ConfigError, load_config, validate_config
+
+CONFIG_KEY_ORDER = ("kernel", "description", "BLOCK_T", "BLOCK_H", "num_warps", "num_stages", "overrides")
+TMP_MARK = ".kinv-tmp-"
+HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+class PatchError(ValueError):
+    """A patch that cannot be applied; nothing was changed.  One line naming the bad value."""
+
+
+class RevertError(RuntimeError):
+    """A file could not be restored to its recorded baseline."""
+
+
+# --------------------------------------------------------------------------- #
+# hashing, rendering, diffs
+# --------------------------------------------------------------------------- #
+def sha(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, first 16 hex digits."""
+    return _sha_bytes(Path(path).read_bytes())
+
+
+def _sha_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def render_config(config: dict) -> str:
+    """A config as its file text: JSON, indent 2, keys in the canonical order, trailing newline."""
+    ordered = {k: config[k] for k in CONFIG_KEY_ORDER if k in config}
+    ordered.update({k: v for k, v in config.items() if k not in ordered})
+    return json.dumps(ordered, indent=2) + "\n"
+
+
+def diff_text(old: str, new: str, path: str | os.PathLike) -> str:
+    """Unified diff of two texts of ``path`` (``a/``/``b/`` prefixes, no-newline markers as git writes them)."""
+    name = str(path).lstrip("/")
+    out = []
+    for line in difflib.unified_diff(_lines(old), _lines(new), f"a/{name}", f"b/{name}"):
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def config_diff(old_cfg: dict, new_cfg: dict, path: str | os.PathLike) -> str:
+    """Unified diff of the two rendered config files."""
+    return diff_text(render_config(old_cfg), render_config(new_cfg), path)
+
+
+def read_config(path: str | os.PathLike, kernel: str | None = None) -> dict:
+    """Read and validate a config file (ConfigError names the file and the field)."""
+    return load_config(path, kernel)
+
+
+def _lines(text: str) -> list[str]:
+    """Split on '\\n' only, keeping the ends (str.splitlines also splits on \\r, \\x0c, ...)."""
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    return lines + [parts[-1]] if parts[-1] else lines
+
+
+# --------------------------------------------------------------------------- #
+# atomic writes and backups
+# --------------------------------------------------------------------------- #
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that ``path`` is always either the old or the new bytes."""
+    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(OSError):
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _ws_dir(ws_id: str | None) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", (ws_id or "none").lstrip("#")) or "none"
+
+
+def backup(store: Store, path: str | os.PathLike, ws_id: str | None) -> dict:
+    """Copy ``path`` into ``<state>/backups/<ws>/<name>.<sha>`` (content-addressed) and record it."""
+    path = Path(path).resolve()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PatchError(f"{path} does not exist; only existing kernel files can be patched") from None
+    digest = _sha_bytes(data)
+    dest = store.dir / "backups" / _ws_dir(ws_id) / f"{path.name}.{digest}"
+    if not (dest.is_file() and _sha_bytes(dest.read_bytes()) == digest):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(dest, data)
+    for row in store.backups():
+        if (row["path"], row["backup_path"], row["sha"], row["workstream"]) == (str(path), str(dest), digest, ws_id):
+            return row
+    backup_id = store.add_backup(str(path), str(dest), digest, ws_id)
+    return _find(store.backups(), backup_id)
+
+
+def _find(rows: list[dict], row_id: int) -> dict:
+    return next(r for r in rows if r["id"] == row_id)
+
+
+def _patch_row(store: Store, patch_id: int) -> dict:
+    row = next((r for r in store.patches() if r["id"] == patch_id), None)
+    if row is None:
+        raise RevertError(f"no patch #{patch_id} in the journal")
+    return row
+
+
+# --------------------------------------------------------------------------- #
+# patching
+# --------------------------------------------------------------------------- #
+def _apply_journaled(store: Store, path: Path, old: bytes, new: bytes, kind: str, diff: str, ws_id,
+                     experiment) -> dict:  # fmt: skip
+    """Backup, journal intent, atomic write, journal applied; roll back on any failure."""
+    for row in store.dangling_patches():
+        if row["path"] == str(path):
+            raise PatchError(
+                f"{path} already has un-reverted patch #{row['id']} (state {row['state']}); revert it or recover first"
+            )
+    bak = backup(store, path, ws_id)
+    if bak["sha"] != _sha_bytes(old):
+        raise PatchError(f"{path} changed while it was being patched (sha {bak['sha']}); try again")
+    patch_id = store.journal_intent(workstream=ws_id, experiment=experiment, path=str(path), kind=kind,
+                                    sha_before=bak["sha"], diff=diff, backup=bak["id"])  # fmt: skip
+    try:
+        _atomic_write(path, new)
+        store.journal_set(patch_id, "applied", sha_after=_sha_bytes(new))
+    except BaseException as exc:
+        with contextlib.suppress(Exception):  # recover() at the next start covers a failed rollback
+            _restore(store, _patch_row(store, patch_id))
+            store.event(ws_id, "patch.failed", f"patch #{patch_id} of {path.name} failed and was rolled back: {exc}",
+                        {"patch": patch_id, "path": str(path)})  # fmt: skip
+        raise
+    store.event(ws_id, "patch.applied", f"patched {path.name} ({kind}, patch #{patch_id})",
+                {"patch": patch_id, "path": str(path), "experiment": experiment})  # fmt: skip
+    return _patch_row(store, patch_id)
+
+
+def patch_config(store: Store, path: str | os.PathLike, new_config: dict, ws_id: str | None,
+                 experiment: int | None = None) -> dict:  # fmt: skip
+    """Validate ``new_config`` and write it to the config file ``path``, journaled; returns the patch row."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise PatchError(f"config file {path} does not exist")
+    old_bytes = path.read_bytes()
+    old_text = old_bytes.decode("utf-8", errors="replace")
+    try:
+        old = json.loads(old_text)
+    except json.JSONDecodeError:
+        old = {}
+    kernel = old.get("kernel") if isinstance(old, dict) else None
+    if isinstance(new_config, dict) and kernel and "kernel" not in new_config:
+        new_config = {"kernel": kernel, **new_config}
+    try:
+        cfg = validate_config(new_config, kernel if isinstance(kernel, str) else None)
+    except ConfigError as exc:
+        raise PatchError(f"{path.name}: {exc}") from None
+    new_text = render_config(cfg)
+    return _apply_journaled(store, path, old_bytes, new_text.encode(), "config", diff_text(old_text, new_text, path.name),
+                            ws_id, experiment)  # fmt: skip
+
+
+def patch_source(store: Store, path: str | os.PathLike, unified_diff: str, ws_id: str | None,
+                 experiment: int | None = None) -> dict:  # fmt: skip
+    """Apply a single-file unified diff to the source ``path``, journaled; every hunk must match exactly."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise PatchError(f"source file {path} does not exist")
+    old_bytes = path.read_bytes()
+    try:
+        old_text = old_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PatchError(f"{path} is not UTF-8 text; only text sources can be patched") from None
+    new_text = apply_unified_diff(old_text, unified_diff, path)
+    if path.suffix == ".py":
+        try:
+            compile(new_text, str(path), "exec")
+        except SyntaxError as exc:
+            raise PatchError(f"patched {path.name} is not valid Python: line {exc.lineno}: {exc.msg}") from None
+    return _apply_journaled(store, path, old_bytes, new_text.encode(), "source", diff_text(old_text, new_text, path.name),
+                            ws_id, experiment)  # fmt: skip
+
+
+def apply_unified_diff(text: str, unified_diff: str, path: str | os.PathLike) -> str:
+    """Apply a single-file unified diff to ``text`` strictly (no fuzz, no offsets); raises PatchError."""
+    hunks = _parse_diff(unified_diff, Path(path))
+    old = _lines(text)
+    out: list[str] = []
+    pos = 0  # lines of ``old`` consumed
+    for n, (old_start, old_count, lines) in enumerate(hunks, 1):
+        start = old_start - 1 if old_count else old_start  # a pure insertion goes after line old_start
+        want = [t for tag, t in lines if tag != "+"]
+        if start < pos or start > len(old) or old[start : start + len(want)] != want:
+            raise PatchError(f"hunk {n} does not apply at line {old_start} of {path}")
+        out += old[pos:start] + [t for tag, t in lines if tag != "-"]
+        pos = start + len(want)
+    return "".join(out + old[pos:])
+
+
+def _parse_diff(unified_diff: str, path: Path) -> list[tuple[int, int, list[tuple[str, str]]]]:
+    if not isinstance(unified_diff, str) or not unified_diff.strip():
+        raise PatchError(f"the diff for {path} is empty; give a unified diff with at least one @@ hunk")
+    hunks: list[tuple[int, int, list[tuple[str, str]]]] = []
+    files: list[str] = []
+    raw = _lines(unified_diff)
+    i = 0
+    while i < len(raw):  # outside a hunk: headers and free text
+        line = raw[i]
+        i += 1
+        if line.startswith("+++ "):
+            files.append(line[4:].split("\t")[0].strip())
+        m = HUNK_HEADER.match(line)
+        if not m:
+            continue
+        n = len(hunks) + 1
+        old_start, old_count = int(m[1]), int(m[2] if m[2] is not None else 1)
+        new_count = int(m[4] if m[4] is not None else 1)
+        lines: list[tuple[str, str]] = []
+        seen_old = seen_new = 0
+        while i < len(raw) and (seen_old < old_count or seen_new < new_count or raw[i].startswith("\\")):
+            line = raw[i]
+            i += 1
+            if line.startswith("\\"):  # "\ No newline at end of file": the previous line has no newline
+                if lines:
+                    tag, t = lines[-1]
+                    lines[-1] = (tag, t[:-1] if t.endswith("\n") else t)
+                continue
+            if line[:1] in (" ", "+", "-"):
+                tag, body = line[0], line[1:]
+            elif not line.strip():  # an empty context line that lost its leading space
+                tag, body = " ", "\n"
+            else:
+                raise PatchError(f"hunk {n} of the diff for {path} has a bad line {line.rstrip()!r}")
+            seen_old += tag != "+"
+            seen_new += tag != "-"
+            lines.append((tag, body))
+        if seen_old != old_count or seen_new != new_count:
+            raise PatchError(f"hunk {n} of the diff for {path} is truncated: its header promises more lines")
+        hunks.append((old_start, old_count, lines))
+    if len(files) > 1:
+        raise PatchError(f"the diff touches {len(files)} files ({', '.join(files)}); give one diff per file")
+    if files and files[0] != "/dev/null" and Path(files[0]).name != path.name:
+        raise PatchError(f"the diff is for {files[0]!r}, not {path.name!r}")
+    if not hunks:
+        raise PatchError(f"the diff for {path} has no @@ hunk; give a unified diff (diff -u / git diff)")
+    return hunks
+
+
+# --------------------------------------------------------------------------- #
+# reverting and recovery
+# --------------------------------------------------------------------------- #
+def _restore(store: Store, patch: dict) -> str:
+    """Put the backup bytes of ``patch`` back if the file differs; returns 'restored' or 'unchanged'."""
+    path = Path(patch["path"])
+    current = _sha_bytes(path.read_bytes()) if path.is_file() else None
+    action = "unchanged"
+    if current != patch["sha_before"]:
+        bak = next((b for b in store.backups() if b["id"] == patch["backup"]), None)
+        if bak is None or not Path(bak["backup_path"]).is_file():
+            raise RevertError(f"cannot revert patch #{patch['id']} of {path}: its backup is missing")
+        data = Path(bak["backup_path"]).read_bytes()
+        if _sha_bytes(data) != patch["sha_before"]:
+            raise RevertError(f"backup of {path} has sha {_sha_bytes(data)}, expected {patch['sha_before']}")
+        _atomic_write(path, data)
+        action = "restored"
+    after = sha(path)
+    if after != patch["sha_before"]:
+        raise RevertError(f"{path} has sha {after} after revert, expected {patch['sha_before']}")
+    for stale in path.parent.glob(f".{path.name}{TMP_MARK}*"):  # temp files of a crashed write
+        with contextlib.suppress(OSError):
+            stale.unlink()
+    store.journal_set(patch["id"], "reverted")
+    return action
+
+
+def revert(store: Store, patch_id: int) -> dict:
+    """Restore the file of ``patch_id`` from its backup and verify its hash; idempotent."""
+    patch = _patch_row(store, patch_id)
+    if patch["state"] == "reverted":
+        return patch
+    action = _restore(store, patch)
+    store.event(patch["workstream"], "patch.reverted", f"reverted {Path(patch['path']).name} (patch #{patch_id})",
+                {"patch": patch_id, "action": action, "sha": patch["sha_before"]})  # fmt: skip
+    return _patch_row(store, patch_id)
+
+
+def recover(store: Store) -> list[dict]:
+    """Revert every patch left in state intent or applied (newest first); returns what was done.
+
+    Every dangling patch is attempted; if any cannot be restored, RevertError is
+    raised after the others were handled, naming the first failure.
+    """
+    done, failures = [], []
+    for patch in reversed(store.dangling_patches()):
+        try:
+            action = _restore(store, patch)
+        except (RevertError, OSError) as exc:
+            failures.append(str(exc))
+            continue
+        item = {"patch": patch["id"], "path": patch["path"], "state_was": patch["state"], "action": action,
+                "sha": patch["sha_before"]}  # fmt: skip
+        store.event(patch["workstream"], "patch.recovered",
+                    f"recovered {Path(patch['path']).name}: {action} (patch #{patch['id']} was {patch['state']})",
+                    item)  # fmt: skip
+        done.append(item)
+    if failures:
+        raise RevertError(f"recovery failed for {len(failures)} patch(es): {failures[0]}")
+    return done
+
+
+__all__ = [
+    "PatchError",
+    "RevertError",
+    "apply_unified_diff",
+    "backup",
+    "config_diff",
+    "diff_text",
+    "patch_config",
+    "patch_source",
+    "read_config",
+    "recover",
+    "render_config",
+    "revert",
+    "sha",
+]

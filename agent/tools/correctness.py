@@ -1,0 +1,162 @@
+"""The correctness gate: no variant is timed before it matches the reference.
+
+For every level the kernel runs on FRESH random inputs (varying sequence
+lengths) and is compared with the adapter's float32 reference under the
+adapter's tolerance; every output must also be finite.  On a GPU the level
+runs in bf16 with its batch capped at 8 and its context at 4096 (quick); on
+CPU a small stand-in runs in the Triton interpreter in float16 (the
+interpreter's bf16 dot is wrong): batch <= 2, context <= 64, page size <= 16.
+A launch that raises (compile error, out of resources) is a failed check,
+never an exception.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from dataclasses import replace
+
+from agent.store import Store
+from kernels.adapter import KernelAdapter, Level
+
+GPU_CAPS = {"batch": 8, "context": 4096}
+CPU_CAPS = {"batch": 2, "context": 64, "page_size": 16}
+
+
+def default_device() -> str:
+    """'cuda' when a CUDA device is visible, else 'cpu'."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def stand_in(level: Level, device: str) -> Level:
+    """The level actually run for the check: capped to stay quick (heads and shape as given)."""
+    caps = CPU_CAPS if device == "cpu" else GPU_CAPS
+    return replace(level, **{k: min(getattr(level, k), cap) for k, cap in caps.items()})
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return f"{type(exc).__name__}: {line}"[:300] if line else type(exc).__name__
+
+
+def _tensors(x) -> list:
+    return [t for item in x for t in _tensors(item)] if isinstance(x, list | tuple) else [x]
+
+
+def _compare(out, ref, atol: float, rtol: float) -> dict:
+    """Error figures of one output against its reference (non-finite outputs count as mismatched)."""
+    out, ref = out.float().cpu(), ref.float().cpu()
+    if out.shape != ref.shape:
+        return {"mismatched": out.numel() or 1, "nonfinite": 0, "max_abs_err": None, "rel_err": None,
+                "shape_error": f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}"}  # fmt: skip
+    finite = out.isfinite()
+    diff = (out - ref).abs()
+    bad = (diff > atol + rtol * ref.abs()) | ~finite
+    nonfinite = int((~finite).sum())
+    ref_norm = float(ref.norm())
+    rel = float((out - ref).norm()) / ref_norm if nonfinite == 0 and ref_norm > 0 else None
+    return {
+        "mismatched": int(bad.sum()),
+        "nonfinite": nonfinite,
+        "max_abs_err": float(diff[finite].max()) if bool(finite.any()) else None,
+        "rel_err": rel if rel is None or math.isfinite(rel) else None,
+    }
+
+
+def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, device: str, dtype) -> dict:
+    run = stand_in(level, device)
+    params = adapter.params_for(config, level)  # the level's own parameters (overrides by real batch)
+    entry = {"level": level.key, "ran": run.key, "params": params.short(), "seed": seed,
+             "max_abs_err": None, "rel_err": None, "mismatched": None, "nonfinite": None, "ok": False}  # fmt: skip
+    kwargs = {"device": device, "dtype": dtype}
+    if "vary_lengths" in inspect.signature(adapter.make_inputs).parameters:
+        kwargs["vary_lengths"] = True
+    try:
+        inputs = adapter.make_inputs(run, seed, **kwargs)
+    except Exception as exc:
+        return {**entry, "reason": f"inputs failed: {_first_line(exc)}"}
+    try:
+        out, _compiled = adapter.launch(inputs, params)
+        if device != "cpu":
+            import torch
+
+            torch.cuda.synchronize()
+    except Exception as exc:
+        hint = ""
+        if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            hint = " (on CPU, set TRITON_INTERPRET=1 before triton is imported)"
+        return {**entry, "reason": f"launch failed: {_first_line(exc)}{hint}", "fatal": True}
+    try:
+        ref = adapter.reference(inputs)
+    except Exception as exc:
+        return {**entry, "reason": f"reference failed: {_first_line(exc)}", "fatal": True}
+    outs, refs = _tensors(out), _tensors(ref)
+    if len(outs) != len(refs):
+        return {**entry, "reason": f"kernel returned {len(outs)} outputs, the reference {len(refs)}"}
+    atol, rtol = adapter.tolerance(outs[0].dtype)
+    figures = [_compare(o, r, atol, rtol) for o, r in zip(outs, refs, strict=True)]
+    total = sum(r.numel() for r in refs)
+    mismatched = sum(f["mismatched"] for f in figures)
+    nonfinite = sum(f["nonfinite"] for f in figures)
+    errs = [f["max_abs_err"] for f in figures if f["max_abs_err"] is not None]
+    rels = [f["rel_err"] for f in figures]
+    entry.update(max_abs_err=max(errs) if errs else None, rel_err=None if None in rels else max(rels),
+                 mismatched=mismatched, nonfinite=nonfinite, atol=atol, rtol=rtol, ok=mismatched == 0)  # fmt: skip
+    shape_error = next((f["shape_error"] for f in figures if "shape_error" in f), None)
+    if shape_error:
+        entry["reason"] = f"{level.key}: {shape_error}"
+    elif nonfinite:
+        entry["reason"] = f"{level.key}: {nonfinite} of {total} outputs are not finite"
+    elif mismatched:
+        entry["reason"] = (f"{level.key}: {mismatched} of {total} outputs outside atol={atol:g}, rtol={rtol:g} "
+                           f"(max abs err {entry['max_abs_err']:.3g})")  # fmt: skip
+    return entry
+
+
+def check(adapter: KernelAdapter, config: dict, levels: list[Level], *, seed: int, device: str | None = None) -> dict:
+    """Run ``config`` at every level on fresh random inputs and compare with the reference; never raises
+    for a kernel failure.
+
+    Returns ``{"ok", "levels": [{level, ran, max_abs_err, rel_err, mismatched, nonfinite, ok, ...}], "seed",
+    "device", "dtype", "reason"}``.  After a launch failure the remaining levels are not run.
+    """
+    import torch
+
+    device = device or default_device()
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16
+    result = {"ok": False, "levels": [], "seed": seed, "device": device, "dtype": str(dtype).removeprefix("torch."),
+              "reason": ""}  # fmt: skip
+    if not levels:
+        result["reason"] = "no levels to check"
+        return result
+    config = adapter.validate_config(config)
+    for i, level in enumerate(levels):
+        entry = _check_level(adapter, config, level, seed + 7919 * i, device, dtype)
+        fatal = entry.pop("fatal", False)
+        result["levels"].append(entry)
+        if not entry["ok"] and not result["reason"]:
+            result["reason"] = entry["reason"]
+        if fatal:
+            break
+    result["ok"] = all(e["ok"] for e in result["levels"]) and len(result["levels"]) == len(levels)
+    return result
+
+
+def record(store: Store, ws_id: str | None, experiment: int, result: dict) -> None:
+    """Store the result on the experiment; an incorrect variant is rejected there and then."""
+    store.update_experiment(experiment, correctness=result)
+    if result["ok"]:
+        n = len(result["levels"])
+        store.event(ws_id, "correctness.ok", f"correct at {n} level(s) ({result['device']}, {result['dtype']})",
+                    {"experiment": experiment})  # fmt: skip
+        return
+    reason = f"incorrect: {result['reason']}"
+    store.update_experiment(experiment, status="rejected", verdict="reject", reason=reason)
+    store.event(ws_id, "correctness.failed", reason, {"experiment": experiment})
+
+
+__all__ = ["check", "default_device", "record", "stand_in"]

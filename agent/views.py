@@ -1,0 +1,871 @@
+"""Read-side views of kinv's state: what ``kinv status``, ``todos``, ``experiments``, ``show``, ``pending``,
+``history`` and ``backups`` print.
+
+Every function takes a :class:`~agent.store.Store` and returns pydantic models, so the CLI stays thin: it
+prints ``model.model_dump_json(indent=2)`` (or :func:`dump_json` for a list) under ``--json`` and renders the
+same model with rich otherwise.  The models are the stable ``--json`` schema: they forbid unknown keys and
+every field says what it holds.
+
+Reads of ``kinv.db`` go through the Store.  :func:`history` reads LangGraph's ``checkpoints.db`` directly,
+read-only, with a small stdlib msgpack reader, because read commands must never import langgraph (nor torch
+or triton).  Imports: standard library, pydantic, agent.store, agent.models.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+import struct
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.models import norm_ws
+from agent.store import Store
+
+
+class NotFound(ValueError):
+    """An id (workstream, experiment, approval) that the store does not hold; the message names those it does."""
+
+
+class View(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- #
+# models: the --json schema
+# --------------------------------------------------------------------------- #
+class TodoView(View):
+    id: str = Field(description="todo id, e.g. '#3a.V1'")
+    workstream: str = Field(description="workstream id, e.g. '#3a'")
+    parent: str | None = Field(None, description="parent todo id for a follow-up, e.g. '#3a.V1' for '#3a.V3'")
+    content: str = Field(description="what the todo is, imperative ('Test V1: num_warps 8')")
+    active_form: str | None = Field(None, description="present-continuous form shown while it runs, if stored")
+    status: str = Field(description="kinv status: pending, in_progress, completed, cancelled, ...")
+    reason: str | None = Field(None, description="why it ended as it did, e.g. 'moot: V1 regressed at every level'")
+    priority: str | None = Field(None, description="high, medium or low")
+    position: int | None = Field(None, description="order within the workstream's list")
+
+
+class VerdictView(View):
+    experiment: int = Field(description="experiment id")
+    variant: str | None = Field(None, description="variant id, e.g. 'V1'")
+    level: str = Field(description="workload level key, e.g. 'v4flash/h16/p64/ctx4096/b32'")
+    n: int | None = Field(None, description="paired rounds behind this verdict")
+    base_us: float | None = Field(None, description="baseline time at this level, microseconds")
+    variant_us: float | None = Field(None, description="variant time at this level, microseconds")
+    effect: float | None = Field(None, description="mean paired log-ratio log(base/variant); > 0 = variant faster")
+    ci_low: float | None = Field(None, description="lower confidence bound of the effect")
+    ci_high: float | None = Field(None, description="upper confidence bound of the effect")
+    ratio: float | None = Field(None, description="throughput ratio variant/base, exp(effect)")
+    threshold: float | None = Field(None, description="practical threshold (relative) the effect was judged against")
+    verdict: str | None = Field(None, description="improved, regressed, equivalent or undecided")
+
+
+class ApprovalView(View):
+    id: str = Field(description="approval id, used by `kinv approve ID` / `kinv reject ID`")
+    workstream: str | None = Field(None, description="workstream id")
+    todo: str | None = Field(None, description="todo the edit belongs to")
+    variant: str | None = Field(None, description="variant id")
+    kind: str | None = Field(None, description="kind of edit: config patch or source patch")
+    status: str = Field(description="pending, approved or rejected")
+    reason: str | None = Field(None, description="the reason given with the decision")
+    diff: str | None = Field(None, description="unified diff of the edit")
+    resources: dict = Field(default_factory=dict, description="predicted resources: shared memory, registers, ...")
+    hypothesis: str | None = Field(None, description="what the edit is expected to show")
+    created: float | None = Field(None, description="when it was asked for, unix seconds")
+
+
+class VariantVerdict(View):
+    variant: str = Field(description="variant id (or the experiment kind, e.g. 'noise', when it has none)")
+    verdict: str = Field(description="accept, reject, mixed or inconclusive (A/A: the noise check's outcome)")
+    reason: str | None = Field(None, description="one line on why")
+    experiment: int = Field(description="the experiment the verdict comes from (`kinv show ID`)")
+
+
+class WorkstreamView(View):
+    id: str = Field(description="workstream id, e.g. '#3a'")
+    title: str | None = Field(None, description="one-line title")
+    parent: str | None = Field(None, description="parent workstream id, e.g. '#3'")
+    parent_title: str | None = Field(None, description="parent workstream title")
+    status: str | None = Field(None, description="workstream status")
+    hypothesis: str | None = Field(None, description="what the investigation tests")
+    kernel: str | None = Field(None, description="kernel under investigation")
+    backend: str | None = Field(None, description="benchmark backend: cuda or replay")
+    recommendation: str | None = Field(None, description="close-out recommendation (next workstream)")
+    report_path: str | None = Field(None, description="path of the close-out report")
+    todos: list[TodoView] = Field(default_factory=list, description="the workstream's todo list, in order")
+    pending_approvals: list[ApprovalView] = Field(default_factory=list, description="edits waiting for a person")
+    latest_verdicts: list[VariantVerdict] = Field(default_factory=list, description="latest verdict per variant")
+
+
+class StatusView(View):
+    state_dir: str = Field(description="the state dir read")
+    workstreams: list[WorkstreamView] = Field(default_factory=list, description="every workstream, oldest first")
+
+
+class ExperimentView(View):
+    id: int = Field(description="experiment id (`kinv show ID`)")
+    workstream: str | None = Field(None, description="workstream id")
+    todo: str | None = Field(None, description="todo id")
+    variant: str | None = Field(None, description="variant id")
+    kind: str | None = Field(None, description="experiment kind: noise (A/A), ab, bench, ...")
+    backend: str | None = Field(None, description="benchmark backend: cuda or replay")
+    status: str | None = Field(None, description="running, done, void, failed, ...")
+    verdict: str | None = Field(None, description="variant verdict")
+    reason: str | None = Field(None, description="why the verdict")
+    config_hash: str | None = Field(None, description="hash of the measured config")
+    rounds: int | None = Field(None, description="measurement rounds taken")
+    gpu_s: float | None = Field(None, description="GPU seconds spent")
+    wall_s: float | None = Field(None, description="wall seconds spent")
+    samples: int = Field(0, description="stored samples")
+
+
+class SampleSummary(View):
+    level: str = Field(description="workload level key")
+    arm: str = Field(description="arm tag: A = baseline, B = variant")
+    n: int = Field(description="samples")
+    median_us: float = Field(description="median time, microseconds")
+    min_us: float = Field(description="fastest sample, microseconds")
+    max_us: float = Field(description="slowest sample, microseconds")
+    cv: float = Field(description="coefficient of variation (population std / mean)")
+
+
+class NoiseView(View):
+    level: str = Field(description="workload level key")
+    band: float | None = Field(None, description="noise band (relative) from the A/A rounds")
+    cv: float | None = Field(None, description="coefficient of variation of the raw times")
+    n_pairs: int | None = Field(None, description="A/A pairs")
+    equivalent: bool | None = Field(None, description="whether A/A came out equivalent (the harness check)")
+    effect: float | None = Field(None, description="A/A effect (should be ~0)")
+    ci_low: float | None = Field(None, description="lower bound of the A/A effect")
+    ci_high: float | None = Field(None, description="upper bound of the A/A effect")
+
+
+class Ledger(View):
+    gpu_s: float = Field(description="GPU seconds spent (the experiment's, else the sum over its samples)")
+    rounds: int = Field(description="measurement rounds taken")
+    wall_s: float = Field(description="wall seconds spent")
+    samples: int = Field(description="stored samples")
+
+
+class ShowView(View):
+    experiment: ExperimentView = Field(description="the experiment")
+    diff: str | None = Field(None, description="the patch measured, as a unified diff")
+    env_checks: list[dict] = Field(default_factory=list, description="env checks: expected vs seen, ok, mismatch")
+    correctness: dict | None = Field(None, description="correctness gate result")
+    resources: dict | None = Field(None, description="resources of the config: shared memory, registers, ...")
+    sample_summary: list[SampleSummary] = Field(default_factory=list, description="samples per level and arm")
+    effects: list[VerdictView] = Field(default_factory=list, description="per-level effect and verdict")
+    noise: list[NoiseView] = Field(default_factory=list, description="noise bands, for an A/A experiment")
+    ledger: Ledger = Field(description="cost: GPU seconds, rounds, wall seconds, samples")
+
+
+class HistoryItem(View):
+    checkpoint_id: str = Field(description="LangGraph checkpoint id the node's result was saved in")
+    node: str = Field(description="graph node(s) that ran; '(update)' for a manual state update")
+    step: int = Field(description="LangGraph step of that checkpoint")
+    time: str = Field(description="when the checkpoint was written, ISO 8601 UTC")
+    decision: str | None = Field(None, description="the node's decision / verdict / route, or why it is paused")
+
+
+class BackupView(View):
+    id: int = Field(description="backup id")
+    path: str = Field(description="file that was backed up")
+    backup_path: str = Field(description="where the copy lies")
+    sha: str | None = Field(None, description="hash of the backed-up content")
+    workstream: str | None = Field(None, description="workstream that made it")
+    t: float | None = Field(None, description="when, unix seconds")
+
+
+# ---- todo exports for coding agents -----------------------------------------------
+OpencodeStatus = Literal["pending", "in_progress", "completed", "cancelled"]
+OpencodePriority = Literal["high", "medium", "low"]
+ClaudeStatus = Literal["pending", "in_progress", "completed"]
+TodoExport = Literal["kinv", "opencode", "claude"]
+"""Formats of ``kinv todos --format``: kinv's own rows, opencode's todowrite list, Claude Code's TodoWrite list."""
+TODO_EXPORTS: tuple[str, ...] = ("kinv", "opencode", "claude")
+
+
+class OpencodeTodo(View):
+    id: str = Field(description="todo id")
+    content: str = Field(description="what the todo is")
+    status: OpencodeStatus = Field(description="opencode todowrite status")
+    priority: OpencodePriority = Field(description="opencode todowrite priority")
+
+
+class ClaudeTodo(View):
+    content: str = Field(description="what the todo is (cancelled ones carry a '[cancelled: why] ' prefix)")
+    status: ClaudeStatus = Field(description="Claude Code TodoWrite status")
+    activeForm: str = Field(description="present-continuous form shown while it runs")  # noqa: N815 (Claude's key)
+
+
+# --------------------------------------------------------------------------- #
+# helpers
+# --------------------------------------------------------------------------- #
+def _loads(text: Any) -> Any:
+    """A JSON column: parsed, or the raw text when it is not JSON (never raises)."""
+    if text is None or isinstance(text, dict | list):
+        return text
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return {"unparsed": str(text)}
+
+
+def _as_dict(text: Any) -> dict | None:
+    v = _loads(text)
+    if v is None:
+        return None
+    return v if isinstance(v, dict) else {"value": v}
+
+
+def _pick(row: dict, model: type[BaseModel]) -> dict:
+    return {k: row.get(k) for k in model.model_fields if k in row}
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    """[1, 2, 3, 5, 8, 9] -> '1-3, 5, 8-9'."""
+    out: list[str] = []
+    ids = sorted(ids)
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def dump_json(value: BaseModel | Iterable[BaseModel] | Any) -> str:
+    """``--json`` output of a view or a list of views (or of plain JSON data, such as a todo export)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump_json(indent=2)
+    if isinstance(value, list | tuple):
+        value = [v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value]
+    return json.dumps(value, indent=2)
+
+
+# --------------------------------------------------------------------------- #
+# id resolution
+# --------------------------------------------------------------------------- #
+def resolve_ws(store: Store, ws: str) -> str:
+    """'3a' or '#3a' -> '#3a' if the store holds it; else NotFound naming the known ones."""
+    ws_id = norm_ws(str(ws))
+    if store.workstream(ws_id) is not None:
+        return ws_id
+    known = [w["id"] for w in store.workstreams()]
+    if not known:
+        raise NotFound(f"unknown workstream {ws_id!r}; no workstreams yet (start one with `kinv run plans/<ws>.yaml`)")
+    raise NotFound(f"unknown workstream {ws_id!r}; known: {', '.join(known)}")
+
+
+def resolve_experiment(store: Store, exp_id: int | str) -> dict:
+    """The experiment row for an id such as 7 or '7'; else NotFound naming the ids that exist."""
+    try:
+        key = int(str(exp_id).strip().lstrip("#"))
+    except ValueError:
+        key = None
+    row = store.experiment(key) if key is not None else None
+    if row is not None:
+        return row
+    ids = [e["id"] for e in store.experiments()]
+    what = f"experiment {exp_id}" if key is not None else f"experiment id {str(exp_id)!r} (give a number)"
+    if not ids:
+        raise NotFound(f"unknown {what}; no experiments yet")
+    raise NotFound(f"unknown {what}; experiments: {_ranges(ids)}")
+
+
+def resolve_approval(store: Store, approval_id: str) -> dict:
+    """The approval row; else NotFound naming the pending ones (or all, if none is pending)."""
+    row = store.approval(str(approval_id).strip())
+    if row is not None:
+        return row
+    pending_ids = [a["id"] for a in store.approvals(status="pending")]
+    if pending_ids:
+        raise NotFound(f"unknown approval {approval_id!r}; pending: {', '.join(pending_ids)}")
+    all_ids = [a["id"] for a in store.approvals()]
+    if all_ids:
+        raise NotFound(f"unknown approval {approval_id!r}; none is pending; known: {', '.join(all_ids)}")
+    raise NotFound(f"unknown approval {approval_id!r}; there are no approvals")
+
+
+# --------------------------------------------------------------------------- #
+# row -> view
+# --------------------------------------------------------------------------- #
+def _todo_view(row: dict) -> TodoView:
+    return TodoView(**{**_pick(row, TodoView), "status": row.get("status") or "pending"})
+
+
+def _approval_view(row: dict) -> ApprovalView:
+    return ApprovalView(**{**_pick(row, ApprovalView), "status": row.get("status") or "pending",
+                           "resources": _as_dict(row.get("resources")) or {}})  # fmt: skip
+
+
+def _experiment_view(row: dict, samples: int) -> ExperimentView:
+    return ExperimentView(**{**_pick(row, ExperimentView), "samples": samples})
+
+
+def _latest_verdicts(exps: list[dict]) -> list[VariantVerdict]:
+    latest: dict[str, dict] = {}
+    for e in exps:  # ordered by id: later experiments win
+        if e.get("verdict"):
+            latest[e.get("variant") or e.get("kind") or f"experiment {e['id']}"] = e
+    return [VariantVerdict(variant=k, verdict=e["verdict"], reason=e.get("reason"), experiment=e["id"])
+            for k, e in latest.items()]  # fmt: skip
+
+
+def approval(store: Store, approval_id: str) -> ApprovalView:
+    """One approval, any status (`kinv approve` shows it before deciding)."""
+    return _approval_view(resolve_approval(store, approval_id))
+
+
+# --------------------------------------------------------------------------- #
+# the read commands
+# --------------------------------------------------------------------------- #
+def workstream(store: Store, ws: str) -> WorkstreamView:
+    """One workstream with its todos, pending approvals and latest verdicts (no samples are read)."""
+    ws_id = resolve_ws(store, ws)
+    return _workstream_view(store, store.workstream(ws_id))
+
+
+def _workstream_view(store: Store, row: dict) -> WorkstreamView:
+    ws_id = row["id"]
+    return WorkstreamView(
+        **_pick(row, WorkstreamView),
+        todos=[_todo_view(t) for t in store.todos(ws_id)],
+        pending_approvals=[_approval_view(a) for a in store.approvals(status="pending", ws_id=ws_id)],
+        latest_verdicts=_latest_verdicts(store.experiments(ws_id)),
+    )
+
+
+def status(store: Store) -> StatusView:
+    """`kinv status`: every workstream, its todos, pending approvals and latest verdicts."""
+    return StatusView(state_dir=str(store.dir), workstreams=[_workstream_view(store, w) for w in store.workstreams()])
+
+
+def todos(store: Store, ws: str) -> list[TodoView]:
+    """`kinv todos WS`: the workstream's todo list in order."""
+    return [_todo_view(t) for t in store.todos(resolve_ws(store, ws))]
+
+
+def experiments(store: Store, ws: str | None = None) -> list[ExperimentView]:
+    """`kinv experiments [WS]`: experiments with their sample counts (all workstreams when ws is None)."""
+    rows = store.experiments(resolve_ws(store, ws) if ws is not None else None)
+    return [_experiment_view(e, store.sample_count(e["id"])) for e in rows]
+
+
+def pending(store: Store) -> list[ApprovalView]:
+    """`kinv pending`: edits waiting for approval, oldest first."""
+    return [_approval_view(a) for a in store.approvals(status="pending")]
+
+
+def backups(store: Store) -> list[BackupView]:
+    """`kinv backups`: every backup kinv made before touching a file."""
+    return [BackupView(**_pick(b, BackupView)) for b in store.backups()]
+
+
+def summarize_samples(samples: Iterable[dict]) -> list[SampleSummary]:
+    """Samples grouped by (level, arm) in order of first appearance: n, median, min, max, cv."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for s in samples:
+        if s.get("us") is not None:
+            groups.setdefault((str(s.get("level")), str(s.get("arm"))), []).append(float(s["us"]))
+    out = []
+    for (level, arm), us in groups.items():
+        mean = statistics.fmean(us)
+        cv = statistics.pstdev(us) / mean if len(us) > 1 and mean > 0 else 0.0
+        out.append(SampleSummary(level=level, arm=arm, n=len(us), median_us=statistics.median(us), min_us=min(us),
+                                 max_us=max(us), cv=cv))  # fmt: skip
+    return out
+
+
+def show(store: Store, exp_id: int | str) -> ShowView:
+    """`kinv show ID`: one experiment with its diff, checks, per-level/arm sample summary, effects and ledger."""
+    row = resolve_experiment(store, exp_id)
+    eid = row["id"]
+    samples = store.samples(eid)
+    env_checks = []
+    for c in store.env_checks(exp_id=eid):
+        c = dict(c)
+        for k in ("expected", "seen", "mismatch"):
+            if isinstance(c.get(k), str) and c[k][:1] in "{[":
+                c[k] = _loads(c[k])
+        if c.get("ok") is not None:
+            c["ok"] = bool(c["ok"])
+        env_checks.append(c)
+    effects = [VerdictView(**{**_pick(v, VerdictView), "variant": row.get("variant")}) for v in store.verdicts(eid)]
+    noise = [NoiseView(**{**_pick(n, NoiseView), "equivalent": None if n.get("equivalent") is None
+                          else bool(n["equivalent"])}) for n in store.noise(exp_id=eid)]  # fmt: skip
+    gpu_s = row.get("gpu_s")
+    if gpu_s is None:
+        gpu_s = sum(s.get("gpu_s") or 0.0 for s in samples)
+    rounds = row.get("rounds")
+    if rounds is None:
+        rounds = len({s.get("round") for s in samples if s.get("round") is not None})
+    return ShowView(
+        experiment=_experiment_view(row, len(samples)),
+        diff=row.get("diff"),
+        env_checks=env_checks,
+        correctness=_as_dict(row.get("correctness")),
+        resources=_as_dict(row.get("resources")),
+        sample_summary=summarize_samples(samples),
+        effects=effects,
+        noise=noise,
+        ledger=Ledger(gpu_s=gpu_s, rounds=rounds, wall_s=row.get("wall_s") or 0.0, samples=len(samples)),
+    )
+
+
+# --------------------------------------------------------------------------- #
+# todo exports
+# --------------------------------------------------------------------------- #
+_DONE = {"completed", "complete", "done", "accepted", "accept", "rejected", "reject", "mixed", "inconclusive",
+         "closed", "finished"}  # fmt: skip
+_CANCELLED = {"cancelled", "canceled", "moot", "skipped", "dropped", "abandoned"}
+_ACTIVE = {"in_progress", "running", "active", "started", "measuring", "awaiting_approval", "waiting"}
+
+
+def _status3(status: str | None) -> str:
+    s = (status or "pending").strip().lower().replace("-", "_").replace(" ", "_")
+    if s in _CANCELLED:
+        return "cancelled"
+    if s in _DONE:
+        return "completed"
+    if s in _ACTIVE:
+        return "in_progress"
+    return "pending"
+
+
+def _priority3(priority: str | None) -> str:
+    p = (priority or "").strip().lower()
+    if p in {"high", "h", "p0", "p1", "critical", "urgent"}:
+        return "high"
+    if p in {"low", "l", "p3", "p4", "minor"}:
+        return "low"
+    return "medium"
+
+
+_VERBS = {"add", "analyze", "apply", "benchmark", "build", "characterize", "check", "close", "compare", "design",
+          "document", "estimate", "evaluate", "explore", "fix", "investigate", "measure", "patch", "plan", "profile",
+          "publish", "record", "recommend", "report", "revert", "review", "run", "sweep", "test", "time", "try",
+          "tune", "update", "validate", "verify", "write"}  # fmt: skip
+_DOUBLE = {"run", "get", "set", "put", "stop", "plan", "cut", "map", "ship"}
+
+
+def _gerund(verb: str) -> str:
+    v = verb.lower()
+    if v in _DOUBLE:
+        g = v + v[-1] + "ing"
+    elif v.endswith("ie"):
+        g = v[:-2] + "ying"
+    elif v.endswith("e") and not v.endswith(("ee", "ye", "oe")):
+        g = v[:-1] + "ing"
+    else:
+        g = v + "ing"
+    return g.capitalize() if verb[:1].isupper() else g
+
+
+def active_form(content: str) -> str:
+    """'Measure noise' -> 'Measuring noise'; content that does not start with a verb -> 'Testing <content>'."""
+    content = content.strip()
+    first, _, rest = content.partition(" ")
+    if first.lower() in _VERBS:
+        return f"{_gerund(first)} {rest}".rstrip()
+    return f"Testing {content}"
+
+
+def _todo_of(t: TodoView | dict) -> TodoView:
+    return t if isinstance(t, TodoView) else _todo_view(t)
+
+
+def to_opencode(todos: Iterable[TodoView | dict]) -> list[dict]:
+    """opencode's todowrite list: {id, content, status, priority}."""
+    out = []
+    for t in map(_todo_of, todos):
+        out.append(OpencodeTodo(id=t.id, content=t.content, status=_status3(t.status),
+                                priority=_priority3(t.priority)).model_dump())  # fmt: skip
+    return out
+
+
+def to_claude(todos: Iterable[TodoView | dict]) -> list[dict]:
+    """Claude Code's TodoWrite list: {content, status, activeForm}; statuses are pending, in_progress, completed,
+    so a cancelled todo becomes completed with its content prefixed '[cancelled: reason] '."""
+    out = []
+    for t in map(_todo_of, todos):
+        status = _status3(t.status)
+        content = t.content
+        if status == "cancelled":
+            status = "completed"
+            content = f"[cancelled: {t.reason}] {content}" if t.reason else f"[cancelled] {content}"
+        out.append(ClaudeTodo(content=content, status=status,
+                              activeForm=t.active_form or active_form(t.content)).model_dump())  # fmt: skip
+    return out
+
+
+def export_todos(todos: Iterable[TodoView | dict], fmt: str = "kinv") -> list[dict]:
+    """Todos in one of :data:`TODO_EXPORTS`; an unknown format raises ValueError naming the valid ones."""
+    if fmt == "opencode":
+        return to_opencode(todos)
+    if fmt == "claude":
+        return to_claude(todos)
+    if fmt == "kinv":
+        return [_todo_of(t).model_dump() for t in todos]
+    raise ValueError(f"unknown todo format {fmt!r}; valid: {', '.join(TODO_EXPORTS)}")
+
+
+# --------------------------------------------------------------------------- #
+# history: LangGraph's checkpoints.db, read without langgraph
+# --------------------------------------------------------------------------- #
+DECISION_KEYS = ("decision", "verdict", "route")
+"""State keys whose writes make a history item's ``decision``."""
+_SPECIAL = ("__interrupt__", "__error__", "__pregel_tasks")
+_UUID_EPOCH_100NS = 0x01B21DD213814000  # 100-ns intervals from 1582-10-15 to 1970-01-01
+_MAX_TEXT = 160
+
+
+class _Ext:
+    """A msgpack extension value (LangGraph packs objects as ext: [module, name, args, ...])."""
+
+    def __init__(self, code: int, data: bytes):
+        self.code, self.data = code, data
+
+    def value(self) -> Any:
+        try:
+            inner = unpackb(self.data)
+        except (ValueError, IndexError, struct.error, UnicodeDecodeError):
+            return f"<ext {self.code}>"
+        if self.code == 7:  # a delta snapshot: the value itself
+            return inner
+        if isinstance(inner, list) and len(inner) >= 3 and all(isinstance(x, str) for x in inner[:2]):
+            return inner[2]  # constructor / pydantic payload
+        return inner
+
+
+_FIXED = {0xCA: ">f", 0xCB: ">d", 0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q", 0xD0: ">b", 0xD1: ">h",
+          0xD2: ">i", 0xD3: ">q"}  # fmt: skip
+_SIZED = {0xC4: ">B", 0xC5: ">H", 0xC6: ">I", 0xD9: ">B", 0xDA: ">H", 0xDB: ">I"}
+_EXT = {0xC7: ">B", 0xC8: ">H", 0xC9: ">I"}
+
+
+def _unpack(b: bytes, i: int) -> tuple[Any, int]:
+    t = b[i]
+    i += 1
+    if t <= 0x7F:
+        return t, i
+    if t >= 0xE0:
+        return t - 0x100, i
+    if t <= 0x8F:
+        return _unpack_map(b, i, t & 0x0F)
+    if t <= 0x9F:
+        return _unpack_array(b, i, t & 0x0F)
+    if t <= 0xBF:
+        n = t & 0x1F
+        return _text(b, i, n), i + n
+    if t == 0xC0:
+        return None, i
+    if t in (0xC2, 0xC3):
+        return t == 0xC3, i
+    if t in _FIXED:
+        return struct.unpack_from(_FIXED[t], b, i)[0], i + struct.calcsize(_FIXED[t])
+    if t in _SIZED:
+        n = struct.unpack_from(_SIZED[t], b, i)[0]
+        i += struct.calcsize(_SIZED[t])
+        return (_text(b, i, n) if t >= 0xD9 else bytes(b[i : i + n])), i + n
+    if 0xD4 <= t <= 0xD8:  # fixext 1, 2, 4, 8, 16
+        n = 1 << (t - 0xD4)
+        return _Ext(struct.unpack_from(">b", b, i)[0], bytes(b[i + 1 : i + 1 + n])), i + 1 + n
+    if t in _EXT:
+        n = struct.unpack_from(_EXT[t], b, i)[0]
+        i += struct.calcsize(_EXT[t])
+        return _Ext(struct.unpack_from(">b", b, i)[0], bytes(b[i + 1 : i + 1 + n])), i + 1 + n
+    if t in (0xDC, 0xDD):
+        f = ">H" if t == 0xDC else ">I"
+        return _unpack_array(b, i + struct.calcsize(f), struct.unpack_from(f, b, i)[0])
+    if t in (0xDE, 0xDF):
+        f = ">H" if t == 0xDE else ">I"
+        return _unpack_map(b, i + struct.calcsize(f), struct.unpack_from(f, b, i)[0])
+    raise ValueError(f"not msgpack: byte 0x{t:02x} at offset {i - 1}")
+
+
+def _text(b: bytes, i: int, n: int) -> str:
+    if i + n > len(b):
+        raise IndexError("truncated msgpack string")
+    return bytes(b[i : i + n]).decode("utf-8")
+
+
+def _unpack_array(b: bytes, i: int, n: int) -> tuple[list, int]:
+    out = []
+    for _ in range(n):
+        v, i = _unpack(b, i)
+        out.append(v)
+    return out, i
+
+
+def _unpack_map(b: bytes, i: int, n: int) -> tuple[dict, int]:
+    out = {}
+    for _ in range(n):
+        k, i = _unpack(b, i)
+        v, i = _unpack(b, i)
+        out[k if isinstance(k, str | int | float | bool | None) else repr(k)] = v
+    return out, i
+
+
+def unpackb(data: bytes) -> Any:
+    """Decode one msgpack value (the subset LangGraph writes; ext values come back as :class:`_Ext`)."""
+    return _unpack(memoryview(data) if not isinstance(data, bytes) else data, 0)[0]
+
+
+def _plain(v: Any) -> Any:
+    """msgpack value -> JSON-able value (ext objects by their payload)."""
+    if isinstance(v, _Ext):
+        return _plain(v.value())
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, bytes):
+        return f"<{len(v)} bytes>"
+    return v
+
+
+def _short(v: Any) -> str:
+    s = v if isinstance(v, str) else json.dumps(_plain(v), default=str, separators=(", ", ": "))
+    s = " ".join(s.split())
+    return s if len(s) <= _MAX_TEXT else s[: _MAX_TEXT - 1] + "…"
+
+
+def _write_value(typ: str | None, blob: bytes | None) -> Any:
+    if blob is None or typ in (None, "null", "empty"):
+        return None
+    try:
+        if typ == "msgpack":
+            return _plain(unpackb(blob))
+        if typ == "json":
+            return json.loads(blob)
+        if typ == "str":
+            return bytes(blob).decode("utf-8")
+    except (ValueError, IndexError, struct.error, UnicodeDecodeError):
+        return None
+    return None  # bytes, pickle, encrypted: not shown
+
+
+def _uuid6_time(checkpoint_id: str) -> datetime | None:
+    try:
+        h = checkpoint_id.replace("-", "")
+        if len(h) != 32 or h[12] != "6":
+            return None
+        ts = (int(h[:12], 16) << 12) | int(h[13:16], 16)
+        return datetime.fromtimestamp((ts - _UUID_EPOCH_100NS) / 1e7, tz=UTC)
+    except ValueError:
+        return None
+
+
+def _checkpoint_time(head: bytes | None, checkpoint_id: str) -> str:
+    """The checkpoint's 'ts' from the first bytes of its msgpack blob; else the UUIDv6 time of its id."""
+    if head:
+        try:
+            b = bytes(head)
+            t = b[0]
+            n = t & 0x0F if 0x80 <= t <= 0x8F else None
+            i = 1
+            for _ in range(n or 0):
+                k, i = _unpack(b, i)
+                v, i = _unpack(b, i)
+                if k == "ts" and isinstance(v, str):
+                    return datetime.fromisoformat(v).astimezone(UTC).isoformat()
+        except (ValueError, IndexError, struct.error, UnicodeDecodeError):
+            pass
+    dt = _uuid6_time(checkpoint_id)
+    return dt.isoformat() if dt else ""
+
+
+def _decision(writes: dict[str, Any]) -> str | None:
+    """'decision' text from a task's writes; 'verdict: …' / 'route: …' added when present."""
+    parts = []
+    for k in DECISION_KEYS:
+        if writes.get(k) is not None:
+            parts.append(_short(writes[k]) if k == "decision" else f"{k}: {_short(writes[k])}")
+    return "; ".join(parts) or None
+
+
+def _connect_ro(path: Path) -> sqlite3.Connection:
+    uri = path.resolve().as_uri()
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True)
+        conn.execute("select 1 from sqlite_master limit 1").fetchall()
+        return conn
+    except sqlite3.OperationalError:  # e.g. a WAL file in a directory we cannot write: read the main file as is
+        return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True)
+
+
+def checkpoint_threads(path: Path) -> list[str]:
+    """Thread ids (workstream ids) present in a checkpoints.db; [] when there is none."""
+    if not path.is_file():
+        return []
+    conn = _connect_ro(path)
+    try:
+        return [r[0] for r in conn.execute("select distinct thread_id from checkpoints order by thread_id")]
+    except sqlite3.DatabaseError:
+        return []
+    finally:
+        conn.close()
+
+
+def history(store: Store, ws: str) -> list[HistoryItem]:
+    """`kinv history WS`: the graph nodes that ran for the workstream, in order, from LangGraph's checkpoints.
+
+    One item per checkpoint written by a node (the plumbing 'input' checkpoint of each invocation is skipped),
+    plus, when the run is paused or failed, a last item for the node that is waiting (decision 'interrupted: …'
+    or 'error: …').  Read-only; an absent checkpoints.db gives [].
+    """
+    path = Path(store.checkpoints_path)
+    ws_id = norm_ws(str(ws))
+    if store.workstream(ws_id) is None and ws_id not in checkpoint_threads(path):
+        resolve_ws(store, ws_id)  # raises NotFound naming the known workstreams
+    if not path.is_file():
+        return []
+    conn = _connect_ro(path)
+    try:
+        return read_history(conn, ws_id)
+    except sqlite3.DatabaseError:  # no checkpoints table yet
+        return []
+    finally:
+        conn.close()
+
+
+def read_history(conn: sqlite3.Connection, thread_id: str) -> list[HistoryItem]:
+    """History items of one thread of a LangGraph SqliteSaver database (root namespace only)."""
+    cps = conn.execute(
+        "select checkpoint_id, parent_checkpoint_id, metadata, substr(checkpoint, 1, 160) from checkpoints "
+        "where thread_id = ? and checkpoint_ns = '' order by checkpoint_id", [thread_id]).fetchall()  # fmt: skip
+    if not cps:
+        return []
+    keys = DECISION_KEYS + _SPECIAL
+    marks = ", ".join("?" * len(keys))
+    writes: dict[str, dict[str, dict]] = {}  # checkpoint id -> task id -> {"path", "values"}
+    for cid, task_id, task_path, channel, typ, value in conn.execute(
+        f"select checkpoint_id, task_id, task_path, channel, type, case when channel in ({marks}) then value end "
+        "from writes where thread_id = ? and checkpoint_ns = '' order by checkpoint_id, task_path, task_id, idx",
+        [*keys, thread_id],
+    ):  # fmt: skip
+        if not task_path:  # the resume value of a Command(resume=...), not a task
+            continue
+        task = writes.setdefault(cid, {}).setdefault(task_id, {"path": task_path, "values": {}, "sends": []})
+        if channel in keys:
+            v = _write_value(typ, value)
+            if channel == "__pregel_tasks":
+                task["sends"].append(v)
+            elif channel not in task["values"]:
+                task["values"][channel] = v
+
+    def sends_of(cid: str | None) -> list[str]:
+        """Target nodes of the Send packets written before checkpoint ``cid`` (for push-task names)."""
+        out = []
+        for task in (writes.get(cid) or {}).values():
+            for s in task["sends"]:
+                out.append(s[0] if isinstance(s, list) and s and isinstance(s[0], str) else "send")
+        return out
+
+    parent_of = {c[0]: c[1] for c in cps}
+
+    def task_name(task: dict, cid: str) -> str:
+        parts = task["path"].lstrip("~").split(", ")
+        if parts[0] == "__pregel_pull" and len(parts) > 1:
+            return parts[1]
+        if parts[0] == "__pregel_push" and len(parts) > 1 and parts[1].isdigit():
+            targets = sends_of(parent_of.get(cid))
+            idx = int(parts[1])
+            return targets[idx] if idx < len(targets) else "send"
+        return "(update)" if parts[0] == "__interrupt__" else parts[0] or "?"
+
+    def names(tasks: Iterable[tuple[str, dict]], cid: str) -> list[tuple[str, dict]]:
+        return [(task_name(t, cid), t) for _, t in tasks]
+
+    items: list[HistoryItem] = []
+    for cid, parent, meta_raw, head in cps:
+        meta = _meta(meta_raw)
+        step = int(meta.get("step", 0) if isinstance(meta.get("step"), int) else 0)
+        when = _checkpoint_time(head, cid)
+        old = meta.get("writes")
+        if isinstance(old, dict) and old:  # older LangGraph: the writes live in the metadata
+            nodes = list(old)
+            decisions = [(n, _decision(v) if isinstance(v, dict) else None) for n, v in old.items()]
+        elif parent is not None and parent in writes:
+            done = [(n, t) for n, t in names(writes[parent].items(), parent) if _completed(t)]
+            if not done and meta.get("source") != "update":
+                continue
+            nodes = [n for n, _ in done] or ["(update)"]
+            decisions = [(n, _decision(t["values"])) for n, t in done]
+        else:
+            if meta.get("source") == "input":
+                continue
+            nodes, decisions = [f"({meta.get('source') or '?'})"], []
+        items.append(HistoryItem(checkpoint_id=cid, node=_join(nodes), step=step, time=when,
+                                 decision=_join_decisions(decisions)))  # fmt: skip
+
+    last_id, _, last_meta, last_head = cps[-1]
+    paused = []
+    for name, task in names((writes.get(last_id) or {}).items(), last_id):
+        vals = task["values"]
+        if "__interrupt__" in vals:
+            what = _interrupt_text(vals["__interrupt__"])
+            paused.append((name, f"interrupted: {what}" if what else "interrupted: waiting for resume"))
+        elif "__error__" in vals:
+            paused.append((name, f"error: {_short(vals['__error__'])}"))
+    if paused:
+        meta = _meta(last_meta)
+        step = meta.get("step") if isinstance(meta.get("step"), int) else 0
+        items.append(HistoryItem(checkpoint_id=last_id, node=_join([n for n, _ in paused]), step=step + 1,
+                                 time=_checkpoint_time(last_head, last_id),
+                                 decision=_join_decisions(paused)))  # fmt: skip
+    return items
+
+
+def _completed(task: dict) -> bool:
+    """A task whose writes went into the next checkpoint (not one that only raised an interrupt or error)."""
+    vals = task["values"]
+    return not ({"__interrupt__", "__error__"} & set(vals)) or bool(set(vals) - set(_SPECIAL))
+
+
+def _meta(raw: Any) -> dict:
+    if raw is None:
+        return {}
+    try:
+        m = json.loads(raw)
+    except (TypeError, ValueError, UnicodeDecodeError):
+        try:
+            m = _plain(unpackb(bytes(raw)))
+        except (ValueError, IndexError, struct.error, UnicodeDecodeError, TypeError):
+            return {}
+    return m if isinstance(m, dict) else {}
+
+
+def _join(nodes: list[str]) -> str:
+    """['w', 'w', 'b'] -> 'w ×2, b'."""
+    counts: dict[str, int] = {}
+    for n in nodes:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(n if c == 1 else f"{n} ×{c}" for n, c in counts.items()) or "?"
+
+
+def _join_decisions(decisions: list[tuple[str, str | None]]) -> str | None:
+    found = [(n, d) for n, d in decisions if d]
+    if not found:
+        return None
+    if len(found) == 1:
+        return found[0][1]
+    return "; ".join(f"{n}: {d}" for n, d in found)
+
+
+def _interrupt_text(value: Any) -> str | None:
+    """The value an interrupt() was raised with ([{'value': ..., 'id': ...}] after decoding)."""
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, dict) and "value" in value:
+        value = value["value"]
+    return _short(value) if value is not None else None
