@@ -33,6 +33,9 @@ symmetry and on nothing else about the noise's shape:
   noise and far more under outliers.  Below 12 rounds the signed-rank interval cannot reach the per-look
   confidence of the default plan (its smallest attainable two-sided level is ``2 / 2**n``), hence the t part.
   Each look's interval is valid on its own, which is all the sequential (union-bound) correction needs.
+  (Should a variant change the *shape* of the noise -- say, turn bimodal -- ``d`` is no longer symmetric and
+  the Hodges-Lehmann estimate tracks the typical round rather than the mean; that is the behaviour wanted
+  from a throughput claim, but worth knowing when the two disagree.)
 
   A 20%-trimmed mean with the Tukey-McLaughlin t interval was tried and rejected: with 8-32 rounds at the
   corrected per-look level its false-significance rate ran 1.2-1.6x nominal on Gaussian noise.
@@ -623,13 +626,14 @@ def recorded_noise_residuals(path: str | Path | None = None, min_cell: int = 3) 
     Reads every JSON-lines file (``*.jsonl`` or ``*.jsonl.gz``) under ``path`` (default
     ``kernels/recordings/``, searched recursively; a single file may be given too).  Each line is an object
     with ``"level"``, ``"config_hash"``, ``"us"`` (one time or a list of them) and ``"kind"`` (``"ab"`` or
-    ``"aa"``).  Samples are grouped into cells by (file, kind, level, config_hash); each sample's residual is
+    ``"aa"``); lines whose ``"type"`` is present and not ``"sample"`` (headers) are skipped.  Samples are
+    grouped into cells by (file, kind, arm if recorded, level, config_hash); each sample's residual is
     ``us / median(cell) - 1``.  Cells with fewer than ``min_cell`` samples say nothing about spread and are
     skipped; blank or malformed lines are skipped too.  The residuals include whatever drift the recording
     had, so noise simulated from them is, if anything, pessimistic.
     """
     root = Path(path) if path is not None else RECORDINGS_DIR
-    cells: dict[tuple[str, str, str, str], list[float]] = {}
+    cells: dict[tuple[str, ...], list[float]] = {}
     for f in _recording_files(root):
         opener = gzip.open if f.name.endswith(".gz") else open
         with opener(f, "rt", encoding="utf-8") as fh:
@@ -639,9 +643,14 @@ def recorded_noise_residuals(path: str | Path | None = None, min_cell: int = 3) 
                     continue
                 try:
                     rec = json.loads(line)
+                    if rec.get("type", "sample") != "sample":
+                        continue
                     us = rec["us"]
-                    key = (str(f), str(rec.get("kind", "")), str(rec["level"]), str(rec.get("config_hash", "")))
-                except (json.JSONDecodeError, KeyError, TypeError):
+                    key = tuple(str(rec.get(k, "")) for k in ("kind", "arm", "level", "config_hash"))
+                    key = (str(f), *key) if "level" in rec else None
+                except (json.JSONDecodeError, AttributeError, TypeError, KeyError):
+                    continue
+                if key is None:
                     continue
                 values = us if isinstance(us, list) else [us]
                 good = [float(u) for u in values if _is_time(u)]
