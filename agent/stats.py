@@ -612,6 +612,12 @@ def _is_time(u: object) -> bool:
     return isinstance(u, int | float) and not isinstance(u, bool) and math.isfinite(u) and u > 0
 
 
+def _read_lines(f: Path) -> list[str]:
+    opener = gzip.open if f.name.endswith(".gz") else open
+    with opener(f, "rt", encoding="utf-8") as fh:
+        return [line for line in (raw.strip() for raw in fh) if line]
+
+
 def _recording_files(root: Path) -> list[Path]:
     if root.is_file():
         return [root]
@@ -635,26 +641,21 @@ def recorded_noise_residuals(path: str | Path | None = None, min_cell: int = 3) 
     root = Path(path) if path is not None else RECORDINGS_DIR
     cells: dict[tuple[str, ...], list[float]] = {}
     for f in _recording_files(root):
-        opener = gzip.open if f.name.endswith(".gz") else open
-        with opener(f, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                line = line.strip()
-                if not line:
+        try:
+            lines = _read_lines(f)
+        except (OSError, EOFError, UnicodeDecodeError):
+            continue  # an unreadable or truncated recording contributes nothing
+        for line in lines:
+            try:
+                rec = json.loads(line)
+                if rec.get("type", "sample") != "sample" or "level" not in rec:
                     continue
-                try:
-                    rec = json.loads(line)
-                    if rec.get("type", "sample") != "sample":
-                        continue
-                    us = rec["us"]
-                    key = tuple(str(rec.get(k, "")) for k in ("kind", "arm", "level", "config_hash"))
-                    key = (str(f), *key) if "level" in rec else None
-                except (json.JSONDecodeError, AttributeError, TypeError, KeyError):
-                    continue
-                if key is None:
-                    continue
-                values = us if isinstance(us, list) else [us]
-                good = [float(u) for u in values if _is_time(u)]
-                cells.setdefault(key, []).extend(good)
+                us = rec["us"]
+            except (json.JSONDecodeError, AttributeError, KeyError):
+                continue
+            key = (str(f), *(str(rec.get(k, "")) for k in ("kind", "arm", "level", "config_hash")))
+            values = us if isinstance(us, list) else [us]
+            cells.setdefault(key, []).extend(float(u) for u in values if _is_time(u))
     residuals = [np.asarray(v) / np.median(v) - 1.0 for v in cells.values() if len(v) >= min_cell]
     if not residuals:
         return None

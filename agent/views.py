@@ -755,7 +755,9 @@ def read_history(conn: sqlite3.Connection, thread_id: str) -> list[HistoryItem]:
     ):  # fmt: skip
         if not task_path:  # the resume value of a Command(resume=...), not a task
             continue
-        task = writes.setdefault(cid, {}).setdefault(task_id, {"path": task_path, "values": {}, "sends": []})
+        task = writes.setdefault(cid, {}).setdefault(task_id, {"path": task_path, "values": {}, "sends": [],
+                                                               "channels": set()})
+        task["channels"].add(channel)
         if channel in keys:
             v = _write_value(typ, value)
             if channel == "__pregel_tasks":
@@ -789,7 +791,7 @@ def read_history(conn: sqlite3.Connection, thread_id: str) -> list[HistoryItem]:
     items: list[HistoryItem] = []
     for cid, parent, meta_raw, head in cps:
         meta = _meta(meta_raw)
-        step = int(meta.get("step", 0) if isinstance(meta.get("step"), int) else 0)
+        step = meta["step"] if isinstance(meta.get("step"), int) else 0
         when = _checkpoint_time(head, cid)
         old = meta.get("writes")
         if isinstance(old, dict) and old:  # older LangGraph: the writes live in the metadata
@@ -812,6 +814,8 @@ def read_history(conn: sqlite3.Connection, thread_id: str) -> list[HistoryItem]:
     paused = []
     for name, task in names((writes.get(last_id) or {}).items(), last_id):
         vals = task["values"]
+        if _completed(task):
+            continue
         if "__interrupt__" in vals:
             what = _interrupt_text(vals["__interrupt__"])
             paused.append((name, f"interrupted: {what}" if what else "interrupted: waiting for resume"))
@@ -827,9 +831,9 @@ def read_history(conn: sqlite3.Connection, thread_id: str) -> list[HistoryItem]:
 
 
 def _completed(task: dict) -> bool:
-    """A task whose writes went into the next checkpoint (not one that only raised an interrupt or error)."""
-    vals = task["values"]
-    return not ({"__interrupt__", "__error__"} & set(vals)) or bool(set(vals) - set(_SPECIAL))
+    """A task that finished (not one that only raised an interrupt or an error, and was not re-run since)."""
+    channels = task["channels"]
+    return not ({"__interrupt__", "__error__"} & channels) or bool(channels - {"__interrupt__", "__error__"})
 
 
 def _meta(raw: Any) -> dict:

@@ -65,6 +65,8 @@ def main() -> int:
             header = {"type": "header", "kernel": "mla_decode", "fingerprint": hello["fingerprint"],
                       "harness_hash": hello["harness_hash"], "env": hello["env"], "rounds": args.rounds,
                       "replays": args.replays, "levels": levels, "configs": configs, "created": time.time()}  # fmt: skip
+        if "copy_gbps" not in header:
+            header["copy_gbps"] = w.request("copy_bandwidth", mib=2048)["gbps"]
         workers[name] = (w, hello)
         for lv in levels:
             s = w.request("setup", kernel="mla_decode", config=cfg, level=lv, seed=zlib.crc32(name.encode()) % 1000)
