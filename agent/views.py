@@ -32,6 +32,10 @@ class NotFound(ValueError):
     """An id (workstream, experiment, approval) that the store does not hold; the message names those it does."""
 
 
+class Unreadable(ValueError):
+    """A state file kinv cannot read (e.g. a checkpoints.db that is not an SQLite database); one line says which."""
+
+
 class View(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -299,7 +303,8 @@ def resolve_approval(store: Store, approval_id: str) -> dict:
 # row -> view
 # --------------------------------------------------------------------------- #
 def _todo_view(row: dict) -> TodoView:
-    return TodoView(**{**_pick(row, TodoView), "status": row.get("status") or "pending"})
+    return TodoView(**{**_pick(row, TodoView), "content": row.get("content") or "",
+                       "status": row.get("status") or "pending"})  # fmt: skip
 
 
 def _approval_view(row: dict) -> ApprovalView:
@@ -704,10 +709,13 @@ def _connect_ro(path: Path) -> sqlite3.Connection:
 
 
 def checkpoint_threads(path: Path) -> list[str]:
-    """Thread ids (workstream ids) present in a checkpoints.db; [] when there is none."""
+    """Thread ids (workstream ids) present in a checkpoints.db; [] when there is none or it cannot be read."""
     if not path.is_file():
         return []
-    conn = _connect_ro(path)
+    try:
+        conn = _connect_ro(path)
+    except sqlite3.DatabaseError:
+        return []
     try:
         return [r[0] for r in conn.execute("select distinct thread_id from checkpoints order by thread_id")]
     except sqlite3.DatabaseError:
@@ -729,11 +737,18 @@ def history(store: Store, ws: str) -> list[HistoryItem]:
         resolve_ws(store, ws_id)  # raises NotFound naming the known workstreams
     if not path.is_file():
         return []
-    conn = _connect_ro(path)
+    try:
+        conn = _connect_ro(path)
+    except sqlite3.DatabaseError as exc:
+        raise Unreadable(f"cannot read the graph checkpoints {path}: {exc}") from None
     try:
         return read_history(conn, ws_id)
-    except sqlite3.DatabaseError:  # no checkpoints table yet
-        return []
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):  # created, but no graph has run yet
+            return []
+        raise Unreadable(f"cannot read the graph checkpoints {path}: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        raise Unreadable(f"cannot read the graph checkpoints {path}: {exc}") from None
     finally:
         conn.close()
 
@@ -755,8 +770,9 @@ def read_history(conn: sqlite3.Connection, thread_id: str) -> list[HistoryItem]:
     ):  # fmt: skip
         if not task_path:  # the resume value of a Command(resume=...), not a task
             continue
-        task = writes.setdefault(cid, {}).setdefault(task_id, {"path": task_path, "values": {}, "sends": [],
-                                                               "channels": set()})
+        task = writes.setdefault(cid, {}).setdefault(
+            task_id, {"path": task_path, "values": {}, "sends": [], "channels": set()}
+        )
         task["channels"].add(channel)
         if channel in keys:
             v = _write_value(typ, value)

@@ -24,9 +24,12 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from agent.store import Store
 from kernels.launch_config import ConfigError, load_config, validate_config
+
+if TYPE_CHECKING:
+    from agent.store import Store
 
 CONFIG_KEY_ORDER = ("kernel", "description", "BLOCK_T", "BLOCK_H", "num_warps", "num_stages", "overrides")
 TMP_MARK = ".kinv-tmp-"

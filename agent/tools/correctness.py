@@ -16,9 +16,12 @@ import inspect
 import math
 import os
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from agent.store import Store
 from kernels.adapter import KernelAdapter, Level
+
+if TYPE_CHECKING:
+    from agent.store import Store
 
 GPU_CAPS = {"batch": 8, "context": 4096}
 CPU_CAPS = {"batch": 2, "context": 64, "page_size": 16}

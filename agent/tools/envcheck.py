@@ -12,8 +12,11 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from agent.store import Store
+if TYPE_CHECKING:
+    from agent.store import Store
+
 
 EMPTY_RETRIES = 25
 

@@ -13,11 +13,14 @@ assumed.
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
-from agent.store import Store
 from kernels.adapter import KernelAdapter, Level
 from kernels.devices import DeviceSpec
 from kernels.launch_config import config_hash, describe
+
+if TYPE_CHECKING:
+    from agent.store import Store
 
 BLOCK_H_BOUNDS = (16, 32, 64, 128)
 WHY_KEYS = ("tile", "mma_tile", "num_splits", "iterations_per_split", "ctas", "waves")

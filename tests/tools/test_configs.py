@@ -205,7 +205,9 @@ def test_bad_hunk_is_refused_and_changes_nothing(store, src_path):
     diff = "--- a/kern.py\n+++ b/kern.py\n@@ -2,2 +2,2 @@\n     a = x + 2\n-    b = a * 2\n+    b = a * 3\n"
     with pytest.raises(PatchError, match=r"^hunk 1 does not apply at line 2 of .*kern\.py$"):
         configs.patch_source(store, src_path, diff, WS)
-    second = configs.diff_text(SOURCE, SOURCE.replace("return 0", "return 1"), "kern.py").replace("return 0", "return 9")
+    second = configs.diff_text(SOURCE, SOURCE.replace("return 0", "return 1"), "kern.py").replace(
+        "return 0", "return 9"
+    )
     first = "--- a/kern.py\n+++ b/kern.py\n@@ -1,1 +1,1 @@\n-def f(x):\n+def f(y):\n"
     with pytest.raises(PatchError, match="hunk 2 does not apply at line 5"):
         configs.patch_source(store, src_path, first + second.split("\n", 2)[2], WS)

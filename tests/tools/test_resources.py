@@ -13,6 +13,7 @@ from agent.tools import resources
 from agent.tools.resources import ResourceError
 from kernels.adapter import Level, get_adapter
 from kernels.devices import get_device
+
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
 ADAPTER = get_adapter("mla_decode")

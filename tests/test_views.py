@@ -1,0 +1,465 @@
+"""The read path of the inspection CLI: agent/views.py.
+
+``populate_demo`` builds a realistic #3a store (the seed's investigation: noise, V1 and V2 rejected, V3 moot)
+at any size; the benchmark of `kinv status` reuses it with 50 experiments and 10,000 samples.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent import views
+from agent.store import Store
+from agent.views import NotFound, StatusView
+
+ROOT = Path(__file__).resolve().parents[1]
+LEVELS = [f"v4flash/h16/p64/ctx4096/b{b}" for b in (1, 8, 32, 64, 96)]
+BASE_US = {lv: us for lv, us in zip(LEVELS, (21.0, 24.0, 38.0, 61.0, 88.0), strict=True)}
+# the seed: V1 (num_warps 8) regressed 14-18% at low concurrency, 3-7% at high; V2 (num_stages 3) ~10% at C=64
+SLOWDOWN = {"V1": (1.17, 1.15, 1.07, 1.05, 1.04), "V2": (1.01, 1.02, 1.03, 1.099, 1.02), "noise": (1.0,) * 5}
+VERDICT = {"noise": ("equivalent", "A/A equivalent at every level: noise band 2.5-3.4%"),
+           "V1": ("reject", "regressed at every level (b1 -17%, b8 -15%, b32 -7%, b64 -5%, b96 -4%)"),
+           "V2": ("reject", "regressed at b64 (-9.9%), equivalent elsewhere")}  # fmt: skip
+V1_DIFF = """--- kernels/configs/mla_decode.json
++++ kernels/configs/mla_decode.json
+@@ -3,3 +3,3 @@
+   "BLOCK_H": 16,
+-  "num_warps": 4,
++  "num_warps": 8,
+   "num_stages": 2
+"""
+
+
+def populate_demo(store: Store, n_experiments: int = 50, n_samples: int = 10000, seed: int = 0) -> dict:
+    """Fill ``store`` with workstreams #3a (the seed's occupancy A/B) and #3b, their todos, ``n_experiments``
+    experiments on #3a (noise, then V1 and V2 alternating) holding ``n_samples`` samples in all, per-level
+    verdicts and noise bands, env checks, one pending and one decided approval, and two backups.
+
+    Returns the ids it made: {"experiments": [...], "by_variant": {variant: [ids]}, "approval": id, ...}.
+    """
+    rng = random.Random(seed)
+    store.upsert_workstream({
+        "id": "#3a", "parent": "#3", "parent_title": "Decode throughput ceiling (~845 tok/s/GPU at C=96)",
+        "title": "Attention-kernel occupancy A/B on the MLA split-K decode kernel", "kernel": "mla_decode",
+        "hypothesis": "KV gathers stall the warps: more warps or stages should hide the latency",
+        "status": "closed", "backend": "replay", "approval": "auto", "baseline_hash": "b45e11ne0000",
+        "recommendation": "OEA: Opportunistic Expert Activation (decode time outside attention)",
+        "report_path": "plans/3a-attention-occupancy.closeout.md"})  # fmt: skip
+    store.upsert_workstream({"id": "#3b", "parent": "#3", "title": "BLOCK_T sweep with fewer stages",
+                             "kernel": "mla_decode", "status": "planned", "backend": "replay"})  # fmt: skip
+    todos = [
+        ("#3a.noise", None, "Measure the noise band (A/A)", "Measuring the noise band (A/A)", "completed",
+         "band 2.5-3.4% per level; threshold 6.8%", "high"),
+        ("#3a.V1", None, "V1: num_warps 8", None, "completed", "rejected: regressed at every level", "high"),
+        ("#3a.V2", None, "V2: num_stages 3", None, "completed", "rejected: -9.9% at b64", "medium"),
+        ("#3a.V3", "#3a.V1", "V3: batch-aware warps (4 at batch <= 8, 8 above)", None, "cancelled",
+         "moot: V1 regressed at every level", "low"),
+    ]  # fmt: skip
+    for pos, (tid, parent, content, active, st, reason, prio) in enumerate(todos):
+        store.upsert_todo({"id": tid, "workstream": "#3a", "parent": parent, "content": content,
+                           "active_form": active, "status": st, "reason": reason, "priority": prio,
+                           "position": pos})  # fmt: skip
+    store.upsert_todo({"id": "#3b.T32", "workstream": "#3b", "content": "Test BLOCK_T 32 with num_stages 1",
+                       "status": "pending", "priority": "medium", "position": 0})  # fmt: skip
+
+    n_experiments = max(1, n_experiments)
+    per_exp = [n_samples // n_experiments + (1 if i < n_samples % n_experiments else 0) for i in range(n_experiments)]
+    exp_ids: list[int] = []
+    by_variant: dict[str, list[int]] = {}
+    for i in range(n_experiments):
+        variant = "noise" if i == 0 else ("V1", "V2")[(i - 1) % 2]
+        kind = "noise" if variant == "noise" else "ab"
+        verdict, reason = VERDICT[variant]
+        rows = []
+        cells = [(lv, arm) for lv in LEVELS for arm in ("A", "B")]
+        rounds = math.ceil(per_exp[i] / len(cells)) if per_exp[i] else 0
+        for k in range(per_exp[i]):
+            r, (lv, arm) = divmod(k, len(cells))[0], cells[k % len(cells)]
+            slow = SLOWDOWN[variant][LEVELS.index(lv)] if arm == "B" else 1.0
+            rows.append({"round": r, "arm": arm, "level": lv, "us": BASE_US[lv] * slow * rng.lognormvariate(0, 0.03),
+                         "replays": 50, "gpu_s": 0.002, "harness_hash": "h4rness", "reference_hash": "r3f",
+                         "config_hash": "base" if arm == "A" else f"cfg-{variant}", "backend": "replay",
+                         "env": {"seen": {"TARGET_CTAS": "512"}}, "t": 1.7e9 + k})  # fmt: skip
+        eid = store.new_experiment(
+            workstream="#3a", todo=f"#3a.{variant}", variant=None if variant == "noise" else variant, kind=kind,
+            backend="replay", config_hash="base" if variant == "noise" else f"cfg-{variant}",
+            base_config_hash="base", status="done", verdict=verdict, reason=reason, rounds=rounds,
+            gpu_s=0.002 * per_exp[i], wall_s=1.5 * rounds,
+            resources={"smem_bytes": 61440 if variant != "V2" else 82944, "registers": 168, "spills": 0},
+            correctness={"ok": True, "max_abs_err": 3.1e-3, "atol": 2e-2} if variant != "noise" else None,
+            diff=V1_DIFF if variant == "V1" else None)  # fmt: skip
+        for j in range(0, len(rows), 2000):
+            for row in rows[j : j + 2000]:
+                row["experiment"] = eid
+            store.add_samples(rows[j : j + 2000])
+        if kind == "noise":
+            store.add_noise(eid, "#3a", [{"level": lv, "band": 0.025 + 0.002 * n, "cv": 0.03, "n_pairs": rounds,
+                                          "equivalent": 1, "effect": 0.001, "ci_low": -0.01, "ci_high": 0.012}
+                                         for n, lv in enumerate(LEVELS)])  # fmt: skip
+        else:
+            vs = []
+            for n, lv in enumerate(LEVELS):
+                ratio = 1 / SLOWDOWN[variant][n]
+                eff = math.log(ratio)
+                v = "regressed" if eff < -0.068 else ("equivalent" if abs(eff) < 0.03 else "undecided")
+                vs.append({"level": lv, "n": rounds, "base_us": BASE_US[lv], "variant_us": BASE_US[lv] / ratio,
+                           "effect": eff, "ci_low": eff - 0.02, "ci_high": eff + 0.02, "ratio": ratio,
+                           "threshold": 0.068, "verdict": v})  # fmt: skip
+            store.add_verdicts(eid, vs)
+        store.add_env_check(workstream="#3a", experiment=eid, source="worker", expected={"TARGET_CTAS": "512"},
+                            seen={"TARGET_CTAS": "512"}, ok=1, mismatch=None)  # fmt: skip
+        exp_ids.append(eid)
+        by_variant.setdefault(variant, []).append(eid)
+
+    store.add_approval(id="ap-3a-V2", workstream="#3a", todo="#3a.V2", variant="V2", kind="config",
+                       diff=V1_DIFF.replace("num_warps", "num_stages"), resources={"smem_bytes": 82944},
+                       hypothesis="a deeper pipeline hides the gather latency", status="approved")  # fmt: skip
+    store.add_approval(
+        id="ap-3b-T32",
+        workstream="#3b",
+        todo="#3b.T32",
+        variant="T32",
+        kind="config",
+        diff='--- a\n+++ b\n-  "BLOCK_T": 16,\n+  "BLOCK_T": 32,\n',
+        resources={"smem_bytes": 98304, "fits": True},
+        hypothesis="larger tiles amortize softmax",
+    )
+    b1 = store.add_backup("kernels/configs/mla_decode.json", "state/backups/1-mla_decode.json", "abc123", "#3a")
+    b2 = store.add_backup("kernels/configs/mla_decode.json", "state/backups/2-mla_decode.json", "abc123", "#3a")
+    return {"experiments": exp_ids, "by_variant": by_variant, "approval": "ap-3b-T32", "backups": [b1, b2]}
+
+
+@pytest.fixture
+def store(state_dir):
+    s = Store(state_dir)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def demo(store):
+    return populate_demo(store, n_experiments=3, n_samples=300)
+
+
+# --------------------------------------------------------------------------- #
+# status, todos, experiments, pending, backups
+# --------------------------------------------------------------------------- #
+def test_status_shape_and_contents(store, demo):
+    view = views.status(store)
+    assert view.state_dir == str(store.dir)
+    assert [w.id for w in view.workstreams] == ["#3a", "#3b"]
+    ws = view.workstreams[0]
+    assert ws.parent == "#3" and ws.kernel == "mla_decode" and ws.backend == "replay"
+    assert ws.recommendation.startswith("OEA")
+    assert [t.id for t in ws.todos] == ["#3a.noise", "#3a.V1", "#3a.V2", "#3a.V3"]
+    v3 = ws.todos[3]
+    assert (v3.status, v3.reason, v3.parent) == ("cancelled", "moot: V1 regressed at every level", "#3a.V1")
+    assert ws.pending_approvals == []  # #3a's approval was decided
+    latest = {v.variant: (v.verdict, v.experiment) for v in ws.latest_verdicts}
+    assert latest == {
+        "noise": ("equivalent", demo["by_variant"]["noise"][-1]),
+        "V1": ("reject", demo["by_variant"]["V1"][-1]),
+        "V2": ("reject", demo["by_variant"]["V2"][-1]),
+    }
+    ws_b = view.workstreams[1]
+    assert [a.id for a in ws_b.pending_approvals] == ["ap-3b-T32"]
+    assert ws_b.pending_approvals[0].resources == {"smem_bytes": 98304, "fits": True}
+    assert ws_b.latest_verdicts == []
+
+
+def test_status_json_round_trip(store, demo):
+    view = views.status(store)
+    text = view.model_dump_json()
+    assert StatusView.model_validate_json(text) == view
+    data = json.loads(views.dump_json(view))
+    assert set(data) == {"state_dir", "workstreams"}
+    assert set(data["workstreams"][0]["todos"][0]) == set(views.TodoView.model_fields)
+
+
+def test_latest_verdict_is_the_newest_experiment(store):
+    ids = populate_demo(store, n_experiments=6, n_samples=60)["by_variant"]
+    store.update_experiment(ids["V1"][-1], verdict="inconclusive", reason="budget spent")
+    latest = {v.variant: v for v in views.status(store).workstreams[0].latest_verdicts}
+    assert (latest["V1"].verdict, latest["V1"].experiment) == ("inconclusive", ids["V1"][-1])
+
+
+def test_empty_store(store):
+    assert views.status(store).workstreams == []
+    assert views.pending(store) == [] and views.backups(store) == [] and views.experiments(store) == []
+
+
+def test_todos_in_order(store, demo):
+    got = views.todos(store, "3a")
+    assert [t.id for t in got] == ["#3a.noise", "#3a.V1", "#3a.V2", "#3a.V3"]
+    assert [t.position for t in got] == [0, 1, 2, 3]
+    assert views.todos(store, "#3b")[0].content == "Test BLOCK_T 32 with num_stages 1"
+
+
+def test_experiments_count_samples(store):
+    demo = populate_demo(store, n_experiments=5, n_samples=503)
+    exps = views.experiments(store, "#3a")
+    assert [e.id for e in exps] == demo["experiments"]
+    assert sum(e.samples for e in exps) == 503
+    assert exps[0].kind == "noise" and exps[1].variant == "V1" and exps[1].verdict == "reject"
+    assert views.experiments(store, "3b") == []
+    assert len(views.experiments(store)) == 5
+
+
+def test_pending_and_backups(store, demo):
+    pend = views.pending(store)
+    assert [(a.id, a.workstream, a.status) for a in pend] == [("ap-3b-T32", "#3b", "pending")]
+    assert "BLOCK_T" in pend[0].diff and pend[0].hypothesis
+    bks = views.backups(store)
+    assert [b.id for b in bks] == demo["backups"]
+    assert bks[0].path == "kernels/configs/mla_decode.json" and bks[0].sha == "abc123" and bks[0].workstream == "#3a"
+    assert json.loads(views.dump_json(bks))[1]["backup_path"] == "state/backups/2-mla_decode.json"
+
+
+# --------------------------------------------------------------------------- #
+# id resolution
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("given", ["3a", "#3a", " 3a "])
+def test_resolve_ws_accepts_both_spellings(store, demo, given):
+    assert views.resolve_ws(store, given) == "#3a"
+
+
+def test_unknown_workstream_names_the_known_ones(store, demo):
+    with pytest.raises(NotFound, match=r"^unknown workstream '#9z'; known: #3a, #3b$"):
+        views.resolve_ws(store, "9z")
+    with pytest.raises(ValueError, match="known: #3a, #3b"):  # NotFound is a ValueError
+        views.todos(store, "#9z")
+
+
+def test_unknown_workstream_in_an_empty_store(store):
+    with pytest.raises(NotFound, match="no workstreams yet"):
+        views.resolve_ws(store, "3a")
+
+
+def test_unknown_experiment_lists_ids(store):
+    populate_demo(store, n_experiments=7, n_samples=70)
+    with pytest.raises(NotFound, match=r"^unknown experiment 42; experiments: 1-7$"):
+        views.show(store, 42)
+    with pytest.raises(NotFound, match="give a number"):
+        views.show(store, "V1")
+    assert views._ranges([1, 2, 3, 5, 8, 9]) == "1-3, 5, 8-9"
+
+
+def test_unknown_approval_lists_pending(store, demo):
+    with pytest.raises(NotFound, match=r"^unknown approval 'nope'; pending: ap-3b-T32$"):
+        views.approval(store, "nope")
+    assert views.approval(store, "ap-3a-V2").status == "approved"
+
+
+# --------------------------------------------------------------------------- #
+# show
+# --------------------------------------------------------------------------- #
+def test_show_summarizes_samples_per_level_and_arm(store, demo):
+    v1 = demo["by_variant"]["V1"][0]
+    view = views.show(store, str(v1))
+    assert view.experiment.id == v1 and view.experiment.variant == "V1" and view.experiment.samples == 100
+    assert [(s.level, s.arm) for s in view.sample_summary] == [(lv, arm) for lv in LEVELS for arm in ("A", "B")]
+    assert all(s.n == 10 for s in view.sample_summary)
+    raw = [s["us"] for s in store.samples(v1) if s["level"] == LEVELS[0] and s["arm"] == "B"]
+    b1 = view.sample_summary[1]
+    assert (b1.min_us, b1.max_us) == (min(raw), max(raw)) and b1.min_us <= b1.median_us <= b1.max_us
+    assert 0 < b1.cv < 0.2
+    assert b1.median_us > view.sample_summary[0].median_us  # V1 is slower at b1
+    assert [e.level for e in view.effects] == LEVELS
+    assert all(e.variant == "V1" and e.verdict == "regressed" and e.ratio < 1 for e in view.effects[:2])
+    assert view.diff == V1_DIFF
+    assert view.correctness["ok"] is True and view.resources["smem_bytes"] == 61440
+    assert view.env_checks[0]["ok"] is True and view.env_checks[0]["seen"] == {"TARGET_CTAS": "512"}
+    assert view.ledger.samples == 100 and view.ledger.rounds == 10
+    assert view.ledger.gpu_s == pytest.approx(0.2)
+    assert views.ShowView.model_validate_json(view.model_dump_json()) == view
+
+
+def test_show_noise_experiment(store, demo):
+    view = views.show(store, demo["by_variant"]["noise"][0])
+    assert view.effects == [] and view.correctness is None
+    assert [n.level for n in view.noise] == LEVELS and all(n.equivalent for n in view.noise)
+
+
+# --------------------------------------------------------------------------- #
+# todo exports
+# --------------------------------------------------------------------------- #
+def test_export_opencode(store, demo):
+    got = views.to_opencode(views.todos(store, "#3a"))
+    assert [t["status"] for t in got] == ["completed", "completed", "completed", "cancelled"]
+    assert [t["priority"] for t in got] == ["high", "high", "medium", "low"]
+    assert set(got[0]) == {"id", "content", "status", "priority"}
+    assert got[3]["id"] == "#3a.V3"
+    assert views.export_todos(store.todos("#3b"), "opencode")[0]["status"] == "pending"
+
+
+def test_export_claude(store, demo):
+    store.upsert_todo({"id": "#3a.V1", "status": "in_progress"})
+    got = views.to_claude(views.todos(store, "#3a"))
+    assert all(set(t) == {"content", "status", "activeForm"} for t in got)
+    assert {t["status"] for t in got} <= {"pending", "in_progress", "completed"}
+    assert [t["status"] for t in got] == ["completed", "in_progress", "completed", "completed"]
+    assert got[0]["activeForm"] == "Measuring the noise band (A/A)"  # the stored active_form
+    assert got[1]["activeForm"] == "Testing V1: num_warps 8"  # derived
+    assert (
+        got[3]["content"]
+        == "[cancelled: moot: V1 regressed at every level] V3: batch-aware warps (4 at batch <= 8, 8 above)"
+    )
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("Measure the noise band", "Measuring the noise band"), ("Run the A/B", "Running the A/B"),
+    ("Write the close-out", "Writing the close-out"), ("Try BLOCK_T 32", "Trying BLOCK_T 32"),
+    ("Test V2", "Testing V2"), ("V2: num_stages 3", "Testing V2: num_stages 3"),
+])  # fmt: skip
+def test_active_form(content, expected):
+    assert views.active_form(content) == expected
+
+
+def test_export_unknown_format(store, demo):
+    with pytest.raises(ValueError, match="valid: kinv, opencode, claude"):
+        views.export_todos([], "jira")
+
+
+# --------------------------------------------------------------------------- #
+# history: a real LangGraph checkpoint file
+# --------------------------------------------------------------------------- #
+def _run_graph(path: Path, thread: str, *, interrupt_at_gate: bool = False) -> None:
+    from typing import TypedDict
+
+    pytest.importorskip("langgraph.checkpoint.sqlite")
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    class State(TypedDict, total=False):
+        decision: str
+        experiment: int
+
+    def noise(state):
+        return {"decision": "noise band 2.5-3.4%: threshold 6.8%", "experiment": 1}
+
+    def variant(state):
+        return {"decision": "V1 reject: regressed at every level", "experiment": 2}
+
+    def gate(state):
+        answer = interrupt({"approval": "ap-3a-V2", "variant": "V2"})
+        return {"decision": f"V2 {answer}"}
+
+    def closeout(state):
+        return {"decision": "close-out written; next: OEA"}
+
+    graph = StateGraph(State)
+    order = ["noise", "variant"] + (["gate"] if interrupt_at_gate else []) + ["closeout"]
+    fns = {"noise": noise, "variant": variant, "gate": gate, "closeout": closeout}
+    for name in order:
+        graph.add_node(name, fns[name])
+    for a, b in zip([START, *order], [*order, END], strict=True):
+        graph.add_edge(a, b)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(path), check_same_thread=False)
+    try:
+        app = graph.compile(checkpointer=SqliteSaver(conn))
+        app.invoke({}, {"configurable": {"thread_id": thread}, "recursion_limit": 20})
+    finally:
+        conn.close()
+
+
+def test_history_from_a_real_checkpoint_file(store, demo):
+    _run_graph(store.checkpoints_path, "#3a")
+    _run_graph(store.checkpoints_path, "#3b")  # another thread must not leak in
+    items = views.history(store, "3a")
+    nodes = [i.node for i in items]
+    assert nodes == ["__start__", "noise", "variant", "closeout"]
+    assert [i.step for i in items] == [0, 1, 2, 3]
+    assert items[1].decision == "noise band 2.5-3.4%: threshold 6.8%"
+    assert items[2].decision == "V1 reject: regressed at every level"
+    assert items[0].decision is None
+    assert len({i.checkpoint_id for i in items}) == 4
+    times = [i.time for i in items]
+    assert times == sorted(times) and all(t.endswith("+00:00") for t in times)
+    assert views.history(store, "#3a") == items
+
+
+def test_history_shows_a_paused_gate(store, demo):
+    _run_graph(store.checkpoints_path, "#3a", interrupt_at_gate=True)
+    items = views.history(store, "#3a")
+    assert [i.node for i in items] == ["__start__", "noise", "variant", "gate"]
+    assert items[-1].decision.startswith("interrupted: ") and "ap-3a-V2" in items[-1].decision
+    assert items[-1].step == items[-2].step + 1
+
+
+def test_history_without_checkpoints(store, demo):
+    assert not store.checkpoints_path.exists()
+    assert views.history(store, "#3a") == []
+    assert not store.checkpoints_path.exists()  # reading never creates it
+    with pytest.raises(NotFound, match="known: #3a, #3b"):
+        views.history(store, "#9z")
+
+
+def test_history_of_an_unreadable_or_empty_checkpoint_file(store, demo):
+    store.checkpoints_path.write_bytes(b"")  # created, no graph ran yet
+    assert views.history(store, "#3a") == []
+    store.checkpoints_path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(views.Unreadable, match="cannot read the graph checkpoints .*checkpoints.db"):
+        views.history(store, "#3a")
+
+
+def test_history_of_older_langgraph_metadata(store, demo):
+    """Older SqliteSaver versions put the step's writes in the metadata: {"writes": {node: update}}."""
+    conn = sqlite3.connect(store.checkpoints_path)
+    conn.execute("create table checkpoints (thread_id text, checkpoint_ns text default '', checkpoint_id text, "
+                 "parent_checkpoint_id text, type text, checkpoint blob, metadata blob)")  # fmt: skip
+    conn.execute("create table writes (thread_id text, checkpoint_ns text default '', checkpoint_id text, "
+                 "task_id text, task_path text default '', idx integer, channel text, type text, value blob)")  # fmt: skip
+    rows = [("1f1ebeeb-d7f6-6d60-bfff-fa3bd1ea58a8", None, {"source": "input", "step": -1, "writes": None}),
+            ("1f1ebeeb-d7f9-6d47-8000-383b1a501cea", "1f1ebeeb-d7f6-6d60-bfff-fa3bd1ea58a8",
+             {"source": "loop", "step": 0, "writes": {"noise": {"decision": "band 3%", "experiment": 1}}}),
+            ("1f1ebeeb-d7fc-6ba7-8001-a6d7ebfb80ce", "1f1ebeeb-d7f9-6d47-8000-383b1a501cea",
+             {"source": "loop", "step": 1, "writes": {"variant": {"verdict": "reject"}}})]  # fmt: skip
+    for cid, parent, meta in rows:
+        conn.execute("insert into checkpoints values ('#3a', '', ?, ?, 'msgpack', x'00', ?)",
+                     [cid, parent, json.dumps(meta).encode()])  # fmt: skip
+    conn.commit()
+    conn.close()
+    items = views.history(store, "3a")
+    assert [(i.node, i.step, i.decision) for i in items] == [("noise", 0, "band 3%"), ("variant", 1, "verdict: reject")]
+    assert items[0].time.startswith("2026-11-29T12:16:43")  # from the UUIDv6 id: the blob has no ts
+
+
+def test_uuid6_time_matches_the_checkpoint_ts():
+    # 1f1ebeeb-d7f6-6d60-... was written by LangGraph at ts 2026-11-29T12:16:43.918464+00:00 (same clock read
+    # a few microseconds apart)
+    dt = views._uuid6_time("1f1ebeeb-d7f6-6d60-bfff-fa3bd1ea58a8")
+    assert dt.isoformat().startswith("2026-11-29T12:16:43.9")
+    assert views._checkpoint_time(None, "1f1ebeeb-d7f6-6d60-bfff-fa3bd1ea58a8").startswith("2026-11-29T12:16:43")
+
+
+def test_msgpack_reader_matches_ormsgpack():
+    ormsgpack = pytest.importorskip("ormsgpack")
+    values = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32, 2**63 - 1, -1, -32, -33, -128, -129, -32768, -(2**31),
+              -(2**63), 1.5, -0.25, True, False, None, "", "é" * 20, "x" * 31, "x" * 32, "x" * 255, "x" * 256,
+              "x" * 70000, b"\x00\x01", b"y" * 300, list(range(15)), list(range(16)), list(range(70000)),
+              {str(i): i for i in range(15)}, {str(i): i for i in range(16)}, {"a": {"b": [1, {"c": None}]}}]  # fmt: skip
+    for v in values:
+        assert views.unpackb(ormsgpack.packb(v)) == v
+    ext = views.unpackb(ormsgpack.packb(ormsgpack.Ext(2, ormsgpack.packb(["m", "Cls", {"k": 1}]))))
+    assert views._plain(ext) == {"k": 1}
+
+
+# --------------------------------------------------------------------------- #
+# imports
+# --------------------------------------------------------------------------- #
+def test_views_import_no_heavy_modules():
+    code = ("import sys, agent.views; heavy = [m for m in ('torch', 'triton', 'langgraph', 'rich', 'scipy')"
+            " if m in sys.modules]; print(','.join(heavy))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert out.stdout.strip() == ""

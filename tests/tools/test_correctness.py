@@ -1,0 +1,121 @@
+"""The correctness gate, on CPU through the Triton interpreter (small stand-in levels)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from agent.store import Store
+from agent.tools import correctness
+from kernels.adapter import Level
+from kernels.mla_decode_adapter import MLADecodeAdapter
+
+BASE = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
+LEVEL = Level(batch=1, context=40, shape="v4flash", heads=16, page_size=16)
+
+
+class WrongAdapter(MLADecodeAdapter):
+    """Fast but wrong: a quarter too large (1% would sit inside the fp16 tolerance of 1e-2 + 1e-2 x |ref|)."""
+
+    def launch(self, inputs, params, out=None, target_ctas=None):
+        res, compiled = super().launch(inputs, params, out, target_ctas)
+        return res * 1.25, compiled
+
+
+class NaNAdapter(MLADecodeAdapter):
+    def launch(self, inputs, params, out=None, target_ctas=None):
+        res, compiled = super().launch(inputs, params, out, target_ctas)
+        res[0, 0, 0] = float("nan")
+        return res, compiled
+
+
+class BrokenAdapter(MLADecodeAdapter):
+    def launch(self, inputs, params, out=None, target_ctas=None):
+        raise RuntimeError("out of resource: shared memory, Required: 204800, Hardware limit: 101376\nmore detail")
+
+
+class SpyAdapter(MLADecodeAdapter):
+    def __init__(self):
+        self.seen = []
+
+    def make_inputs(self, level, seed, device="cuda", dtype=None, vary_lengths=False):
+        inputs = super().make_inputs(level, seed, device, dtype, vary_lengths)
+        self.seen.append((level, inputs["q"].clone(), inputs["seq_lens"].clone(), vary_lengths, dtype))
+        return inputs
+
+    def launch(self, inputs, params, out=None, target_ctas=None):  # skip the kernel: the reference is exact
+        return self.reference(inputs).to(inputs["q"].dtype), None
+
+
+def test_stand_in_levels_are_small():
+    big = Level(96, 4096, "v3", 16, 64)
+    assert correctness.stand_in(big, "cpu") == Level(2, 64, "v3", 16, 16)
+    assert correctness.stand_in(big, "cuda") == Level(8, 4096, "v3", 16, 64)
+    assert correctness.stand_in(Level(1, 40, page_size=8), "cpu") == Level(1, 40, page_size=8)
+
+
+def test_baseline_passes_at_a_small_level():
+    r = correctness.check(MLADecodeAdapter(), BASE, [LEVEL], seed=0, device="cpu")
+    assert r["ok"], r["reason"]
+    assert r["dtype"] == "float16" and r["device"] == "cpu" and r["seed"] == 0 and r["reason"] == ""
+    (lv,) = r["levels"]
+    assert lv["ok"] and lv["mismatched"] == 0 and lv["nonfinite"] == 0 and lv["level"] == LEVEL.key
+    assert 0 <= lv["rel_err"] < 1e-2 and lv["max_abs_err"] < 1e-2
+    json.dumps(r)
+
+
+def test_a_fast_but_wrong_kernel_is_caught(state_dir):
+    r = correctness.check(WrongAdapter(), BASE, [LEVEL], seed=0, device="cpu")
+    assert not r["ok"] and r["levels"][0]["mismatched"] > 0
+    assert r["reason"].startswith(f"{LEVEL.key}: ") and "outside atol=0.01, rtol=0.01" in r["reason"]
+    store = Store(state_dir)
+    exp = store.new_experiment(workstream=None, variant="V9")
+    correctness.record(store, None, exp, r)
+    row = store.experiment(exp)
+    assert (row["status"], row["verdict"]) == ("rejected", "reject")
+    assert row["reason"] == f"incorrect: {r['reason']}"
+    assert json.loads(row["correctness"])["ok"] is False
+    store.close()
+
+
+def test_non_finite_output_is_caught():
+    r = correctness.check(NaNAdapter(), BASE, [LEVEL], seed=0, device="cpu")
+    assert not r["ok"] and r["levels"][0]["nonfinite"] == 1 and "not finite" in r["reason"]
+
+
+def test_a_launch_that_raises_is_a_failed_check():
+    r = correctness.check(BrokenAdapter(), BASE, [LEVEL, Level(8, 64)], seed=0, device="cpu")
+    assert not r["ok"]
+    assert r["reason"] == "launch failed: RuntimeError: out of resource: shared memory, Required: 204800, " \
+        "Hardware limit: 101376"  # fmt: skip
+    assert len(r["levels"]) == 1  # the same failure is not repeated at every level
+
+
+def test_fresh_varied_inputs_per_level_and_seed(state_dir):
+    spy = SpyAdapter()
+    levels = [Level(96, 4096, "v3", 16, 64), Level(8, 4096, "v3", 16, 64)]
+    r1 = correctness.check(spy, BASE, levels, seed=1, device="cpu")
+    r2 = correctness.check(spy, BASE, levels, seed=2, device="cpu")
+    assert r1["ok"] and r2["ok"]
+    assert len(spy.seen) == 4
+    for level, q, lens, vary, dtype in spy.seen:
+        assert level == Level(2, 64, "v3", 16, 16) and vary and dtype == torch.float16
+        assert lens.max() == 64 and q.shape == (2, 16, 576)
+    qs = [q for _, q, *_ in spy.seen]
+    for i in range(4):
+        for j in range(i + 1, 4):
+            assert not torch.equal(qs[i], qs[j])  # every level of every call has its own inputs
+    store = Store(state_dir)
+    exp = store.new_experiment(workstream=None, variant="V1")
+    correctness.record(store, None, exp, r1)
+    assert store.experiment(exp)["status"] == "running" and store.events()[-1]["kind"] == "correctness.ok"
+    store.close()
+
+
+@pytest.mark.gpu
+def test_gpu_baseline_bf16():
+    r = correctness.check(MLADecodeAdapter(), BASE, [Level(1, 4096), Level(96, 4096)], seed=0)
+    assert r["ok"], r["reason"]
+    assert r["device"] == "cuda" and r["dtype"] == "bfloat16"
