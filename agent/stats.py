@@ -78,6 +78,10 @@ DEFAULT_MIN_THRESHOLD = 0.01
 HL_MIN_ROUNDS = 12
 """From this many paired rounds on, intervals are Hodges-Lehmann / Wilcoxon signed-rank (else Student t)."""
 
+HL_MAX_ROUNDS = 500
+"""Above this many rounds ``"auto"`` goes back to the t-interval: the n(n+1)/2 Walsh averages get costly, and
+with hundreds of rounds the t-interval's validity rests on the central limit theorem as well."""
+
 _EXACT_SIGNED_RANK_MAX_N = 200
 """Exact signed-rank null distribution up to this n; a normal approximation beyond (it is excellent there)."""
 
@@ -183,8 +187,13 @@ def effect_interval(d: Sequence[float], conf: float = 0.95, method: str = "auto"
     """``(estimate, ci_low, ci_high)`` for the centre of the paired log-ratios ``d``.
 
     ``method``: ``"t"`` (:func:`t_interval`), ``"hl"`` (:func:`hodges_lehmann_ci`), or ``"auto"``: Hodges-Lehmann
-    from ``HL_MIN_ROUNDS`` rounds on when its interval is attainable at ``conf``, the t-interval otherwise
-    (see the module docstring for why).
+    for ``HL_MIN_ROUNDS <= n <= HL_MAX_ROUNDS`` when its interval is attainable at ``conf``, the t-interval
+    otherwise (see the module docstring for why).
+
+    Robustness has limits at the very high per-look confidence of a sequential plan: a wild round moves the
+    ``n`` Walsh averages it takes part in, and the interval ignores them only once ``k`` (the number of Walsh
+    averages cut from each end) exceeds ``n`` -- from about 20 rounds at the default plan's 0.99875.  Before
+    that, a wild round keeps the level undecided, and the plan simply takes more rounds.
     """
     n = np.asarray(d).size
     if method == "t":
@@ -193,7 +202,7 @@ def effect_interval(d: Sequence[float], conf: float = 0.95, method: str = "auto"
         return hodges_lehmann_ci(d, conf)
     if method != "auto":
         raise ValueError(f"method must be 'auto', 't' or 'hl', got {method!r}")
-    if n >= HL_MIN_ROUNDS and _signed_rank_k(n, conf) >= 1:
+    if HL_MIN_ROUNDS <= n <= HL_MAX_ROUNDS and _signed_rank_k(n, conf) >= 1:
         return hodges_lehmann_ci(d, conf)
     return t_interval(d, conf)
 
@@ -275,12 +284,12 @@ def noise_band(
     threshold, which already doubles it, and an inflated band would only hide real effects.  Occasional
     outliers do not widen it; the A/B's intervals are what keep the decisions honest when they occur.
     Use >= 32 A/A rounds: the band's relative standard error is then about 14-18%, and an effect of three
-    bands clears an A/A-estimated threshold in ~98% of simulated investigations (16 rounds: ~94%).
+    true bands clears the A/A-estimated threshold in ~98% of simulated investigations (16 rounds: ~95%).
 
     The A/A passes (``equivalent``) when its own paired effect interval (:func:`paired_effect` at ``conf``)
-    lies inside ``+/-max(min_threshold, band)``: the harness sees no
-    difference between A and itself.  A systematic offset between the two arms (the harness favouring
-    whichever runs first, a cache left warm for one of them) puts the interval outside and fails the check.
+    lies inside ``+/-max(min_threshold, band)``: the harness sees no difference between A and itself.  A
+    systematic offset between the two arms (the harness favouring whichever runs first, a cache left warm
+    for one of them) puts the interval outside and fails the check.
     """
     _check_conf(conf)
     d = paired_log_ratios(a_us, a2_us)
@@ -345,8 +354,9 @@ def practical_threshold(band: float, min_threshold: float = DEFAULT_MIN_THRESHOL
 class Effect:
     """The paired effect of a variant at one level.
 
-    ``effect`` is the estimated centre (mean, or Hodges-Lehmann estimate from 12 rounds on) of the paired log-ratios ``log(t_base / t_variant)``: positive = variant faster =
-    throughput improved; ``ratio = exp(effect)`` is the throughput ratio variant/base.  ``ci_low`` and
+    ``effect`` is the estimated centre of the paired log-ratios ``log(t_base / t_variant)`` (their mean, or
+    the Hodges-Lehmann estimate from ``HL_MIN_ROUNDS`` rounds on): positive = variant faster = throughput
+    improved; ``ratio = exp(effect)`` is the throughput ratio variant/base.  ``ci_low`` and
     ``ci_high`` bound ``effect``; ``verdict`` is one of :data:`LEVEL_VERDICTS` (:func:`classify`).
     """
 

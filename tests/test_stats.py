@@ -192,8 +192,9 @@ def test_no_true_effect_is_accepted_or_called_a_regression_at_most_1_percent(mod
     )
     assert accepted + rejected_as_regressed <= 0.01, msg
     assert any_claim <= 0.01, msg
-    # and the usual outcome is the honest one: no gain beyond the noise band
-    assert verdicts["reject"] - rejected_as_regressed * len(results) >= 0.95 * len(results), msg
+    # and the usual outcome is the honest one: "equivalent at every level: no gain beyond the noise band"
+    no_gain = sum(r.reason.startswith("equivalent at every level") for r in results) / len(results)
+    assert no_gain >= 0.95, f"{msg}; rejected as no gain {no_gain:.1%}"
 
 
 @pytest.mark.parametrize("model", ["shaped", "gaussian"])
@@ -279,8 +280,8 @@ def test_abba_order_cancels_a_strong_order_effect():
                 lv: practical_threshold(noise_band(aa_a[i, j], aa_a2[i, j], lv).band) for j, lv in enumerate(LEVELS)
             }
 
-            def sample(r: int, i: int = i) -> dict[str, tuple[float, float]]:
-                return {lv: (base[i, j, r], variant[i, j, r]) for j, lv in enumerate(LEVELS)}
+            def sample(r: int, b: np.ndarray = base[i], v: np.ndarray = variant[i]) -> dict[str, tuple[float, float]]:
+                return {lv: (b[j, r], v[j, r]) for j, lv in enumerate(LEVELS)}
 
             claims += false_claim(run_sequential(sample, LEVELS, thresholds, plan))
         rates[abba] = claims / n_inv
@@ -412,11 +413,11 @@ def test_paired_effect_from_12_rounds_is_the_exact_wilcoxon_interval(conf):
 
 
 def test_one_wild_round_does_not_hide_a_clear_gain():
-    """16 rounds of a 5% gain with one round 30% off (a preempted replay): still improved at the per-look
+    """20 rounds of a 5% gain with one round 30% off (a preempted replay): still improved at the per-look
     confidence, where the t-interval on the mean would be blown wide open."""
     rng = np.random.default_rng(12)
-    base = 40.0 * (1 + rng.normal(0, 0.003, 16))
-    variant = base / 1.05 * (1 + rng.normal(0, 0.003, 16))
+    base = 40.0 * (1 + rng.normal(0, 0.003, 20))
+    variant = base / 1.05 * (1 + rng.normal(0, 0.003, 20))
     variant[5] *= 1.30
     conf = look_confidence(SequentialPlan(), len(LEVELS))
     e = paired_effect(base, variant, "b32", threshold=0.02, conf=conf)
