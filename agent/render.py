@@ -32,7 +32,7 @@ def status(console, view) -> None:
         for a in ws.pending_approvals:
             console.print(f"  [bold yellow]waiting for you[/bold yellow]: {a.id} ({a.variant}) → kinv approve {a.id}")
         for v in ws.latest_verdicts:
-            console.print(f"  verdict {v.get('variant')}: {v.get('verdict')} — {v.get('reason') or ''}")
+            console.print(f"  verdict {v.variant}: {v.verdict} — {v.reason or ''}  (kinv show {v.experiment})")
         if ws.recommendation:
             console.print(f"  next: {ws.recommendation}")
         if ws.report_path:

@@ -1,0 +1,142 @@
+"""End to end: `kinv run` closes #3a on replay, approvals across processes, kill and resume, bad input."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
+
+
+@pytest.fixture
+def env(tmp_path, state_dir):
+    cfg_dir = tmp_path / "configs"
+    cfg_dir.mkdir()
+    shutil.copy(ROOT / "kernels" / "configs" / "mla_decode.json", cfg_dir)
+    e = dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1",
+             KINV_FORCE_NO_GPU="1", PYTHONPATH=str(ROOT))  # fmt: skip
+    return e
+
+
+def kinv(env, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def config_bytes(env) -> bytes:
+    return (Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json").read_bytes()
+
+
+def todos(env) -> dict:
+    import json
+
+    out = kinv(env, "todos", "3a", "--json")
+    assert out.returncode == 0, out.stderr
+    return {t["id"]: t for t in json.loads(out.stdout)}
+
+
+def test_3a_closes_on_replay_with_data_decided_verdicts(env):
+    before = config_bytes(env)
+    r = kinv(env, "run", str(PLAN), "--backend", "replay", "--approval", "auto")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "REPLAY backend" in r.stdout  # it says so, loudly
+    t = todos(env)
+    assert t["#3a.V1"]["status"] == "completed" and t["#3a.V1"]["reason"].startswith("reject")
+    assert t["#3a.V2"]["status"] == "completed" and t["#3a.V2"]["reason"].startswith("reject")
+    assert t["#3a.V3"]["status"] == "cancelled" and t["#3a.V3"]["reason"] == "moot: V1 regressed at every level"
+    assert config_bytes(env) == before  # no kernel file left patched
+    report = Path(env["KINV_STATE_DIR"]) / "reports" / "3a-closeout.md"
+    text = report.read_text()
+    assert "config hash matches baseline" in text and "Next: **OEA" in text
+    assert (report.with_suffix(".png")).stat().st_size > 1000
+    again = kinv(env, "run", str(PLAN), "--backend", "replay", "--approval", "auto")
+    assert again.returncode == 0 and "already closed out" in again.stdout + again.stderr
+
+
+def test_approval_round_trip_across_processes(env):
+    r = kinv(env, "run", str(PLAN), "--backend", "replay", "--approval", "ask")
+    assert r.returncode == 3, r.stdout + r.stderr
+    pend = kinv(env, "pending", "--json")
+    import json
+
+    items = json.loads(pend.stdout)
+    assert len(items) == 1 and items[0]["variant"] == "V1" and "+  \"num_warps\": 8" in items[0]["diff"]
+    assert kinv(env, "approve", items[0]["id"]).returncode == 0
+    r2 = kinv(env, "resume", "3a", "--backend", "replay", "--approval", "ask")
+    assert r2.returncode == 3, r2.stdout + r2.stderr  # V1 measured, now V2 waits
+    v2 = json.loads(kinv(env, "pending", "--json").stdout)[0]
+    assert v2["variant"] == "V2"
+    assert kinv(env, "reject", v2["id"], "--reason", "81 KB smem on the sm_120 fleet").returncode == 0
+    r3 = kinv(env, "resume", "#3a", "--backend", "replay", "--approval", "ask")
+    assert r3.returncode == 0, r3.stdout + r3.stderr
+    t = todos(env)
+    assert t["#3a.V1"]["reason"].startswith("reject")
+    assert t["#3a.V2"]["status"] == "cancelled" and "81 KB smem" in t["#3a.V2"]["reason"]
+
+
+def test_killed_run_resumes_to_the_same_verdicts_and_leaves_no_patch(env):
+    before = config_bytes(env)
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(PLAN), "--backend", "replay",
+                             "--approval", "auto"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.time() + 120
+    for line in proc.stdout:  # kill it while V1's patch is on disk
+        if "V1: mla_decode.json patched" in line or time.time() > deadline:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    r = kinv(env, "run", str(PLAN), "--backend", "replay", "--approval", "auto")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert config_bytes(env) == before
+    t = todos(env)
+    assert t["#3a.V1"]["reason"].startswith("reject") and t["#3a.V2"]["reason"].startswith("reject")
+    assert t["#3a.V3"]["status"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda s: s.replace("num_warps: 8}", "num_warps: 6}"), "num_warps=6"),
+        (lambda s: s.replace("kernel: mla_decode", "kernel: mla_decod"), "unknown kernel"),
+        (lambda s: s + "\nsurprise: 1\n", "surprise"),
+        (lambda s: s.replace('TARGET_CTAS: "512"', 'TARGET_CTAS: "lots"'), "TARGET_CTAS"),
+    ],
+)
+def test_bad_plan_is_one_line_exit_2_and_writes_nothing(env, tmp_path, mutate, needle):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(mutate(PLAN.read_text()))
+    r = kinv(env, "run", str(bad), "--backend", "replay", "--approval", "auto")
+    assert r.returncode == 2
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not (Path(env["KINV_STATE_DIR"]) / "kinv.db").exists()
+
+
+def test_every_command_has_help_with_an_example(env):
+    from agent.cli import app
+
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name in group.list_commands(None):
+        r = kinv(env, name, "--help")
+        assert r.returncode == 0 and "Example:" in r.stdout, name
+
+
+def test_read_commands_do_not_import_torch_triton_or_langgraph(env):
+    code = ("import sys; from agent.cli import main; main(['status']); "
+            "bad = [m for m in ('torch', 'triton', 'langgraph') if m in sys.modules]; print('HEAVY', bad)")
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert "HEAVY []" in r.stdout, r.stdout + r.stderr
+
+
+def test_missing_state_dir_says_how_to_start(env):
+    r = kinv(env, "status")
+    assert r.returncode != 0 and "kinv run" in r.stderr and "Traceback" not in r.stderr
