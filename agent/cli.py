@@ -82,7 +82,7 @@ def resume(
 
     Example: kinv resume 3a --approval ask
     """
-    from agent.models import norm_ws
+    from agent.ids import norm_ws
 
     store = _store(state_dir)
     row = store.workstream(norm_ws(ws))
@@ -237,7 +237,7 @@ def status(state_dir: str = StateOpt, as_json: bool = JsonOpt):
 @app.command()
 def todos(
     ws: str = typer.Argument(..., help="workstream id, e.g. 3a or #3a"),
-    fmt: str = typer.Option("table", "--format", help="table | opencode | claude"),
+    fmt: str = typer.Option("kinv", "--format", help="kinv (a table) | opencode | claude"),
     state_dir: str = StateOpt,
     as_json: bool = JsonOpt,
 ):
@@ -249,14 +249,10 @@ def todos(
 
     store = _store(state_dir)
     items = views.todos(store, views.resolve_ws(store, ws))
-    if fmt == "opencode":
-        print(json.dumps(views.to_opencode(items), indent=2))
-    elif fmt == "claude":
-        print(json.dumps(views.to_claude(items), indent=2))
-    elif fmt == "table":
+    if fmt == "kinv":
         _emit(items, as_json, render.todos)
     else:
-        raise Exit(EXIT_BAD_INPUT, f"--format {fmt!r} is not valid; use table, opencode or claude")
+        print(json.dumps(views.export_todos(items, fmt), indent=2))
 
 
 @app.command()
@@ -348,12 +344,6 @@ def report(ws: str = typer.Argument(..., help="workstream id"), out: Path = type
 # --------------------------------------------------------------------------- #
 def main(argv=None) -> int:
     """Entry point: one line and an exit code for every domain error, never a traceback."""
-    from pydantic import ValidationError
-
-    from agent.models import PlanError
-    from agent.store import StoreError
-    from kernels.launch_config import ConfigError
-
     try:
         app(args=argv, standalone_mode=False)
         return EXIT_OK
@@ -361,12 +351,6 @@ def main(argv=None) -> int:
         if e.message:
             (print if e.code == EXIT_OK else _err)(e.message)
         return e.code
-    except (PlanError, ConfigError, ValidationError) as e:
-        _err(str(e).splitlines()[0])
-        return EXIT_BAD_INPUT
-    except StoreError as e:
-        _err(str(e))
-        return EXIT_FAIL
     except Exception as e:  # click usage errors, domain errors of the tools
         import click
 
@@ -378,9 +362,12 @@ def main(argv=None) -> int:
         if isinstance(e, click.exceptions.Abort):
             _err("aborted")
             return EXIT_FAIL
-        name = type(e).__name__
-        bad_input = name in ("NotFound", "UnknownKernelError", "UnknownDeviceError", "PatchError", "NoRecording")
-        _err(f"{str(e).splitlines()[0] if str(e) else name}")
+        from agent.tools.bench import NoRecording
+
+        # kinv's bad-input errors are ValueErrors (unknown ids, kernels, devices, formats,
+        # patches); a missing recording is bad input too.  Everything else is a failed step.
+        bad_input = isinstance(e, ValueError | NoRecording)
+        _err(f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
         if os.environ.get("KINV_DEBUG"):
             raise
         return EXIT_BAD_INPUT if bad_input else EXIT_FAIL

@@ -10,7 +10,6 @@ workstream id, so ``kinv run`` on the same plan resumes where it stopped.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -340,7 +339,6 @@ def make_nodes(ctx: Context):
         pid = _ensure_patched(ctx, cfg, exp, state.get("patch_id"))
         live = configs.read_config(ctx.config_path, plan.kernel)  # the variant is what is on disk
         levels = ctx.levels()
-        by_key = {lv.key: lv for lv in levels}
         done = _stored_pairs(store, exp)
         arms: list = []
         acc = bench.PairedRounds()
@@ -361,12 +359,10 @@ def make_nodes(ctx: Context):
                 return done[r]
             if not arms:
                 open_arms()
-            rr = bench.PairedRounds()
-            bench.paired_round(store, exp, ctx.backend, arms[0], arms[1], levels, r, rr,
-                               store.device(arms[0].fingerprint), bench.reference_hash(plan.kernel))  # fmt: skip
-            acc.gpu_s += rr.gpu_s
+            pairs = bench.paired_round(store, exp, ctx.backend, arms[0], arms[1], levels, r, acc,
+                                       store.device(arms[0].fingerprint), bench.reference_hash(plan.kernel))
             ctx.say("round", phase=vid, round=r + 1, total=s.max_rounds)
-            return {lv: (rr.a[lv][0], rr.b[lv][0]) for lv in rr.a}
+            return pairs
 
         try:
             seq_res = stats.run_sequential(sample_fn, [lv.key for lv in levels], state["thresholds"], seq)
@@ -380,13 +376,7 @@ def make_nodes(ctx: Context):
         finally:
             for a in arms:
                 a.close()
-        rows = []
-        for lv, e in seq_res.effects.items():
-            base_us, var_us = seq_res.samples[lv]
-            rows.append({"level": lv, "n": e.n, "base_us": _median(base_us), "variant_us": _median(var_us),
-                         "effect": e.effect, "ci_low": e.ci_low, "ci_high": e.ci_high, "ratio": e.ratio,
-                         "threshold": e.threshold, "verdict": e.verdict})  # fmt: skip
-        store.add_verdicts(exp, rows)
+        store.add_verdicts(exp, bench.verdict_rows(seq_res))
         gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
         void = _integrity(store, exp, plan.kernel)
         verdict, reason = seq_res.verdict, seq_res.reason
@@ -402,7 +392,6 @@ def make_nodes(ctx: Context):
         res = {"verdict": verdict, "reason": reason, "exp_id": exp, "rounds": seq_res.rounds,
                "levels": {lv: e.verdict for lv, e in seq_res.effects.items()},
                "effects": {lv: round(e.effect, 5) for lv, e in seq_res.effects.items()}}  # fmt: skip
-        del by_key
         ctx.say("verdict", message=f"{vid}: {verdict} — {reason}")
         return {"patch_id": pid, "results": {**state.get("results", {}), vid: res},
                 "gpu_s": state.get("gpu_s", 0) + acc.gpu_s, "rounds": state.get("rounds", 0) + seq_res.rounds,
@@ -445,16 +434,11 @@ def make_nodes(ctx: Context):
     }  # fmt: skip
 
 
-def _median(xs):
-    import statistics
-
-    return statistics.median(xs) if xs else None
-
-
 def _integrity(store: Store, exp: int, kernel: str) -> str | None:
     """A verdict whose samples disagree on the harness or reference hash is void."""
-    harness = {s["harness_hash"] for s in store.samples(exp)}
-    refs = {s["reference_hash"] for s in store.samples(exp)}
+    samples = store.samples(exp)
+    harness = {s["harness_hash"] for s in samples}
+    refs = {s["reference_hash"] for s in samples}
     if len(harness) > 1:
         return f"void: the benchmark harness changed during the experiment ({', '.join(sorted(map(str, harness)))})"
     if len(refs) > 1:
@@ -507,6 +491,3 @@ def open_checkpointer(store: Store):
 def run_config(ws: str) -> dict:
     return {"configurable": {"thread_id": ws}, "recursion_limit": RECURSION_LIMIT}
 
-
-def pid_note() -> str:
-    return str(os.getpid())

@@ -51,7 +51,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console) ->
         ctx = Context(store=store, plan=plan, plan_path=str(plan_path), plan_hash=plan_hash, backend_name=backend,
                       approval=approval, progress=_progress(console))  # fmt: skip
         console.print(f"[bold]{ws}[/bold] {plan.workstream.title}")
-        ctx.backend  # resolves auto and says which, loudly
+        _ = ctx.backend  # resolves auto and says which, loudly
         saver = open_checkpointer(store)
         if True:
             graph = build_graph(ctx, saver)
@@ -143,10 +143,8 @@ def bench_command(config_path, variant, levels, contexts, shapes, backend, sampl
             a.setup(lv)
 
     def sample_fn(r):
-        acc = bench.PairedRounds()
-        bench.paired_round(store, exp, be, arms[0], arms[1], lvls, r, acc, store.device(arms[0].fingerprint),
-                           bench.reference_hash("mla_decode"))  # fmt: skip
-        return {lv: (acc.a[lv][0], acc.b[lv][0]) for lv in acc.a}
+        return bench.paired_round(store, exp, be, arms[0], arms[1], lvls, r, bench.PairedRounds(),
+                                  store.device(arms[0].fingerprint), bench.reference_hash("mla_decode"))
 
     try:
         res = stats.run_sequential(sample_fn, [lv.key for lv in lvls], thresholds,
@@ -155,9 +153,7 @@ def bench_command(config_path, variant, levels, contexts, shapes, backend, sampl
         for a in arms:
             a.close()
     gpu_s = sum(s["gpu_s"] or 0 for s in store.samples(exp))
-    store.add_verdicts(exp, [{"level": k, "n": e.n, "effect": e.effect, "ci_low": e.ci_low, "ci_high": e.ci_high,
-                              "ratio": e.ratio, "threshold": e.threshold, "verdict": e.verdict}
-                             for k, e in res.effects.items()])  # fmt: skip
+    store.add_verdicts(exp, bench.verdict_rows(res))
     store.update_experiment(exp, status="done", verdict=res.verdict, reason=res.reason, rounds=res.rounds, gpu_s=gpu_s)
     if as_json:
         print(json.dumps({"verdict": res.verdict, "reason": res.reason, "rounds": res.rounds, "gpu_s": gpu_s,

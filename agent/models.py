@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agent.ids import norm_ws
 from kernels.launch_config import PARAMS, ConfigError, validate_config
 
 WS_ID = re.compile(r"^#?[0-9]+[a-z]?$")
@@ -26,10 +27,11 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
-def norm_ws(ws_id: str) -> str:
-    """'3a' and '#3a' are the same workstream: stored as '#3a'."""
-    ws_id = ws_id.strip()
-    return ws_id if ws_id.startswith("#") else f"#{ws_id}"
+def check_item_id(v: str) -> str:
+    """Variant and backlog ids: a letter, then letters, digits, '_' or '-'."""
+    if not ITEM_ID.match(v):
+        raise ValueError(f"{v!r} is not a valid id; use letters, digits, '_' or '-', starting with a letter")
+    return v
 
 
 class WorkstreamRef(Strict):
@@ -84,12 +86,7 @@ class Variant(Strict):
     source_patch: str | None = Field(None, description="path of a unified diff to apply to the kernel source")
     requires: Requires | None = Field(None, description="a premise: the variant is moot unless it holds")
 
-    @field_validator("id")
-    @classmethod
-    def _id(cls, v):
-        if not ITEM_ID.match(v):
-            raise ValueError(f"{v!r} is not a valid id; use letters, digits, '_' or '-', starting with a letter")
-        return v
+    _id = field_validator("id")(classmethod(lambda cls, v: check_item_id(v)))
 
     @field_validator("patch")
     @classmethod
@@ -117,12 +114,7 @@ class BacklogItem(Strict):
     )
     prior: float = Field(0.5, ge=0, le=1, description="prior plausibility from 0 to 1")
 
-    @field_validator("id")
-    @classmethod
-    def _id(cls, v):
-        if not ITEM_ID.match(v):
-            raise ValueError(f"{v!r} is not a valid id; use letters, digits, '_' or '-', starting with a letter")
-        return v
+    _id = field_validator("id")(classmethod(lambda cls, v: check_item_id(v)))
 
 
 class StatsSettings(Strict):
@@ -210,7 +202,7 @@ class Plan(Strict):
                 raise ValueError(f"variants.{v.id}.patch: {exc}") from None
             if v.requires and v.requires.variant not in ids[: ids.index(v.id)]:
                 raise ValueError(f"variants.{v.id}.requires: {v.requires.variant!r} is not an earlier variant")
-        for key, values in self.bounds.items():
+        for key in self.bounds:
             if key not in PARAMS:
                 raise ValueError(f"bounds: unknown key {key!r}; valid keys: {', '.join(PARAMS)}")
         if self.stats.quick_rounds > self.stats.max_rounds:

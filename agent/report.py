@@ -4,7 +4,6 @@ the recommendation and the ledger, plus a PNG plot of throughput by level."""
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -125,8 +124,6 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     # ---- backend -------------------------------------------------------------------
     be = ctx.backend
     out += ["## Where this was measured", "", f"- Backend: `{be.name}` — {be.loud}"]
-    if data["baseline"] and data["baseline"]["device"]:
-        pass
     out += [f"- Environment expected and confirmed in every worker: {plan.environment}", ""]
 
     # ---- noise -------------------------------------------------------------------
@@ -237,6 +234,3 @@ def write_closeout(store: Store, plan, state: dict, ctx, out_dir: Path | None = 
     store.update_workstream(plan.ws, report_path=str(path), status="closed", closed=time.time())
     return path
 
-
-def median(xs):
-    return statistics.median(xs) if xs else None

@@ -2,7 +2,8 @@
 
 sqlite-utils over SQLite in WAL mode with foreign keys on.  The schema only
 changes through the numbered migrations below, applied on every open.
-Imports: standard library and sqlite-utils only (read commands stay fast).
+Reads use the standard library's sqlite3 directly; sqlite-utils (and what it
+imports) is loaded on the first write, so read commands stay fast.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import sqlite_utils
+if TYPE_CHECKING:
+    import sqlite_utils
 
 DB_NAME = "kinv.db"
 CHECKPOINTS_NAME = "checkpoints.db"
@@ -130,22 +133,36 @@ class Store:
                     "`kinv run plans/3a-attention-occupancy.yaml`, or point --state-dir / KINV_STATE_DIR at one"
                 )
             self.dir.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout = 30000")
-        self.db = sqlite_utils.Database(conn)
+        self.conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
+        self.conn.execute("PRAGMA busy_timeout = 30000")
         if create:
-            self.db.execute("PRAGMA journal_mode = WAL")
-        self.db.execute("PRAGMA foreign_keys = ON")
+            self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute("PRAGMA foreign_keys = ON")
+        self._db = None
         self.migrate()
+
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """sqlite-utils over the same connection, imported on first use (writes)."""
+        if self._db is None:
+            import sqlite_utils
+
+            self._db = sqlite_utils.Database(self.conn)
+        return self._db
 
     @property
     def checkpoints_path(self) -> Path:
         return self.dir / CHECKPOINTS_NAME
 
     def migrate(self) -> None:
-        if "_migrations" not in self.db.table_names():
-            self.db["_migrations"].create({"name": str, "applied": float}, pk="name", if_not_exists=True)
-        done = {r["name"] for r in self.db["_migrations"].rows}
+        """Apply the migrations not yet applied (sqlite-utils is imported only if there are any)."""
+        try:
+            done = {r[0] for r in self.conn.execute("select name from _migrations")}
+        except sqlite3.OperationalError:
+            done = set()
+        if all(name in done for name, _ in MIGRATIONS):
+            return
+        self.db["_migrations"].create({"name": str, "applied": float}, pk="name", if_not_exists=True)
         for name, fn in MIGRATIONS:
             if name in done:
                 continue
@@ -154,7 +171,7 @@ class Store:
                 self.db["_migrations"].insert({"name": name, "applied": now()}, replace=True)
 
     def close(self) -> None:
-        self.db.conn.close()
+        self.conn.close()
 
     # ---- generic helpers ---------------------------------------------------
     def _insert(self, table: str, row: dict) -> int:
@@ -163,14 +180,24 @@ class Store:
     def _update(self, table: str, pk, values: dict) -> None:
         self.db[table].update(pk, values)
 
+    def _query(self, sql: str, args=()) -> list[dict]:
+        cur = self.conn.execute(sql, list(args))
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, row)) for row in cur.fetchall()]
+
     def _one(self, table: str, pk) -> dict | None:
-        try:
-            return self.db[table].get(pk)
-        except sqlite_utils.db.NotFoundError:
-            return None
+        rows = self._query(f"select * from [{table}] where id = ?", [pk])
+        return rows[0] if rows else None
 
     def _rows(self, table: str, where: str | None = None, args=None, order_by: str | None = None) -> list[dict]:
-        return list(self.db[table].rows_where(where, args or [], order_by=order_by))
+        sql = f"select * from [{table}]" + (f" where {where}" if where else "") + (f" order by {order_by}" if order_by else "")
+        return self._query(sql, args or [])
+
+    def _filtered(self, table: str, order_by: str, **equal) -> list[dict]:
+        """Rows whose columns equal the given values (None = no filter on that column)."""
+        pairs = [(k, v) for k, v in equal.items() if v is not None]
+        where = " and ".join(f"{k} = ?" for k, _ in pairs) or None
+        return self._rows(table, where, [v for _, v in pairs], order_by=order_by)
 
     # ---- workstreams and todos -----------------------------------------------
     def upsert_workstream(self, row: dict) -> None:
@@ -249,8 +276,8 @@ class Store:
 
     def sample_count(self, exp_id: int | None = None) -> int:
         if exp_id is None:
-            return self.db["samples"].count
-        return self.db.execute("select count(*) from samples where experiment = ?", [exp_id]).fetchone()[0]
+            return self.conn.execute("select count(*) from samples").fetchone()[0]
+        return self.conn.execute("select count(*) from samples where experiment = ?", [exp_id]).fetchone()[0]
 
     def add_verdicts(self, exp_id: int, rows: list[dict]) -> None:
         with self.db.conn:
@@ -266,11 +293,7 @@ class Store:
             self.db["noise"].insert_all([{**r, "experiment": exp_id, "workstream": ws_id, "t": now()} for r in rows])
 
     def noise(self, ws_id: str | None = None, exp_id: int | None = None) -> list[dict]:
-        if exp_id is not None:
-            return self._rows("noise", "experiment = ?", [exp_id], order_by="id")
-        if ws_id is not None:
-            return self._rows("noise", "workstream = ?", [ws_id], order_by="id")
-        return self._rows("noise", order_by="id")
+        return self._filtered("noise", "id", experiment=exp_id, workstream=None if exp_id is not None else ws_id)
 
     def add_measurements(self, exp_id: int, rows: list[dict]) -> None:
         with self.db.conn:
@@ -296,14 +319,7 @@ class Store:
         self._update("patches", patch_id, {**values, "state": state, "updated": now()})
 
     def patches(self, ws_id: str | None = None, state: str | None = None) -> list[dict]:
-        clauses, args = [], []
-        if ws_id is not None:
-            clauses.append("workstream = ?")
-            args.append(ws_id)
-        if state is not None:
-            clauses.append("state = ?")
-            args.append(state)
-        return self._rows("patches", " and ".join(clauses) or None, args, order_by="id")
+        return self._filtered("patches", "id", workstream=ws_id, state=state)
 
     def dangling_patches(self) -> list[dict]:
         """Patches whose file may differ from the baseline: intent or applied, never reverted."""
@@ -317,11 +333,8 @@ class Store:
         return self._insert("env_checks", {**row, "t": now()})
 
     def env_checks(self, ws_id: str | None = None, exp_id: int | None = None) -> list[dict]:
-        if exp_id is not None:
-            return self._rows("env_checks", "experiment = ?", [exp_id], order_by="id")
-        if ws_id is not None:
-            return self._rows("env_checks", "workstream = ?", [ws_id], order_by="id")
-        return self._rows("env_checks", order_by="id")
+        return self._filtered("env_checks", "id", experiment=exp_id,
+                              workstream=None if exp_id is not None else ws_id)  # fmt: skip
 
     def add_approval(self, **row) -> None:
         if isinstance(row.get("resources"), dict):
@@ -333,14 +346,7 @@ class Store:
         return self._one("approvals", approval_id)
 
     def approvals(self, status: str | None = None, ws_id: str | None = None) -> list[dict]:
-        clauses, args = [], []
-        if status:
-            clauses.append("status = ?")
-            args.append(status)
-        if ws_id:
-            clauses.append("workstream = ?")
-            args.append(ws_id)
-        return self._rows("approvals", " and ".join(clauses) or None, args, order_by="created")
+        return self._filtered("approvals", "created", status=status or None, workstream=ws_id or None)
 
     def decide_approval(self, approval_id: str, status: str, reason: str = "") -> None:
         self._update("approvals", approval_id, {"status": status, "reason": reason, "decided": now()})
@@ -351,9 +357,8 @@ class Store:
 
     def events(self, ws_id: str | None = None, limit: int = 200) -> list[dict]:
         if ws_id is None:
-            return list(self.db.query("select * from events order by id desc limit ?", [limit]))[::-1]
-        return list(self.db.query("select * from events where workstream = ? order by id desc limit ?",
-                                  [ws_id, limit]))[::-1]  # fmt: skip
+            return self._query("select * from events order by id desc limit ?", [limit])[::-1]
+        return self._query("select * from events where workstream = ? order by id desc limit ?", [ws_id, limit])[::-1]
 
     # ---- the run lock ---------------------------------------------------------------
     def acquire_lock(self, ws_id: str, pid: int) -> None:
@@ -361,7 +366,7 @@ class Store:
         import socket
 
         host = socket.gethostname()
-        conn = self.db.conn
+        conn = self.conn
         if conn.in_transaction:
             conn.commit()
         conn.execute("BEGIN IMMEDIATE")
@@ -376,11 +381,11 @@ class Store:
         conn.commit()
 
     def release_lock(self, ws_id: str, pid: int) -> None:
-        with self.db.conn:
-            self.db.execute("delete from locks where workstream = ? and pid = ?", [ws_id, pid])
+        with self.conn:
+            self.conn.execute("delete from locks where workstream = ? and pid = ?", [ws_id, pid])
 
     def lock_holder(self, ws_id: str) -> int | None:
-        row = self.db.execute("select pid from locks where workstream = ?", [ws_id]).fetchone()
+        row = self.conn.execute("select pid from locks where workstream = ?", [ws_id]).fetchone()
         return row[0] if row and _alive(row[0]) else None
 
 

@@ -58,7 +58,7 @@ def main() -> int:
     t0 = time.time()
     workers, setups = {}, {}
     header = None
-    for name, (kind, cfg) in arms.items():
+    for name, (_kind, cfg) in arms.items():
         w = WorkerProcess(env=env, label=name)
         hello = w.request("hello", env_keys=sorted(env))
         if header is None:

@@ -104,6 +104,10 @@ class KernelAdapter(ABC):
     def resources(self, params: LaunchParams, level: Level, device: DeviceSpec, compiled=None) -> Resources:
         """Shared memory, registers, occupancy and feasibility of a config."""
 
+    def reference_sources(self) -> list:
+        """Functions the reference delegates to; their source is hashed with it (integrity)."""
+        return []
+
     def derived_env(self, level: Level, params: LaunchParams, environ: dict) -> dict:
         """Values derived from the environment at a level (e.g. split count)."""
         return {}

@@ -83,6 +83,11 @@ class MLADecodeAdapter(KernelAdapter):
             inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], d_v=inputs["d_v"]
         )
 
+    def reference_sources(self) -> list:
+        from kernels.mla_decode import mla_decode_reference
+
+        return [mla_decode_reference]
+
     def tolerance(self, dtype) -> tuple[float, float]:
         import torch
 

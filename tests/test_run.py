@@ -120,9 +120,9 @@ def test_bad_plan_is_one_line_exit_2_and_writes_nothing(env, tmp_path, mutate, n
 
 
 def test_every_command_has_help_with_an_example(env):
-    from agent.cli import app
-
     import typer.main
+
+    from agent.cli import app
 
     group = typer.main.get_command(app)
     for name in group.list_commands(None):

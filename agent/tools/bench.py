@@ -16,10 +16,7 @@ back to back, in ABBA order, so slow drifts hit both alike.
 from __future__ import annotations
 
 import gzip
-import hashlib
-import inspect
 import json
-import math
 import os
 import statistics
 import time
@@ -28,13 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.tools import bench_worker
 from agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
 from kernels.adapter import KERNELS_DIR, Level, get_adapter
 from kernels.launch_config import config_hash, describe
 
 BACKENDS = ("auto", "cuda", "replay")
 RECORDINGS = KERNELS_DIR / "recordings"
-HARNESS_FILE = Path(__file__).resolve().parent / "bench_worker.py"
 
 
 class BackendError(RuntimeError):
@@ -50,17 +47,13 @@ class VariantFailed(BackendError):
 
 
 def harness_hash() -> str:
-    return hashlib.sha256(HARNESS_FILE.read_bytes()).hexdigest()[:12]
+    """Hash of the timing harness (the worker's own file)."""
+    return bench_worker.harness_hash()
 
 
 def reference_hash(kernel: str) -> str:
-    adapter = get_adapter(kernel)
-    src = inspect.getsource(type(adapter).reference) + inspect.getsource(type(adapter).bytes_moved)
-    if kernel == "mla_decode":
-        import kernels.mla_decode as mla
-
-        src += inspect.getsource(mla.mla_decode_reference)
-    return hashlib.sha256(src.encode()).hexdigest()[:12]
+    """Hash of the kernel's reference and metric definitions (what the worker reports too)."""
+    return bench_worker.reference_hash(get_adapter(kernel))
 
 
 def gpu_visible() -> bool:
@@ -321,11 +314,15 @@ class PairedRounds:
 
 
 def paired_round(store, exp_id, backend: Backend, arm_a: Arm, arm_b: Arm, levels: list[Level], round_index: int,
-                 acc: PairedRounds, device: str | None, ref_hash: str, tags=("A", "B")) -> None:  # fmt: skip
-    """One round: every level, A then B on even rounds, B then A on odd (ABBA)."""
+                 acc: PairedRounds, device: str | None, ref_hash: str,
+                 tags=("A", "B")) -> dict[str, tuple[float, float]]:  # fmt: skip
+    """One round: every level, A then B on even rounds, B then A on odd (ABBA).
+
+    Returns ``{level: (a_us, b_us)}`` of this round, the shape agent.stats.run_sequential wants.
+    """
     from agent.stats import abba_order
 
-    rows = []
+    rows, pairs = [], {}
     for level in levels:
         order = abba_order(round_index)
         got = {}
@@ -336,12 +333,22 @@ def paired_round(store, exp_id, backend: Backend, arm_a: Arm, arm_b: Arm, levels
             acc.gpu_s += s.get("gpu_s") or 0.0
             rows.append(_sample_row(exp_id, arm, level, round_index, tag, s, backend.name, ref_hash, device))
         acc.add(level.key, got["A"]["us"], got["B"]["us"])
+        pairs[level.key] = (got["A"]["us"], got["B"]["us"])
     store.add_samples(rows)  # the round's samples commit together
     acc.rounds = round_index + 1
+    return pairs
 
 
-def levels_for(plan_or_levels, context=4096, shape="v4flash", heads=16, page_size=64) -> list[Level]:
-    return [Level(batch=b, context=context, shape=shape, heads=heads, page_size=page_size) for b in plan_or_levels]
+def verdict_rows(result) -> list[dict]:
+    """Rows of the verdicts table from an agent.stats.SequentialResult."""
+    rows = []
+    for level, e in result.effects.items():
+        base_us, var_us = result.samples.get(level, ([], []))
+        rows.append({"level": level, "n": e.n, "base_us": statistics.median(base_us) if base_us else None,
+                     "variant_us": statistics.median(var_us) if var_us else None, "effect": e.effect,
+                     "ci_low": e.ci_low, "ci_high": e.ci_high, "ratio": e.ratio, "threshold": e.threshold,
+                     "verdict": e.verdict})  # fmt: skip
+    return rows
 
 
 def measure_config(store, exp_id, backend: Backend, kernel: str, config: dict, env: dict, levels: list[Level],
@@ -377,6 +384,3 @@ def measure_config(store, exp_id, backend: Backend, kernel: str, config: dict, e
         arm.close()
     return out
 
-
-def ensure_finite(x: float) -> float:
-    return x if math.isfinite(x) else float("nan")

@@ -54,15 +54,8 @@ def harness_hash() -> str:
 
 def reference_hash(adapter) -> str:
     """Hash of the adapter's reference and metric definitions."""
-    src = inspect.getsource(type(adapter).reference) + inspect.getsource(type(adapter).bytes_moved)
-    try:
-        mod = sys.modules[type(adapter).reference.__module__]
-        import kernels.mla_decode as mla
-
-        if mod.__name__.endswith("mla_decode_adapter"):
-            src += inspect.getsource(mla.mla_decode_reference)
-    except Exception:  # pragma: no cover - other adapters
-        pass
+    parts = [type(adapter).reference, type(adapter).bytes_moved, *adapter.reference_sources()]
+    src = "".join(inspect.getsource(p) for p in parts)
     return hashlib.sha256(src.encode()).hexdigest()[:12]
 
 
