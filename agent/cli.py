@@ -204,7 +204,12 @@ def revert(state_dir: str = StateOpt):
     """
     from agent.tools import configs
 
-    done = configs.recover(_store(state_dir, create=True))
+    store = _store(state_dir, create=True)
+    live = [lk for lk in store.live_locks() if lk["pid"] != os.getpid()]
+    if live:
+        raise Exit(EXIT_FAIL, f"{live[0]['workstream']} is being run by pid {live[0]['pid']}: its patch is live; "
+                              "stop that run first (its own exit reverts)")  # fmt: skip
+    done = configs.recover(store)
     _console().print(f"reverted {len(done)} patch(es)" if done else "nothing to revert: no kernel file is patched")
 
 

@@ -22,7 +22,7 @@ from agent import planner
 from agent.models import Plan
 from agent.store import Store
 from agent.tools import bench, configs, correctness, envcheck, resources
-from kernels.adapter import Level, get_adapter
+from kernels.adapter import Level, get_adapter, project_root
 from kernels.devices import get_device
 from kernels.launch_config import PARAMS, config_hash, describe
 
@@ -51,6 +51,7 @@ class State(TypedDict, total=False):
     rounds: int
     budget_exhausted: bool
     report: str | None
+    baseline_hashes: dict  # harness, reference, kernel source, snapshot dir: fixed at setup
 
 
 @dataclass
@@ -102,13 +103,34 @@ def _baseline_config(ctx: Context) -> dict:
     return {**ctx.plan.baseline, "kernel": ctx.plan.kernel}
 
 
-def _ensure_patched(ctx: Context, cfg: dict, exp_id: int, patch_id: int | None) -> int:
-    """The live config equals the variant's (re-applied if a recovery reverted it)."""
+def _source_patch(ctx: Context, variant) -> tuple[Path, str] | None:
+    """(target file, diff text) of a variant's source patch; both relative to the project root."""
+    if not variant.source_patch:
+        return None
+    root = project_root()
+    diff_path = root / variant.source_patch
+    if not diff_path.is_file():
+        raise configs.PatchError(f"source_patch {variant.source_patch} does not exist under {root}")
+    diff = diff_path.read_text()
+    target = next((ln[4:].strip() for ln in diff.splitlines() if ln.startswith("+++ ")), "")
+    target = target[2:] if target.startswith("b/") else target
+    if not target or Path(target).is_absolute() or ".." in Path(target).parts or Path(target).parts[0] != "kernels":
+        raise configs.PatchError(f"source_patch {variant.source_patch} targets {target!r}; a variant may only patch "
+                                 "files under kernels/")  # fmt: skip
+    return root / target, diff
+
+
+def _ensure_applied(ctx: Context, variant, exp_id: int) -> None:
+    """The variant is what is on disk: its config and its source patch (re-applied after a recovery)."""
+    cfg = ctx.plan.variant_config(variant)
     live = configs.read_config(ctx.config_path, ctx.plan.kernel)
-    if config_hash(live) == config_hash(cfg) and patch_id is not None:
-        return patch_id
-    row = configs.patch_config(ctx.store, ctx.config_path, cfg, ctx.plan.ws, exp_id)
-    return row["id"]
+    if config_hash(live) != config_hash(cfg):
+        configs.patch_config(ctx.store, ctx.config_path, cfg, ctx.plan.ws, exp_id)
+    src = _source_patch(ctx, variant)
+    if src:
+        live_patches = ctx.store.patches(ctx.plan.ws, state="applied")
+        if not any(p["path"] == str(src[0].resolve()) and p["experiment"] == exp_id for p in live_patches):
+            configs.patch_source(ctx.store, src[0], src[1], ctx.plan.ws, exp_id)
 
 
 def _revert_all(ctx: Context) -> None:
@@ -159,9 +181,14 @@ def make_nodes(ctx: Context):
                 "restore it (kinv revert) or fix the plan"
             )
         store.update_workstream(ws, baseline_hash=configs.sha(ctx.config_path), status="running")
+        hashes = state.get("baseline_hashes") or {
+            "harness": bench.harness_hash(), "reference": bench.reference_hash(plan.kernel),
+            "kernel": bench.kernel_hash(plan.kernel), "snapshot": str(_snapshot(ctx)),
+        }  # fmt: skip
         planner.init_todos(store, plan)
         ctx.say("setup", message=f"{ws}: baseline {describe(base)} verified on disk")
         return {"ws": ws, "results": state.get("results", {}), "cancelled": state.get("cancelled", []),
+                "baseline_hashes": hashes,
                 "gpu_s": state.get("gpu_s", 0.0), "rounds": state.get("rounds", 0),
                 "decision": "baseline on disk matches the plan"}  # fmt: skip
 
@@ -178,8 +205,8 @@ def make_nodes(ctx: Context):
                                        _baseline_config(ctx)), config_json=str(_baseline_config(ctx)))  # fmt: skip
         assessment = resources.assess(ctx.adapter, _baseline_config(ctx), levels, get_device(plan.device))
         resources.record(store, ws, exp, assessment)
-        result = correctness.check(ctx.adapter, _baseline_config(ctx), levels, seed=int(time.time()) % 100000,
-                                   device=_corr_device(ctx))  # fmt: skip
+        result = correctness.check_isolated(plan.kernel, _baseline_config(ctx), levels, seed=_seed(),
+                                            device=_corr_device(ctx))  # fmt: skip
         correctness.record(store, ws, exp, result)
         if not result["ok"]:
             raise InvestigationError(f"the baseline itself is incorrect: {result['reason']}")
@@ -220,8 +247,7 @@ def make_nodes(ctx: Context):
                         for lv in levels:
                             a.setup(lv)
                 device = store.device(arms[0].fingerprint)
-                bench.paired_round(store, exp, ctx.backend, arms[0], arms[1], levels, r, acc, device,
-                                   bench.reference_hash(plan.kernel), tags=("A", "A2"))  # fmt: skip
+                bench.paired_round(store, exp, ctx.backend, arms[0], arms[1], levels, r, acc, device, tags=("A", "A2"))  # fmt: skip
                 ctx.say("round", phase="noise", round=r + 1, total=plan.stats.aa_rounds)
         finally:
             for a in arms:
@@ -281,7 +307,7 @@ def make_nodes(ctx: Context):
         if not var_a["feasible"]:
             result = {"verdict": "infeasible", "reason": f"infeasible on {plan.device}: {var_a['reason']}",
                       "levels": {}, "exp_id": exp}  # fmt: skip
-            store.update_experiment(exp, status="rejected", verdict="reject", reason=result["reason"])
+            store.update_experiment(exp, status="rejected", verdict="infeasible", reason=result["reason"])
             return Command(goto="decide", update={"exp_id": exp, "results": {**state.get("results", {}), vid: result}})
         if _needs_approval(ctx, cfg, bool(v.source_patch)):
             aid = f"{ws.lstrip('#')}-{vid}-{exp}"
@@ -309,35 +335,43 @@ def make_nodes(ctx: Context):
         planner.finish(store, ws, vid, "cancelled", reason)
         return {"cancelled": list(state.get("cancelled", [])) + [vid], "decision": reason}
 
-    def apply(state: State) -> dict:
-        cfg = plan.variant_config(plan.variant(state["current"]))
-        pid = _ensure_patched(ctx, cfg, state["exp_id"], state.get("patch_id"))
-        ctx.say("patch", message=f"{state['current']}: {ctx.config_path.name} patched to {describe(cfg)} (backup kept)")
-        return {"patch_id": pid, "decision": f"patched {describe(cfg)}"}
+    def apply(state: State) -> Command[Literal["gate", "revert"]]:
+        vid = state["current"]
+        v = plan.variant(vid)
+        try:
+            _ensure_applied(ctx, v, state["exp_id"])
+        except configs.PatchError as exc:
+            res = _failed(store, state, "failed", f"patch failed: {exc}")
+            ctx.say("failed", message=f"{vid}: {res['reason']}")
+            return Command(goto="revert", update={"results": {**state.get("results", {}), vid: res},
+                                                  "decision": res["reason"][:200]})
+        what = describe(plan.variant_config(v)) + (f" + source patch {v.source_patch}" if v.source_patch else "")
+        ctx.say("patch", message=f"{vid}: patched to {what} (backup kept)")
+        return Command(goto="gate", update={"decision": f"patched {what}"})
 
     def gate(state: State) -> Command[Literal["measure", "revert"]]:
         vid = state["current"]
-        cfg = plan.variant_config(plan.variant(vid))
-        pid = _ensure_patched(ctx, cfg, state["exp_id"], state.get("patch_id"))
+        _ensure_applied(ctx, plan.variant(vid), state["exp_id"])
         live = configs.read_config(ctx.config_path, plan.kernel)
-        result = correctness.check(ctx.adapter, live, ctx.levels(), seed=int(time.time()) % 100000,
-                                   device=_corr_device(ctx))  # fmt: skip
+        result = correctness.check_isolated(plan.kernel, live, ctx.levels(), seed=_seed(), device=_corr_device(ctx))
         correctness.record(store, ws, state["exp_id"], result)
         if not result["ok"]:
-            res = {"verdict": "incorrect", "reason": f"incorrect: {result['reason']}", "levels": {},
-                   "exp_id": state["exp_id"]}  # fmt: skip
-            ctx.say("incorrect", message=f"{vid} rejected before timing: {result['reason']}")
-            return Command(goto="revert", update={"patch_id": pid, "results": {**state.get("results", {}), vid: res},
-                                                  "decision": f"{vid} incorrect: never timed"})
-        return Command(goto="measure", update={"patch_id": pid, "decision": f"{vid} correct"})
+            kind, why = _failure_kind(result)
+            res = _failed(store, state, kind, why)
+            ctx.say(kind, message=f"{vid} rejected before timing: {why}")
+            return Command(goto="revert", update={"results": {**state.get("results", {}), vid: res},
+                                                  "decision": f"{vid} {kind}: never timed"})
+        return Command(goto="measure", update={"decision": f"{vid} correct"})
 
     def measure(state: State) -> dict:
         from agent import stats
 
         vid, exp = state["current"], state["exp_id"]
-        cfg = plan.variant_config(plan.variant(vid))
-        pid = _ensure_patched(ctx, cfg, exp, state.get("patch_id"))
+        variant = plan.variant(vid)
+        _ensure_applied(ctx, variant, exp)
         live = configs.read_config(ctx.config_path, plan.kernel)  # the variant is what is on disk
+        # while a source patch is live, the baseline arm runs the baseline source snapshot
+        base_path = [state["baseline_hashes"]["snapshot"]] if variant.source_patch else None
         levels = ctx.levels()
         done = _stored_pairs(store, exp)
         arms: list = []
@@ -347,7 +381,8 @@ def make_nodes(ctx: Context):
         seq = stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds)
 
         def open_arms():
-            arms.append(ctx.backend.open("baseline", plan.kernel, _baseline_config(ctx), plan.environment))
+            arms.append(ctx.backend.open("baseline", plan.kernel, _baseline_config(ctx), plan.environment,
+                                         pythonpath=base_path))  # fmt: skip
             arms.append(ctx.backend.open(vid, plan.kernel, live, plan.environment))
             for a in arms:
                 envcheck.check_worker(store, ws, exp, plan.environment, a.env_seen)
@@ -360,25 +395,23 @@ def make_nodes(ctx: Context):
             if not arms:
                 open_arms()
             pairs = bench.paired_round(store, exp, ctx.backend, arms[0], arms[1], levels, r, acc,
-                                       store.device(arms[0].fingerprint), bench.reference_hash(plan.kernel))
+                                       store.device(arms[0].fingerprint))
             ctx.say("round", phase=vid, round=r + 1, total=s.max_rounds)
             return pairs
 
         try:
             seq_res = stats.run_sequential(sample_fn, [lv.key for lv in levels], state["thresholds"], seq)
-        except bench.VariantFailed as exc:
-            res = {"verdict": "failed", "reason": f"variant failed: {exc}", "levels": {}, "exp_id": exp}
-            store.update_experiment(exp, status="rejected", verdict="reject", reason=res["reason"],
-                                    gpu_s=acc.gpu_s, wall_s=time.time() - t0)  # fmt: skip
-            ctx.say("failed", message=f"{vid}: {exc}")
-            return {"patch_id": pid, "results": {**state.get("results", {}), vid: res},
-                    "decision": res["reason"][:200]}  # fmt: skip
+        except (bench.VariantFailed, bench.NoRecording) as exc:
+            kind = "not measured" if isinstance(exc, bench.NoRecording) else "failed"
+            res = _failed(store, state, kind, f"{kind}: {exc}", gpu_s=acc.gpu_s, wall_s=time.time() - t0)
+            ctx.say("failed", message=f"{vid}: {res['reason']}")
+            return {"results": {**state.get("results", {}), vid: res}, "decision": res["reason"][:200]}
         finally:
             for a in arms:
                 a.close()
         store.add_verdicts(exp, bench.verdict_rows(seq_res))
         gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
-        void = _integrity(store, exp, plan.kernel)
+        void = _integrity(store, exp, state["baseline_hashes"])
         verdict, reason = seq_res.verdict, seq_res.reason
         if void:
             verdict, reason = "void", void
@@ -393,17 +426,19 @@ def make_nodes(ctx: Context):
                "levels": {lv: e.verdict for lv, e in seq_res.effects.items()},
                "effects": {lv: round(e.effect, 5) for lv, e in seq_res.effects.items()}}  # fmt: skip
         ctx.say("verdict", message=f"{vid}: {verdict} — {reason}")
-        return {"patch_id": pid, "results": {**state.get("results", {}), vid: res},
+        return {"results": {**state.get("results", {}), vid: res},
                 "gpu_s": state.get("gpu_s", 0) + acc.gpu_s, "rounds": state.get("rounds", 0) + seq_res.rounds,
                 "decision": f"{vid}: {verdict}"}  # fmt: skip
 
     def revert(state: State) -> dict:
         _revert_all(ctx)
         wsrow = store.workstream(ws)
-        now_sha = configs.sha(ctx.config_path)
-        if now_sha != wsrow["baseline_hash"]:
-            raise InvestigationError(f"revert left {ctx.config_path} at {now_sha}, baseline is {wsrow['baseline_hash']}")
-        ctx.say("revert", message=f"{state['current']}: reverted; config hash {now_sha} matches the baseline")
+        now_sha, src = configs.sha(ctx.config_path), bench.kernel_hash(plan.kernel)
+        if now_sha != wsrow["baseline_hash"] or src != state["baseline_hashes"]["kernel"]:
+            raise InvestigationError(f"revert left {ctx.config_path} at {now_sha} and the kernel source at {src}; "
+                                     f"the baseline is {wsrow['baseline_hash']} / {state['baseline_hashes']['kernel']}")
+        ctx.say("revert", message=f"{state['current']}: reverted; config hash {now_sha} and kernel source {src} "
+                                  "match the baseline")  # fmt: skip
         return {"patch_id": None, "decision": f"reverted to baseline {now_sha}"}
 
     def decide(state: State) -> dict:
@@ -434,19 +469,56 @@ def make_nodes(ctx: Context):
     }  # fmt: skip
 
 
-def _integrity(store: Store, exp: int, kernel: str) -> str | None:
-    """A verdict whose samples disagree on the harness or reference hash is void."""
+def _integrity(store: Store, exp: int, baseline: dict) -> str | None:
+    """A verdict is void when its samples were taken under a benchmark harness or a reference (and metric
+    definitions) other than the baseline's: the variant changed what it is judged by."""
     samples = store.samples(exp)
-    harness = {s["harness_hash"] for s in samples}
-    refs = {s["reference_hash"] for s in samples}
-    if len(harness) > 1:
-        return f"void: the benchmark harness changed during the experiment ({', '.join(sorted(map(str, harness)))})"
-    if len(refs) > 1:
-        return f"void: the reference changed during the experiment ({', '.join(sorted(map(str, refs)))})"
-    current = bench.reference_hash(kernel)
-    if refs and current not in refs:
-        return f"void: the reference now hashes {current}, the samples were taken under {', '.join(sorted(refs))}"
+    for key, column, what in (("harness", "harness_hash", "benchmark harness"),
+                              ("reference", "reference_hash", "reference")):  # fmt: skip
+        seen = sorted({str(s[column]) for s in samples} - {baseline[key]})
+        if seen:
+            return f"void: the {what} changed during the run (hash {', '.join(seen)}, baseline {baseline[key]})"
     return None
+
+
+def _failed(store: Store, state: dict, verdict: str, reason: str, **ledger) -> dict:
+    """Record a variant that never got a verdict from timing (patch, compile, crash, wrong, unmeasurable)."""
+    store.update_experiment(state["exp_id"], status="rejected", verdict=verdict, reason=reason, **ledger)
+    return {"verdict": verdict, "reason": reason, "levels": {}, "exp_id": state["exp_id"]}
+
+
+def _failure_kind(result: dict) -> tuple[str, str]:
+    """Name a failed correctness check: crashed, failed to compile or launch, or incorrect."""
+    reason = result.get("reason") or "failed"
+    if result.get("crashed"):
+        return "crashed", reason
+    if reason.startswith("launch failed"):
+        return "failed", f"failed to compile or launch: {reason.removeprefix('launch failed: ')}"
+    return "incorrect", f"incorrect: {reason}"
+
+
+def _snapshot(ctx: Context) -> Path:
+    """A copy of the baseline kernel package (sources only) under the state dir; the baseline arm
+    imports it while a variant's source patch is on disk."""
+    import shutil
+
+    src = project_root() / "kernels"
+    dest = ctx.store.dir / "snapshots" / bench.kernel_hash(ctx.plan.kernel)
+    if not (dest / "kernels" / "__init__.py").exists():
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp / "kernels", ignore=shutil.ignore_patterns("recordings", "__pycache__", "*.json"))
+        shutil.copytree(src / "configs", tmp / "kernels" / "configs", dirs_exist_ok=True)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    return dest
+
+
+def _seed() -> int:
+    """Fresh random inputs for every correctness check."""
+    import random
+
+    return random.SystemRandom().randrange(1 << 30)
 
 
 def _corr_device(ctx: Context) -> str:

@@ -37,10 +37,18 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console) ->
         return EXIT_BAD_INPUT, f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}"
     plan, plan_hash = load_plan(plan_path)  # PlanError -> exit 2 in main
     store = Store(state_dir)
-    configs.recover(store)
     ws = plan.ws
+    # One writer per workstream, and one per kernel file (two workstreams patch the same config).
+    # Recovery runs only once both locks are held, so it can never revert a live run's patch.
+    kernel_lock = f"kernel:{plan.kernel}"
     store.acquire_lock(ws, os.getpid())
     try:
+        store.acquire_lock(kernel_lock, os.getpid())
+    except BaseException:
+        store.release_lock(ws, os.getpid())
+        raise
+    try:
+        configs.recover(store)
         row = store.workstream(ws)
         store.upsert_workstream({
             "id": ws, "parent": plan.workstream.parent, "parent_title": plan.workstream.parent_title,
@@ -81,6 +89,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console) ->
         return (EXIT_BAD_INPUT if isinstance(exc, bench.NoRecording) else EXIT_FAIL), str(exc).splitlines()[0]
     finally:
         configs.recover(store)  # never leave a kernel file patched, whatever happened
+        store.release_lock(kernel_lock, os.getpid())
         store.release_lock(ws, os.getpid())
 
 
@@ -144,7 +153,7 @@ def bench_command(config_path, variant, levels, contexts, shapes, backend, sampl
 
     def sample_fn(r):
         return bench.paired_round(store, exp, be, arms[0], arms[1], lvls, r, bench.PairedRounds(),
-                                  store.device(arms[0].fingerprint), bench.reference_hash("mla_decode"))
+                                  store.device(arms[0].fingerprint))
 
     try:
         res = stats.run_sequential(sample_fn, [lv.key for lv in lvls], thresholds,
@@ -192,8 +201,7 @@ def noise_command(levels, rounds, backend, state_dir, as_json, console):
     acc = bench.PairedRounds()
     try:
         for r in range(rounds):
-            bench.paired_round(store, exp, be, arms[0], arms[1], lvls, r, acc, store.device(arms[0].fingerprint),
-                               bench.reference_hash("mla_decode"), tags=("A", "A2"))  # fmt: skip
+            bench.paired_round(store, exp, be, arms[0], arms[1], lvls, r, acc, store.device(arms[0].fingerprint), tags=("A", "A2"))  # fmt: skip
     finally:
         for a in arms:
             a.close()

@@ -14,23 +14,25 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.ids import norm_ws
-from kernels.launch_config import PARAMS, ConfigError, validate_config
+from kernels.launch_config import BOUNDS, PARAMS, ConfigError, brief_repr, one_line, validate_config
 
-WS_ID = re.compile(r"^#?[0-9]+[a-z]?$")
-ITEM_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
-ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
+WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")
+ITEM_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
+MAX_TARGET_CTAS = 1 << 20
 MAX_PLAN_BYTES = 256 * 1024
 PLAN_ROOT_DIRS = ("plans", "kernels")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    # strict: no "64" for 64, no true for 1, no 4.0 for 4 -- a plan says what it means.
+    model_config = ConfigDict(extra="forbid", frozen=False, strict=True)
 
 
 def check_item_id(v: str) -> str:
     """Variant and backlog ids: a letter, then letters, digits, '_' or '-'."""
-    if not ITEM_ID.match(v):
-        raise ValueError(f"{v!r} is not a valid id; use letters, digits, '_' or '-', starting with a letter")
+    if not ITEM_ID.fullmatch(v):
+        raise ValueError(f"{brief_repr(v)} is not a valid id; use letters, digits, '_' or '-', starting with a letter")
     return v
 
 
@@ -45,8 +47,8 @@ class WorkstreamRef(Strict):
     def _ws(cls, v):
         if v is None:
             return v
-        if not WS_ID.match(v):
-            raise ValueError(f"{v!r} is not a workstream id; use a number and an optional letter, like '#3a'")
+        if not WS_ID.fullmatch(v):
+            raise ValueError(f"{brief_repr(v)} is not a workstream id; use a number and an optional letter, like '#3a'")
         return norm_ws(v)
 
 
@@ -54,6 +56,12 @@ class ModelShape(Strict):
     heads: int = Field(64, ge=1, le=1024, description="total attention heads of the model")
     attention_tp: int = Field(4, ge=1, le=64, description="attention tensor-parallel size")
     shape: Literal["v3", "v4flash"] = Field("v4flash", description="head dims: v3 = 576/512, v4flash = 512/512")
+
+    @model_validator(mode="after")
+    def _local_heads(self):
+        if self.heads % self.attention_tp:
+            raise ValueError(f"heads={self.heads} must be a multiple of attention_tp={self.attention_tp}")
+        return self
 
 
 class Workload(Strict):
@@ -94,7 +102,7 @@ class Variant(Strict):
         allowed = set(PARAMS) | {"overrides"}
         unknown = sorted(set(map(str, v)) - allowed)
         if unknown:
-            raise ValueError(f"unknown patch key {unknown[0]!r}; valid keys: {', '.join(sorted(allowed))}")
+            raise ValueError(f"unknown patch key {brief_repr(unknown[0])}; valid keys: {', '.join(sorted(allowed))}")
         return v
 
     @field_validator("source_patch")
@@ -167,17 +175,16 @@ class Plan(Strict):
     @classmethod
     def _env(cls, v):
         for k, val in v.items():
-            if not ENV_NAME.match(k):
-                raise ValueError(f"{k!r} is not an environment variable name (A-Z, 0-9, _)")
+            if not ENV_NAME.fullmatch(k):
+                raise ValueError(f"{brief_repr(k)} is not an environment variable name (A-Z, 0-9, _)")
             if len(val) > 256:
                 raise ValueError(f"value of {k} is longer than 256 characters")
+            if "\x00" in val:
+                raise ValueError(f"value of {k} contains a NUL character")
         if "TARGET_CTAS" in v:
-            try:
-                n = int(v["TARGET_CTAS"])
-            except ValueError:
-                raise ValueError(f"TARGET_CTAS={v['TARGET_CTAS']!r} is not an integer") from None
-            if not 1 <= n <= 1 << 20:
-                raise ValueError(f"TARGET_CTAS={n} must be from 1 to {1 << 20}")
+            val = v["TARGET_CTAS"]
+            if not re.fullmatch(r"[0-9]{1,8}", val) or not 1 <= int(val) <= MAX_TARGET_CTAS:
+                raise ValueError(f"TARGET_CTAS={brief_repr(val)} must be an integer from 1 to {MAX_TARGET_CTAS}")
         return v
 
     @field_validator("baseline")
@@ -186,7 +193,7 @@ class Plan(Strict):
         try:
             return validate_config(v)
         except ConfigError as exc:
-            raise ValueError(f"baseline: {exc}") from None
+            raise ValueError(str(exc)) from None
 
     @model_validator(mode="after")
     def _cross(self):
@@ -202,9 +209,13 @@ class Plan(Strict):
                 raise ValueError(f"variants.{v.id}.patch: {exc}") from None
             if v.requires and v.requires.variant not in ids[: ids.index(v.id)]:
                 raise ValueError(f"variants.{v.id}.requires: {v.requires.variant!r} is not an earlier variant")
-        for key in self.bounds:
+        for key, values in self.bounds.items():
             if key not in PARAMS:
-                raise ValueError(f"bounds: unknown key {key!r}; valid keys: {', '.join(PARAMS)}")
+                raise ValueError(f"bounds: unknown key {brief_repr(key)}; valid keys: {', '.join(PARAMS)}")
+            valid, said = BOUNDS[key]
+            bad = [x for x in values if x not in valid]
+            if bad:
+                raise ValueError(f"bounds.{key}: {brief_repr(bad[0])} is invalid: must be {said}")
         if self.stats.quick_rounds > self.stats.max_rounds:
             raise ValueError("stats.quick_rounds must not exceed stats.max_rounds")
         return self
@@ -234,26 +245,72 @@ class PlanError(ValueError):
 def safe_relative_path(p: str) -> Path:
     """A path inside the project (plans/ or kernels/): no absolute paths, no '..'."""
     path = Path(p)
-    if path.is_absolute() or ".." in path.parts or not path.parts or path.parts[0] not in PLAN_ROOT_DIRS:
-        raise ValueError(f"path {p!r} must be relative and inside {' or '.join(PLAN_ROOT_DIRS)}/ (no '..')")
+    if (
+        "\x00" in p
+        or "\\" in p
+        or path.is_absolute()
+        or ".." in path.parts
+        or len(path.parts) < 2
+        or path.parts[0] not in PLAN_ROOT_DIRS
+    ):
+        raise ValueError(f"path {brief_repr(p)} must name a file inside {' or '.join(d + '/' for d in PLAN_ROOT_DIRS)} (relative, no '..')")
     return path
 
 
 def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(x) for x in err["loc"]) or "plan"
-    msg = err["msg"].removeprefix("Value error, ")
-    return f"{loc}: {msg}"
+    """The first error as ``field.path: what is wrong, got VALUE`` (one line, values shortened)."""
+    err = exc.errors(include_url=False, include_context=False)[0]
+    loc = ".".join(x if isinstance(x, str) and x.isidentifier() and len(x) <= 40 else brief_repr(x, 40)
+                   for x in err["loc"])  # fmt: skip
+    msg = re.sub(r"a valid dictionary or instance of \w+", "a mapping (key: value)", err["msg"].removeprefix("Value error, "))
+    if err["type"] == "extra_forbidden":
+        model = _model_at(err["loc"][:-1])
+        msg = "unknown key" + (f"; valid keys: {', '.join(model.model_fields)}" if model else "")
+    elif err["type"] not in ("missing", "value_error", "assertion_error") and "input" in err:
+        msg += f", got {brief_repr(err['input'], 40)}"
+    more = exc.error_count() - 1
+    return (f"{loc}: {msg}" if loc else msg) + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
+
+
+def _model_at(loc) -> type[BaseModel] | None:
+    """The plan model (Plan, Variant, ...) that holds the keys at ``loc``, if one does."""
+    import typing
+
+    model: type[BaseModel] | None = Plan
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if model else None
+        if field is None:
+            return None
+        model = None
+        todo = [field.annotation]
+        while todo:
+            t = todo.pop()
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                model = t
+            else:
+                todo.extend(typing.get_args(t))
+    return model
 
 
 def load_plan(path: str | Path) -> tuple[Plan, str]:
     """Read and validate a YAML plan; returns (plan, content hash) or raises PlanError (one line)."""
+    try:
+        return _load_plan(Path(path))
+    except PlanError as exc:
+        raise PlanError(one_line(str(exc))) from None
+
+
+def _load_plan(path: Path) -> tuple[Plan, str]:
     import yaml
 
-    path = Path(path)
     if not path.is_file():
         raise PlanError(f"plan file {path} does not exist (plans live in plans/, e.g. plans/3a-attention-occupancy.yaml)")
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise PlanError(f"plan file {path} cannot be read: {exc.strerror or type(exc).__name__}") from None
     if len(raw) > MAX_PLAN_BYTES:
         raise PlanError(f"plan file {path} is {len(raw)} bytes; the limit is {MAX_PLAN_BYTES}")
     try:
@@ -267,15 +324,23 @@ def load_plan(path: str | Path) -> tuple[Plan, str]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise PlanError(f"plan file {path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        raise PlanError(f"plan file {path} is not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    except RecursionError:
+        raise PlanError(f"plan file {path} is not a usable plan: its YAML nests too deeply") from None
+    except Exception as exc:  # noqa: BLE001 - PyYAML's constructors raise anything on odd tagged values:
+        # ValueError (!!int x, a 5000-digit number), AttributeError (!!timestamp 1-1-1), TypeError, ...
+        said = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PlanError(f"plan file {path} is not valid YAML: {said}") from None
     if not isinstance(data, dict):
         raise PlanError(f"plan file {path} must be a YAML mapping with keys workstream, kernel, hypothesis, ...")
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:
         raise PlanError(f"plan file {path}: {_first_error(exc)}") from None
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise PlanError(f"plan file {path}: {str(exc).splitlines()[0][:300]}") from None
+    except RecursionError:
+        raise PlanError(f"plan file {path} is not a usable plan: it nests too deeply") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise PlanError(f"plan file {path}: {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}") from None
     return plan, hashlib.sha256(raw).hexdigest()[:12]
 
 
@@ -290,10 +355,12 @@ def _make_loader():
         """SafeLoader that refuses alias expansion bombs ("billion laughs")."""
 
         max_nodes = 20000
+        max_depth = 32  # a plan nests 7 levels; deeper is garbage (and would cost stack and scanner time)
 
         def __init__(self, stream):
             super().__init__(stream)
             self._nodes = 0
+            self._depth = 0
 
         def construct_object(self, node, deep=False):
             self._nodes += 1
@@ -306,7 +373,25 @@ def _make_loader():
                 self._nodes += 50
                 if self._nodes > self.max_nodes:
                     raise _TooBig(f"YAML uses too many aliases (more than {self.max_nodes // 50})")
-            return super().compose_node(parent, index)
+            self._depth += 1
+            try:
+                if self._depth > self.max_depth:
+                    raise _TooBig(f"YAML nests deeper than {self.max_depth} levels")
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+        def compose_mapping_node(self, anchor):
+            node = super().compose_mapping_node(anchor)
+            seen = set()
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if (key.tag, key.value) in seen:
+                        raise yaml.constructor.ConstructorError(
+                            "while reading a mapping", node.start_mark,
+                            f"found duplicate key {brief_repr(key.value)}", key.start_mark)  # fmt: skip
+                    seen.add((key.tag, key.value))
+            return node
 
     return BoundedLoader
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent import faults
+
 if TYPE_CHECKING:
     import sqlite_utils
 
@@ -174,11 +176,16 @@ class Store:
         self.conn.close()
 
     # ---- generic helpers ---------------------------------------------------
-    def _insert(self, table: str, row: dict) -> int:
-        return self.db[table].insert(row).last_pk
+    def _insert(self, table: str, row: dict, fault: str | None = None) -> int:
+        faults.point(f"{fault or 'store.insert.' + table}.before")
+        pk = self.db[table].insert(row).last_pk
+        faults.point(f"{fault or 'store.insert.' + table}.after")
+        return pk
 
-    def _update(self, table: str, pk, values: dict) -> None:
+    def _update(self, table: str, pk, values: dict, fault: str | None = None) -> None:
+        faults.point(f"{fault or 'store.update.' + table}.before")
         self.db[table].update(pk, values)
+        faults.point(f"{fault or 'store.update.' + table}.after")
 
     def _query(self, sql: str, args=()) -> list[dict]:
         cur = self.conn.execute(sql, list(args))
@@ -203,7 +210,9 @@ class Store:
     def upsert_workstream(self, row: dict) -> None:
         row = {**row, "updated": now()}
         if self._one("workstreams", row["id"]) is None:
+            faults.point("store.insert.workstreams.before")
             self.db["workstreams"].insert({**row, "created": now()})
+            faults.point("store.insert.workstreams.after")
         else:
             self._update("workstreams", row["id"], row)
 
@@ -219,7 +228,9 @@ class Store:
     def upsert_todo(self, row: dict) -> None:
         row = {**row, "updated": now()}
         if self._one("todos", row["id"]) is None:
+            faults.point("store.insert.todos.before")
             self.db["todos"].insert({**row, "created": now()})
+            faults.point("store.insert.todos.after")
         else:
             self._update("todos", row["id"], row)
 
@@ -238,9 +249,11 @@ class Store:
         stable = {k: fingerprint.get(k) for k in ("gpu", "arch", "sms", "driver", "torch", "triton", "cuda")}
         dev_id = hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:12]
         if self._one("devices", dev_id) is None:
+            faults.point("store.insert.devices.before")
             self.db["devices"].insert(
                 {"id": dev_id, "gpu": fingerprint.get("gpu", "?"), "fingerprint": json.dumps(fingerprint),
                  "first_seen": now()}, replace=True)  # fmt: skip
+            faults.point("store.insert.devices.after")
         return dev_id
 
     def new_experiment(self, **row) -> int:
@@ -268,8 +281,10 @@ class Store:
     def add_samples(self, rows: list[dict]) -> None:
         """Insert samples in one transaction (all or none)."""
         rows = [{**r, "env": json.dumps(r["env"]) if isinstance(r.get("env"), dict) else r.get("env")} for r in rows]
+        faults.point("store.samples.before")
         with self.db.conn:
             self.db["samples"].insert_all(rows)
+        faults.point("store.samples.after")
 
     def samples(self, exp_id: int) -> list[dict]:
         return self._rows("samples", "experiment = ?", [exp_id], order_by="id")
@@ -280,24 +295,30 @@ class Store:
         return self.conn.execute("select count(*) from samples where experiment = ?", [exp_id]).fetchone()[0]
 
     def add_verdicts(self, exp_id: int, rows: list[dict]) -> None:
+        faults.point("store.verdicts.before")
         with self.db.conn:
             self.db.execute("delete from verdicts where experiment = ?", [exp_id])
             self.db["verdicts"].insert_all([{**r, "experiment": exp_id, "t": now()} for r in rows])
+        faults.point("store.verdicts.after")
 
     def verdicts(self, exp_id: int) -> list[dict]:
         return self._rows("verdicts", "experiment = ?", [exp_id], order_by="id")
 
     def add_noise(self, exp_id: int, ws_id: str | None, rows: list[dict]) -> None:
+        faults.point("store.noise.before")
         with self.db.conn:
             self.db.execute("delete from noise where experiment = ?", [exp_id])
             self.db["noise"].insert_all([{**r, "experiment": exp_id, "workstream": ws_id, "t": now()} for r in rows])
+        faults.point("store.noise.after")
 
     def noise(self, ws_id: str | None = None, exp_id: int | None = None) -> list[dict]:
         return self._filtered("noise", "id", experiment=exp_id, workstream=None if exp_id is not None else ws_id)
 
     def add_measurements(self, exp_id: int, rows: list[dict]) -> None:
+        faults.point("store.measurements.before")
         with self.db.conn:
             self.db["measurements"].insert_all([{**r, "experiment": exp_id, "t": now()} for r in rows])
+        faults.point("store.measurements.after")
 
     def measurements(self, exp_id: int) -> list[dict]:
         return self._rows("measurements", "experiment = ?", [exp_id], order_by="id")
@@ -313,10 +334,10 @@ class Store:
     def journal_intent(self, **row) -> int:
         """Write the intent to patch a file BEFORE the file is touched."""
         row.update(state="intent", created=now(), updated=now())
-        return self._insert("patches", row)
+        return self._insert("patches", row, fault="journal.intent")
 
     def journal_set(self, patch_id: int, state: str, **values) -> None:
-        self._update("patches", patch_id, {**values, "state": state, "updated": now()})
+        self._update("patches", patch_id, {**values, "state": state, "updated": now()}, fault=f"journal.{state}")
 
     def patches(self, ws_id: str | None = None, state: str | None = None) -> list[dict]:
         return self._filtered("patches", "id", workstream=ws_id, state=state)
@@ -340,7 +361,9 @@ class Store:
         if isinstance(row.get("resources"), dict):
             row["resources"] = json.dumps(row["resources"])
         row.setdefault("status", "pending")
+        faults.point("store.insert.approvals.before")
         self.db["approvals"].insert({**row, "created": now()}, replace=True)
+        faults.point("store.insert.approvals.after")
 
     def approval(self, approval_id: str) -> dict | None:
         return self._one("approvals", approval_id)
@@ -373,16 +396,24 @@ class Store:
         try:
             row = conn.execute("select pid, host from locks where workstream = ?", [ws_id]).fetchone()
             if row and row[0] != pid and row[1] == host and _alive(row[0]):
-                raise StoreError(f"workstream {ws_id} is already being run by pid {row[0]}; wait for it or stop it")
+                what = f"workstream {ws_id}" if not ws_id.startswith("kernel:") else f"kernel {ws_id[7:]}"
+                raise StoreError(f"{what} is already being run by pid {row[0]}; wait for it or stop it")
             conn.execute("insert or replace into locks values (?, ?, ?, ?)", [ws_id, pid, host, now()])
         except BaseException:
             conn.rollback()
             raise
         conn.commit()
+        faults.point("lock.acquired")
 
     def release_lock(self, ws_id: str, pid: int) -> None:
+        faults.point("lock.release")
         with self.conn:
             self.conn.execute("delete from locks where workstream = ? and pid = ?", [ws_id, pid])
+
+    def live_locks(self) -> list[dict]:
+        """Locks held by processes that are still alive: {workstream, pid}."""
+        rows = self._query("select workstream, pid from locks")
+        return [r for r in rows if _alive(r["pid"])]
 
     def lock_holder(self, ws_id: str) -> int | None:
         row = self.conn.execute("select pid from locks where workstream = ?", [ws_id]).fetchone()

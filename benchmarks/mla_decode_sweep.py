@@ -53,7 +53,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--samples", type=int, default=5)
-    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--replays", type=int, default=0, help="replays per sample (0: the worker default, >= 20 and >= 25 ms)")
     ap.add_argument("--search", default="v3:4096,v4flash:4096", help="shape:context pairs for the config search")
     ap.add_argument("--target-ctas", default="512")
     args = ap.parse_args()

@@ -18,6 +18,12 @@ from kernels.launch_config import BOUNDS, PARAMS, LaunchParams, load_config, res
 KERNELS_DIR = Path(__file__).resolve().parent
 
 
+def project_root() -> Path:
+    """The directory holding the ``kernels`` package actually imported (a snapshot or a test copy
+    when one is first on the path).  Kernel files, source patches and hashes are relative to it."""
+    return KERNELS_DIR.parent
+
+
 @dataclass(frozen=True)
 class Level:
     """One workload level: batch (concurrency C) x context x model shape."""
@@ -57,6 +63,10 @@ class KernelAdapter(ABC):
     """Everything kinv needs from a kernel; one subclass per kernel."""
 
     name: str = ""
+    #: kernel source files (relative to :func:`project_root`) that a source patch may change
+    kernel_files: tuple[str, ...] = ()
+    #: (file, qualified name) of the reference and the metric definitions: hashed for integrity
+    reference_parts: tuple[tuple[str, str], ...] = ()
 
     # ---- configuration -----------------------------------------------------
     def config_path(self) -> Path:
@@ -104,13 +114,14 @@ class KernelAdapter(ABC):
     def resources(self, params: LaunchParams, level: Level, device: DeviceSpec, compiled=None) -> Resources:
         """Shared memory, registers, occupancy and feasibility of a config."""
 
-    def reference_sources(self) -> list:
-        """Functions the reference delegates to; their source is hashed with it (integrity)."""
-        return []
-
     def derived_env(self, level: Level, params: LaunchParams, environ: dict) -> dict:
         """Values derived from the environment at a level (e.g. split count)."""
         return {}
+
+    def check_modes(self) -> list[dict]:
+        """Extra launch keyword sets the correctness gate must also pass (e.g. one split, so every
+        loop iteration of a program runs); ``{}`` is the plain launch."""
+        return [{}]
 
     def tolerance(self, dtype) -> tuple[float, float]:
         """(atol, rtol) for comparing with the reference."""

@@ -34,6 +34,7 @@ BOUNDS: dict[str, tuple[tuple[int, ...], str]] = {
 TOP_KEYS = set(PARAMS) | {"kernel", "overrides", "description"}
 OVERRIDE_KEYS = set(PARAMS) | {"batch_min", "batch_max"}
 MAX_BATCH = 1 << 20
+MAX_CONFIG_BYTES = 256 * 1024
 
 
 class ConfigError(ValueError):
@@ -53,16 +54,37 @@ class LaunchParams:
         return f"BT{self.BLOCK_T}/BH{self.BLOCK_H}/w{self.num_warps}/s{self.num_stages}"
 
 
+def brief_repr(value, limit: int = 60) -> str:
+    """A short, one-line repr of any value, however big or deeply nested (error messages quote it)."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother, r.maxlong = 3, limit, limit, 40
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 4
+    try:
+        text = r.repr(value)
+    except Exception:  # e.g. an int too long to print
+        text = f"<{type(value).__name__}>"
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return text if len(text) <= 2 * limit else text[: 2 * limit] + "..."
+
+
+def one_line(message: str, limit: int = 600) -> str:
+    """``message`` as one printable line of at most ``limit`` characters."""
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(message))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _check_param(where: str, key: str, value) -> int:
     valid, said = BOUNDS[key]
     if isinstance(value, bool) or not isinstance(value, int) or value not in valid:
-        raise ConfigError(f"{where}{key}={value!r} is invalid: must be {said} ({', '.join(map(str, valid))})")
+        raise ConfigError(f"{where}{key}={brief_repr(value)} is invalid: must be {said} ({', '.join(map(str, valid))})")
     return value
 
 
 def _check_batch(where: str, key: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH:
-        raise ConfigError(f"{where}{key}={value!r} is invalid: must be an integer from 1 to {MAX_BATCH}")
+        raise ConfigError(f"{where}{key}={brief_repr(value)} is invalid: must be an integer from 1 to {MAX_BATCH}")
     return value
 
 
@@ -72,32 +94,32 @@ def validate_config(data, kernel: str | None = None) -> dict:
         raise ConfigError(f"config must be a JSON object with keys {', '.join(PARAMS)}; got {type(data).__name__}")
     unknown = sorted(set(map(str, data)) - TOP_KEYS)
     if unknown:
-        raise ConfigError(f"unknown config key {unknown[0]!r}; valid keys: {', '.join(sorted(TOP_KEYS))}")
+        raise ConfigError(f"unknown config key {brief_repr(unknown[0])}; valid keys: {', '.join(sorted(TOP_KEYS))}")
     if kernel is not None and data.get("kernel", kernel) != kernel:
-        raise ConfigError(f"kernel={data.get('kernel')!r} but this is the config of {kernel!r}")
+        raise ConfigError(f"kernel={brief_repr(data.get('kernel'))} but this is the config of {kernel!r}")
     missing = [k for k in PARAMS if k not in data]
     if missing:
         raise ConfigError(f"config is missing {missing[0]!r}; required keys: {', '.join(PARAMS)}")
     out: dict = {k: _check_param("", k, data[k]) for k in PARAMS}
     if "kernel" in data:
         if not isinstance(data["kernel"], str):
-            raise ConfigError(f"kernel={data['kernel']!r} must be a string")
+            raise ConfigError(f"kernel={brief_repr(data['kernel'])} must be a string")
         out["kernel"] = data["kernel"]
     if "description" in data:
         if not isinstance(data["description"], str):
-            raise ConfigError(f"description={data['description']!r} must be a string")
+            raise ConfigError(f"description={brief_repr(data['description'])} must be a string")
         out["description"] = data["description"]
     overrides = data.get("overrides", [])
     if not isinstance(overrides, list):
-        raise ConfigError(f"overrides={overrides!r} must be a list of objects")
+        raise ConfigError(f"overrides={brief_repr(overrides)} must be a list of objects")
     norm = []
     for i, ov in enumerate(overrides):
         where = f"overrides[{i}]."
         if not isinstance(ov, dict):
-            raise ConfigError(f"overrides[{i}]={ov!r} must be an object with batch_min/batch_max and parameters")
+            raise ConfigError(f"overrides[{i}]={brief_repr(ov)} must be an object with batch_min/batch_max and parameters")
         unknown = sorted(set(map(str, ov)) - OVERRIDE_KEYS)
         if unknown:
-            raise ConfigError(f"unknown key {where}{unknown[0]} ; valid keys: {', '.join(sorted(OVERRIDE_KEYS))}")
+            raise ConfigError(f"unknown key {where}{brief_repr(unknown[0])}; valid keys: {', '.join(sorted(OVERRIDE_KEYS))}")
         item = {}
         for k in ("batch_min", "batch_max"):
             if k in ov:
@@ -115,20 +137,45 @@ def validate_config(data, kernel: str | None = None) -> dict:
 
 
 def load_config(path: str | Path, kernel: str | None = None) -> dict:
-    """Read and validate a config file; errors name the file and the field."""
+    """Read and validate a config file; errors (one line) name the file and the field."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or type(exc).__name__}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is {len(raw)} bytes; the limit is {MAX_CONFIG_BYTES}")
     try:
-        data = json.loads(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
+        raise ConfigError(one_line(f"config file {path} is not valid JSON: {exc}")) from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} is not a usable config: it nests too deeply") from None
+    except ValueError as exc:  # duplicate keys, NaN/Infinity, integers too long to convert
+        raise ConfigError(one_line(f"config file {path} is not valid JSON: {exc}")) from None
     try:
         return validate_config(data, kernel)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(one_line(f"{path}: {exc}")) from None
+
+
+def _no_duplicates(pairs: list) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {brief_repr(k)}")
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def resolve(config: dict, batch: int) -> LaunchParams:
@@ -174,10 +221,12 @@ __all__ = [
     "ConfigError",
     "LaunchParams",
     "asdict",
+    "brief_repr",
     "canonical_json",
     "config_hash",
     "describe",
     "load_config",
+    "one_line",
     "resolve",
     "validate_config",
 ]

@@ -37,6 +37,12 @@ def stage1_smem_estimate(params: LaunchParams, d_qk: int, d_v: int = 512, elt: i
 
 class MLADecodeAdapter(KernelAdapter):
     name = "mla_decode"
+    kernel_files = ("kernels/mla_decode.py",)
+    reference_parts = (
+        ("kernels/mla_decode_ref.py", "mla_decode_reference"),
+        ("kernels/mla_decode_adapter.py", "MLADecodeAdapter.reference"),
+        ("kernels/mla_decode_adapter.py", "MLADecodeAdapter.bytes_moved"),
+    )
 
     # ---- inputs --------------------------------------------------------------
     def make_inputs(self, level: Level, seed: int, device: str = "cuda", dtype=None, vary_lengths=False) -> dict:
@@ -77,16 +83,15 @@ class MLADecodeAdapter(KernelAdapter):
         )  # fmt: skip
 
     def reference(self, inputs: dict):
-        from kernels.mla_decode import mla_decode_reference
+        from kernels.mla_decode_ref import mla_decode_reference
 
         return mla_decode_reference(
             inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], d_v=inputs["d_v"]
         )
 
-    def reference_sources(self) -> list:
-        from kernels.mla_decode import mla_decode_reference
-
-        return [mla_decode_reference]
+    def check_modes(self) -> list[dict]:
+        # the plain split count, and one split: a program then walks every tile of its sequence
+        return [{}, {"target_ctas": 1}]
 
     def tolerance(self, dtype) -> tuple[float, float]:
         import torch

@@ -52,8 +52,13 @@ def harness_hash() -> str:
 
 
 def reference_hash(kernel: str) -> str:
-    """Hash of the kernel's reference and metric definitions (what the worker reports too)."""
+    """Hash of the kernel's reference and metric definitions as they are on disk now."""
     return bench_worker.reference_hash(get_adapter(kernel))
+
+
+def kernel_hash(kernel: str) -> str:
+    """Hash of the kernel's source files as they are on disk now (a source patch changes it)."""
+    return bench_worker.kernel_source_hash(get_adapter(kernel))
 
 
 def gpu_visible() -> bool:
@@ -102,8 +107,10 @@ class Backend(ABC):
     loud: str = ""
 
     @abstractmethod
-    def open(self, name: str, kernel: str, config: dict, env: dict, replica: int = 0) -> Arm:
-        """Start an arm.  ``replica`` 1 is a second, independent arm of the same config (A/A)."""
+    def open(self, name: str, kernel: str, config: dict, env: dict, replica: int = 0,
+             pythonpath: list[str] | None = None) -> Arm:  # fmt: skip
+        """Start an arm.  ``replica`` 1 is a second, independent arm of the same config (A/A);
+        ``pythonpath`` puts a kernel source snapshot first (the baseline arm while a source patch is live)."""
 
     def copy_bandwidth(self) -> float | None:
         return None
@@ -116,9 +123,9 @@ class Backend(ABC):
 # cuda
 # --------------------------------------------------------------------------- #
 class CudaArm(Arm):
-    def __init__(self, name, kernel, config, env):
+    def __init__(self, name, kernel, config, env, pythonpath=None):
         super().__init__(name=name, kernel=kernel, config=config, env=env)
-        self.worker = WorkerProcess(env={k: str(v) for k, v in env.items()}, label=name)
+        self.worker = WorkerProcess(env={k: str(v) for k, v in env.items()}, label=name, pythonpath=pythonpath)
         try:
             hello = self.worker.request("hello", env_keys=sorted(env))
         except (WorkerCrashed, WorkerError) as exc:
@@ -146,7 +153,7 @@ class CudaArm(Arm):
         s = self.setups.get(level.key) or self.setup(level)
         t0 = time.perf_counter()
         try:
-            r = self.worker.request("sample", key=s["key"], replays=20)
+            r = self.worker.request("sample", key=s["key"])
         except (WorkerCrashed, WorkerError) as exc:
             raise VariantFailed(f"{self.name} failed while sampling {level.key}: {exc}") from None
         r["request_wall_s"] = time.perf_counter() - t0
@@ -167,8 +174,8 @@ class CudaBackend(Backend):
             raise BackendError("no CUDA GPU visible: use --backend replay to serve samples recorded on an H200")
         self._copy = None
 
-    def open(self, name, kernel, config, env, replica=0) -> Arm:
-        return CudaArm(name, kernel, config, env)
+    def open(self, name, kernel, config, env, replica=0, pythonpath=None) -> Arm:
+        return CudaArm(name, kernel, config, env, pythonpath)
 
     def copy_bandwidth(self) -> float:
         if self._copy is None:
@@ -266,7 +273,11 @@ class ReplayBackend(Backend):
             f"({fp.get('sms')} SMs, torch {fp.get('torch')}, triton {fp.get('triton')})"
         )
 
-    def open(self, name, kernel, config, env, replica=0) -> Arm:
+    def open(self, name, kernel, config, env, replica=0, pythonpath=None) -> Arm:
+        recorded = self.recording.headers[0].get("kernel_hash")
+        if recorded and pythonpath is None and kernel_hash(kernel) != recorded:
+            raise NoRecording(f"replay has no recording of this {kernel} source (sha {kernel_hash(kernel)}; recorded "
+                              f"{recorded}): a source change must be measured on a GPU (--backend cuda)")
         recorded_env = self.recording.headers[0].get("env", {})
         for k, v in env.items():
             if recorded_env.get(k) != str(v):
@@ -289,12 +300,12 @@ def get_backend(name: str) -> Backend:
 # --------------------------------------------------------------------------- #
 # measurement loops (they store every sample)
 # --------------------------------------------------------------------------- #
-def _sample_row(exp_id, arm: Arm, level: Level, round_index: int, tag: str, s: dict, backend: str, ref_hash: str,
-                device: str | None) -> dict:  # fmt: skip
+def _sample_row(exp_id, arm: Arm, level: Level, round_index: int, tag: str, s: dict, backend: str,
+                hashes: tuple[str, str], device: str | None) -> dict:  # fmt: skip
     return {
         "experiment": exp_id, "round": round_index, "arm": tag, "level": level.key, "config_hash": arm.config_hash,
-        "us": s["us"], "replays": s.get("replays"), "gpu_s": s.get("gpu_s"), "harness_hash": s.get("harness_hash"),
-        "reference_hash": ref_hash, "env": {"seen": arm.env_seen, "derived": s.get("derived_env", {})},
+        "us": s["us"], "replays": s.get("replays"), "gpu_s": s.get("gpu_s"), "harness_hash": hashes[0],
+        "reference_hash": hashes[1], "env": {"seen": arm.env_seen, "derived": s.get("derived_env", {})},
         "backend": backend, "device": device, "t": time.time(),
     }  # fmt: skip
 
@@ -314,14 +325,16 @@ class PairedRounds:
 
 
 def paired_round(store, exp_id, backend: Backend, arm_a: Arm, arm_b: Arm, levels: list[Level], round_index: int,
-                 acc: PairedRounds, device: str | None, ref_hash: str,
-                 tags=("A", "B")) -> dict[str, tuple[float, float]]:  # fmt: skip
+                 acc: PairedRounds, device: str | None, tags=("A", "B")) -> dict[str, tuple[float, float]]:  # fmt: skip
     """One round: every level, A then B on even rounds, B then A on odd (ABBA).
 
-    Returns ``{level: (a_us, b_us)}`` of this round, the shape agent.stats.run_sequential wants.
+    Every sample carries the harness and reference hashes as they are on disk during the round
+    (a variant that changes either is caught).  Returns ``{level: (a_us, b_us)}`` of this round,
+    the shape agent.stats.run_sequential wants.
     """
     from agent.stats import abba_order
 
+    hashes = (harness_hash(), reference_hash(arm_a.kernel))
     rows, pairs = [], {}
     for level in levels:
         order = abba_order(round_index)
@@ -331,7 +344,7 @@ def paired_round(store, exp_id, backend: Backend, arm_a: Arm, arm_b: Arm, levels
             s = arm.sample(level, round_index)
             got[who] = s
             acc.gpu_s += s.get("gpu_s") or 0.0
-            rows.append(_sample_row(exp_id, arm, level, round_index, tag, s, backend.name, ref_hash, device))
+            rows.append(_sample_row(exp_id, arm, level, round_index, tag, s, backend.name, hashes, device))
         acc.add(level.key, got["A"]["us"], got["B"]["us"])
         pairs[level.key] = (got["A"]["us"], got["B"]["us"])
     store.add_samples(rows)  # the round's samples commit together
@@ -356,7 +369,7 @@ def measure_config(store, exp_id, backend: Backend, kernel: str, config: dict, e
     """``kinv bench`` of one config: per level µs, GB/s, fraction of copy bandwidth, tokens/s; all stored."""
     adapter = get_adapter(kernel)
     copy = backend.copy_bandwidth()
-    ref_hash = reference_hash(kernel)
+    hashes = (harness_hash(), reference_hash(kernel))
     arm = backend.open("config", kernel, config, env)
     device = store.device(arm.fingerprint) if arm.fingerprint else None
     out = []
@@ -367,7 +380,7 @@ def measure_config(store, exp_id, backend: Backend, kernel: str, config: dict, e
             for r in range(samples):
                 s = arm.sample(level, r)
                 us.append(s["us"])
-                rows.append(_sample_row(exp_id, arm, level, r, "A", s, backend.name, ref_hash, device))
+                rows.append(_sample_row(exp_id, arm, level, r, "A", s, backend.name, hashes, device))
             store.add_samples(rows)
             med = statistics.median(us)
             gbps = adapter.bytes_moved(level) / (med * 1e-6) / 1e9

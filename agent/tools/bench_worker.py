@@ -13,21 +13,21 @@ Requests
 --------
 ``{"op": "hello", "env_keys": [...]}``         fingerprint, hashes, env seen
 ``{"op": "setup", "kernel", "config", "level"}``  inputs, correctness, graph
-``{"op": "sample", "key": key, "replays": n}``  one sample: median of n replays
+``{"op": "sample", "key": key}``                 one sample: median of >= 20 replays lasting >= 25 ms
 ``{"op": "copy_bandwidth", "mib": 2048}``       device-to-device copy GB/s
 ``{"op": "exit"}``
 
 Timing (GPU.md "Timing"): each level's launches are captured in one CUDA
 graph; the graph cycles through enough input sets that their KV exceeds 3x
 the L2, so no launch reads its KV from L2 (stated as ``l2`` in the setup
-reply).  A sample is the median over ``replays`` (>= 20) event-timed
-replays of the graph, divided by the launches in it.
+reply).  A sample is the median over ``replays`` event-timed replays of
+the graph (at least 20, and enough for 25 ms of GPU time so that a request's
+fixed cost stays under 5%), divided by the launches in it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -40,7 +40,8 @@ from pathlib import Path
 
 MIN_REPLAYS = 20
 TARGET_REPLAY_US = 400.0  # a replay should run long enough to dwarf event jitter
-MAX_LAUNCHES = 256
+MIN_SAMPLE_MS = 25.0  # a sample's replays should dwarf the fixed cost of a request (pipe, events, sync)
+MAX_LAUNCHES = 512
 
 
 def file_hash(path: Path) -> str:
@@ -52,11 +53,43 @@ def harness_hash() -> str:
     return file_hash(Path(__file__))
 
 
-def reference_hash(adapter) -> str:
-    """Hash of the adapter's reference and metric definitions."""
-    parts = [type(adapter).reference, type(adapter).bytes_moved, *adapter.reference_sources()]
-    src = "".join(inspect.getsource(p) for p in parts)
+def source_on_disk(path: Path, qualname: str) -> str:
+    """The source of a function or method as its file says NOW (not what was imported)."""
+    import ast
+
+    try:
+        text = path.read_text()
+        nodes = ast.parse(text).body
+    except (OSError, SyntaxError) as exc:
+        return f"<{path.name} unreadable: {type(exc).__name__}>"
+    node = None
+    for part in qualname.split("."):
+        node = next((n for n in nodes if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
+                     and n.name == part), None)  # fmt: skip
+        if node is None:
+            return f"<{qualname} missing from {path.name}>"
+        nodes = node.body
+    return ast.get_source_segment(text, node) or ""
+
+
+def reference_hash(adapter, root: Path | None = None) -> str:
+    """Hash of the adapter's reference and metric definitions, read from disk at each call."""
+    from kernels.adapter import project_root
+
+    root = root or project_root()
+    src = "".join(source_on_disk(root / f, q) for f, q in adapter.reference_parts)
     return hashlib.sha256(src.encode()).hexdigest()[:12]
+
+
+def kernel_source_hash(adapter, root: Path | None = None) -> str:
+    """Hash of the kernel's source files as they are on disk (what a source patch changes)."""
+    from kernels.adapter import project_root
+
+    root = root or project_root()
+    h = hashlib.sha256()
+    for f in adapter.kernel_files:
+        h.update((root / f).read_bytes())
+    return h.hexdigest()[:12]
 
 
 def fingerprint() -> dict:
@@ -145,6 +178,8 @@ class Worker:
             "mismatched": bad,
             "resources": resources,
             "compile_s": round(compile_s, 3),
+            "reference_hash": reference_hash(adapter),
+            "kernel_hash": kernel_source_hash(adapter),
         }
         if not correct:
             return reply
@@ -166,23 +201,20 @@ class Worker:
         launches = min(MAX_LAUNCHES, max(n_sets, math.ceil(TARGET_REPLAY_US / max(eager_us, 1.0))))
         launches = math.ceil(launches / n_sets) * n_sets
 
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
-            with torch.cuda.graph(graph, stream=stream):
-                for i in range(launches):
-                    adapter.launch(sets[i % n_sets], params, out=outs[i % n_sets])
-        torch.cuda.current_stream().wait_stream(stream)
-        for _ in range(3):
-            graph.replay()
-        torch.cuda.synchronize()
+        graph, replay_ms = self._capture(adapter, params, sets, outs, launches)
+        if replay_ms * MIN_REPLAYS < MIN_SAMPLE_MS and launches < MAX_LAUNCHES:
+            # eager timing overstates small launches (Python launch cost): size the graph on its own replay
+            want = math.ceil(launches * MIN_SAMPLE_MS / (MIN_REPLAYS * max(replay_ms, 1e-3)))
+            launches = min(MAX_LAUNCHES, math.ceil(want / n_sets) * n_sets)
+            graph, replay_ms = self._capture(adapter, params, sets, outs, launches)
+        replays = max(MIN_REPLAYS, math.ceil(MIN_SAMPLE_MS / max(replay_ms, 1e-3)))
         key = f"{config_hash(config)}:{level.key}"
-        self.levels[key] = {"graph": graph, "sets": sets, "outs": outs, "launches": launches}
+        self.levels[key] = {"graph": graph, "sets": sets, "outs": outs, "launches": launches, "replays": replays}
         reply.update(
             key=key,
             l2=f"{n_sets} input sets x {per_set / 2**20:.1f} MiB rotated (L2 {l2 / 2**20:.0f} MiB)",
             launches_per_replay=launches,
+            replays_per_sample=replays,
             eager_us=round(eager_us, 2),
             bytes=per_set,
             flops=adapter.flops(level),
@@ -190,13 +222,36 @@ class Worker:
         )
         return reply
 
+    @staticmethod
+    def _capture(adapter, params, sets, outs, launches):
+        """Capture ``launches`` launches cycling through the input sets; return (graph, ms per replay)."""
+        import torch
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            with torch.cuda.graph(graph, stream=stream):
+                for i in range(launches):
+                    adapter.launch(sets[i % len(sets)], params, out=outs[i % len(sets)])
+        torch.cuda.current_stream().wait_stream(stream)
+        for _ in range(3):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return graph, start.elapsed_time(end) / 5
+
     def sample(self, req: dict) -> dict:
         import torch
 
         state = self.levels.get(req["key"])
         if state is None:
             raise KeyError(f"{req['key']!r} was not set up; set up: {sorted(self.levels)}")
-        replays = max(MIN_REPLAYS, int(req.get("replays", MIN_REPLAYS)))
+        replays = max(state["replays"], int(req.get("replays") or 0))
         t_wall = time.perf_counter()
         graph = state["graph"]
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]

@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent import faults
 from kernels.launch_config import ConfigError, load_config, validate_config
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def _lines(text: str) -> list[str]:
 # --------------------------------------------------------------------------- #
 # atomic writes and backups
 # --------------------------------------------------------------------------- #
-def _atomic_write(path: Path, data: bytes) -> None:
+def _atomic_write(path: Path, data: bytes, fault: str = "write") -> None:
     """Write ``data`` to ``path`` so that ``path`` is always either the old or the new bytes."""
     tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
     try:
@@ -102,7 +103,9 @@ def _atomic_write(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         with contextlib.suppress(OSError):
             os.chmod(tmp, path.stat().st_mode & 0o7777)
+        faults.point(f"{fault}.tmp-written")  # the temp file is complete, the target untouched
         os.replace(tmp, path)
+        faults.point(f"{fault}.replaced")  # the target holds the new bytes
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -133,7 +136,7 @@ def backup(store: Store, path: str | os.PathLike, ws_id: str | None) -> dict:
     dest = store.dir / "backups" / _ws_dir(ws_id) / f"{path.name}.{digest}"
     if not (dest.is_file() and _sha_bytes(dest.read_bytes()) == digest):
         dest.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(dest, data)
+        _atomic_write(dest, data, fault="backup")
     for row in store.backups():
         if (row["path"], row["backup_path"], row["sha"], row["workstream"]) == (str(path), str(dest), digest, ws_id):
             return row
@@ -169,7 +172,7 @@ def _apply_journaled(store: Store, path: Path, old: bytes, new: bytes, kind: str
     patch_id = store.journal_intent(workstream=ws_id, experiment=experiment, path=str(path), kind=kind,
                                     sha_before=bak["sha"], diff=diff, backup=bak["id"])  # fmt: skip
     try:
-        _atomic_write(path, new)
+        _atomic_write(path, new, fault="patch")
         store.journal_set(patch_id, "applied", sha_after=_sha_bytes(new))
     except BaseException as exc:
         with contextlib.suppress(Exception):  # recover() at the next start covers a failed rollback
@@ -307,7 +310,7 @@ def _restore(store: Store, patch: dict) -> str:
         data = Path(bak["backup_path"]).read_bytes()
         if _sha_bytes(data) != patch["sha_before"]:
             raise RevertError(f"backup of {path} has sha {_sha_bytes(data)}, expected {patch['sha_before']}")
-        _atomic_write(path, data)
+        _atomic_write(path, data, fault="restore")
         action = "restored"
     after = sha(path)
     if after != patch["sha_before"]:
@@ -351,6 +354,7 @@ def recover(store: Store) -> list[dict]:
         done.append(item)
     if failures:
         raise RevertError(f"recovery failed for {len(failures)} patch(es): {failures[0]}")
+    faults.point("recover.done")  # every kernel file is at its baseline, the journal has no dangling row
     return done
 
 

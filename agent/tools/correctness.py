@@ -83,7 +83,10 @@ def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, 
     except Exception as exc:
         return {**entry, "reason": f"inputs failed: {_first_line(exc)}"}
     try:
-        out, _compiled = adapter.launch(inputs, params)
+        outs_by_mode = []
+        for mode in adapter.check_modes():
+            out, _compiled = adapter.launch(inputs, params, **mode)
+            outs_by_mode.append((mode, out))
         if device != "cpu":
             import torch
 
@@ -97,12 +100,17 @@ def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, 
         ref = adapter.reference(inputs)
     except Exception as exc:
         return {**entry, "reason": f"reference failed: {_first_line(exc)}", "fatal": True}
-    outs, refs = _tensors(out), _tensors(ref)
-    if len(outs) != len(refs):
-        return {**entry, "reason": f"kernel returned {len(outs)} outputs, the reference {len(refs)}"}
-    atol, rtol = adapter.tolerance(outs[0].dtype)
-    figures = [_compare(o, r, atol, rtol) for o, r in zip(outs, refs, strict=True)]
-    total = sum(r.numel() for r in refs)
+    refs = _tensors(ref)
+    figures, atol, rtol = [], 0.0, 0.0
+    for mode, out in outs_by_mode:
+        outs = _tensors(out)
+        if len(outs) != len(refs):
+            return {**entry, "reason": f"kernel returned {len(outs)} outputs, the reference {len(refs)}"}
+        atol, rtol = adapter.tolerance(outs[0].dtype)
+        figures += [{**_compare(o, r, atol, rtol), "mode": mode} for o, r in zip(outs, refs, strict=True)]
+    total = sum(r.numel() for r in refs) * len(outs_by_mode)
+    bad_modes = [f["mode"] for f in figures if f["mismatched"] or f["nonfinite"]]
+    how = f" (launched with {', '.join(f'{k}={v}' for k, v in bad_modes[0].items())})" if bad_modes and bad_modes[0] else ""
     mismatched = sum(f["mismatched"] for f in figures)
     nonfinite = sum(f["nonfinite"] for f in figures)
     errs = [f["max_abs_err"] for f in figures if f["max_abs_err"] is not None]
@@ -113,10 +121,10 @@ def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, 
     if shape_error:
         entry["reason"] = f"{level.key}: {shape_error}"
     elif nonfinite:
-        entry["reason"] = f"{level.key}: {nonfinite} of {total} outputs are not finite"
+        entry["reason"] = f"{level.key}: {nonfinite} of {total} outputs are not finite{how}"
     elif mismatched:
         entry["reason"] = (f"{level.key}: {mismatched} of {total} outputs outside atol={atol:g}, rtol={rtol:g} "
-                           f"(max abs err {entry['max_abs_err']:.3g})")  # fmt: skip
+                           f"(max abs err {entry['max_abs_err']:.3g}){how}")  # fmt: skip
     return entry
 
 
@@ -163,3 +171,57 @@ def record(store: Store, ws_id: str | None, experiment: int, result: dict) -> No
 
 
 __all__ = ["check", "default_device", "record", "stand_in"]
+
+
+# --------------------------------------------------------------------------- #
+# crash isolation: the check in a child process
+# --------------------------------------------------------------------------- #
+def check_isolated(kernel: str, config: dict, levels: list[Level], *, seed: int, device: str,
+                   pythonpath: list[str] | None = None, timeout: float = 900) -> dict:  # fmt: skip
+    """:func:`check` in a child process, so a variant that crashes (segfault, illegal address, abort)
+    or hangs kills only the child; the result then says how it died.  ``pythonpath`` entries go first
+    on the child's path (a kernel source snapshot).  Never raises for a kernel failure."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*(pythonpath or []), root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    job = {"kernel": kernel, "config": config, "levels": [lv.to_dict() for lv in levels], "seed": seed,
+           "device": device}  # fmt: skip
+    base = {"ok": False, "levels": [], "seed": seed, "device": device, "dtype": None}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "agent.tools.correctness"], input=json.dumps(job), env=env,
+                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {**base, "reason": f"the check did not finish within {timeout:.0f} s (hang?)"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    rc = proc.returncode
+    how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+    tail = next((ln for ln in reversed(proc.stderr.splitlines()) if ln.strip()), "")
+    return {**base, "reason": f"crashed: the check process died ({how})" + (f": {tail[:200]}" if tail else ""),
+            "crashed": True}  # fmt: skip
+
+
+def _main() -> int:
+    import json
+    import sys
+
+    from kernels.adapter import get_adapter
+
+    job = json.loads(sys.stdin.read())
+    levels = [Level(**lv) for lv in job["levels"]]
+    result = check(get_adapter(job["kernel"]), job["config"], levels, seed=job["seed"], device=job["device"])
+    sys.stdout.write(json.dumps(result, default=str) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -27,11 +27,13 @@ class WorkerError(RuntimeError):
 
 
 class WorkerProcess:
-    def __init__(self, env: dict[str, str] | None = None, label: str = "worker", python: str | None = None):
+    def __init__(self, env: dict[str, str] | None = None, label: str = "worker", python: str | None = None,
+                 pythonpath: list[str] | None = None):  # fmt: skip
         self.label = label
         full_env = {k: v for k, v in os.environ.items()}
         full_env.update(env or {})
-        full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        paths = [*(pythonpath or []), str(ROOT), full_env.get("PYTHONPATH", "")]
+        full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.started = time.time()
         self.proc = subprocess.Popen(

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from kernels.launch_config import LaunchParams
-from kernels.mla_decode import mla_decode, mla_decode_reference, num_kv_splits
+from kernels.mla_decode import mla_decode, num_kv_splits
+from kernels.mla_decode_ref import mla_decode_reference
 from tests.conftest import HAS_GPU
 from tests.utils import assert_verbose_allclose
 

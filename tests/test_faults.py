@@ -1,0 +1,88 @@
+"""Faulty variants (issue 6.4) and integrity (6.5): the #6a fault drill on replay + the interpreter.
+
+Each planted fault is stopped at its gate and recorded with its reason, the baseline source and config
+are restored byte for byte, and the investigation still closes out with the sound variant decided.
+The drill runs in a copy of the project's kernels/ and plans/ so the repository is never patched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.graph import _integrity
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tree_hash(d: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(d.rglob("*")):
+        if f.is_file() and "__pycache__" not in f.parts:
+            h.update(str(f.relative_to(d)).encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def drill(tmp_path, state_dir):
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copytree(ROOT / "kernels", root / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "plans", root / "plans")
+    env = dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(root / "kernels" / "configs"),
+               TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1", KINV_RECORDINGS=str(ROOT / "kernels" / "recordings"),
+               PYTHONPATH=os.pathsep.join([str(root), str(ROOT)]))  # fmt: skip
+    return root, env
+
+
+def kinv(root, env, *args):
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+
+
+def test_fault_drill_records_each_fault_restores_the_baseline_and_closes_out(drill):
+    root, env = drill
+    before = tree_hash(root / "kernels")
+    r = kinv(root, env, "run", "plans/6a-fault-drill.yaml", "--backend", "replay", "--approval", "auto")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert tree_hash(root / "kernels") == before  # kernel sources and config byte-identical
+    exps = {e["variant"]: e for e in json.loads(kinv(root, env, "experiments", "6a", "--json").stdout)}
+    assert exps["F1"]["verdict"] == "failed" and "compile" in exps["F1"]["reason"]
+    assert exps["F2"]["verdict"] == "infeasible" and "shared memory" in exps["F2"]["reason"] and "227.0 KB" in exps["F2"]["reason"]
+    assert exps["F3"]["verdict"] == "incorrect" and "outside atol" in exps["F3"]["reason"]  # fast but wrong: never timed
+    assert exps["F4"]["verdict"] == "crashed" and "signal 11" in exps["F4"]["reason"]
+    assert exps["F5"]["verdict"] in ("void", "not measured")  # changed the reference: no verdict may stand
+    assert exps["V1"]["verdict"] == "accept"
+    for fid in ("F1", "F3", "F4"):
+        assert exps[fid]["samples"] == 0, f"{fid} was timed"
+    store_dir = Path(env["KINV_STATE_DIR"])
+    assert "void: the reference changed" in (store_dir / "reports" / "6a-closeout.md").read_text()
+    status = json.loads(kinv(root, env, "status", "--json").stdout)
+    ws = next(w for w in status["workstreams"] if w["id"] == "#6a")
+    assert ws["status"] == "closed" and not ws["pending_approvals"]
+
+
+def _rows(harness, reference):
+    return [{"harness_hash": harness, "reference_hash": reference}]
+
+
+class _Store:
+    def __init__(self, rows):
+        self.rows = rows
+
+    def samples(self, exp):
+        return self.rows
+
+
+def test_integrity_voids_a_changed_harness_or_reference_and_passes_an_unchanged_run():
+    base = {"harness": "h0", "reference": "r0"}
+    assert _integrity(_Store(_rows("h0", "r0")), 1, base) is None
+    assert "benchmark harness changed" in _integrity(_Store(_rows("h1", "r0")), 1, base)
+    assert "reference changed" in _integrity(_Store(_rows("h0", "r9")), 1, base)
