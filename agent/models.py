@@ -305,6 +305,8 @@ def load_plan(path: str | Path) -> tuple[Plan, str]:
 def _load_plan(path: Path) -> tuple[Plan, str]:
     import yaml
 
+    if path.is_dir():
+        raise PlanError(f"plan file {path} is a directory; give a YAML file such as plans/3a-attention-occupancy.yaml")
     if not path.is_file():
         raise PlanError(f"plan file {path} does not exist (plans live in plans/, e.g. plans/3a-attention-occupancy.yaml)")
     try:
@@ -329,7 +331,12 @@ def _load_plan(path: Path) -> tuple[Plan, str]:
         raise PlanError(f"plan file {path} is not a usable plan: its YAML nests too deeply") from None
     except Exception as exc:  # noqa: BLE001 - PyYAML's constructors raise anything on odd tagged values:
         # ValueError (!!int x, a 5000-digit number), AttributeError (!!timestamp 1-1-1), TypeError, ...
-        said = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "integer string conversion" in str(exc):
+            said = "a number has more than 4300 digits"
+        elif isinstance(exc, ValueError) and str(exc).strip():
+            said = f"a value cannot be read: {str(exc).splitlines()[0]}"
+        else:
+            said = "a value cannot be read as its type or tag (a bad date, !!int, !!binary, ...?)"
         raise PlanError(f"plan file {path} is not valid YAML: {said}") from None
     if not isinstance(data, dict):
         raise PlanError(f"plan file {path} must be a YAML mapping with keys workstream, kernel, hypothesis, ...")

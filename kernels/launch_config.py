@@ -138,7 +138,13 @@ def validate_config(data, kernel: str | None = None) -> dict:
 
 def load_config(path: str | Path, kernel: str | None = None) -> dict:
     """Read and validate a config file; errors (one line) name the file and the field."""
-    path = Path(path)
+    try:
+        return _load_config(Path(path), kernel)
+    except ConfigError as exc:
+        raise ConfigError(one_line(str(exc))) from None
+
+
+def _load_config(path: Path, kernel: str | None) -> dict:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -154,15 +160,16 @@ def load_config(path: str | Path, kernel: str | None = None) -> dict:
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
-        raise ConfigError(one_line(f"config file {path} is not valid JSON: {exc}")) from None
+        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"config file {path} is not a usable config: it nests too deeply") from None
+        raise ConfigError(f"config file {path} is not usable JSON: it nests too deeply") from None
     except ValueError as exc:  # duplicate keys, NaN/Infinity, integers too long to convert
-        raise ConfigError(one_line(f"config file {path} is not valid JSON: {exc}")) from None
+        said = "a number has more than 4300 digits" if "integer string conversion" in str(exc) else str(exc)
+        raise ConfigError(f"config file {path} is not valid JSON: {said}") from None
     try:
         return validate_config(data, kernel)
     except ConfigError as exc:
-        raise ConfigError(one_line(f"{path}: {exc}")) from None
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _no_duplicates(pairs: list) -> dict:

@@ -1,0 +1,818 @@
+"""Bad input, generated: plan files (`kinv run`) and config files (`kinv bench --config`).
+
+Every input here is bad.  Each must give exit code 2, exactly one stderr line
+``kinv: ...`` that names the file and the field (or says YAML/JSON/...), no
+traceback, no state dir, the live config copy byte-identical, and nothing under
+the repo's kernels/ changed.
+
+Inputs come from hypothesis strategies that mutate the valid plan
+(plans/3a-attention-occupancy.yaml) and the valid config
+(kernels/configs/mla_decode.json), and from raw-text generators (YAML bombs,
+deep nesting, binary garbage, ...).  Categories built to be invalid by
+construction ("strict") assert that the validator refuses them; categories that
+might, by chance, produce a valid input ("filtered": e.g. a wrong-typed value
+that happens to be allowed) drop those with ``hypothesis.reject`` and count
+them.  The CLI runs in-process (fast: a bad plan fails before torch, triton
+or the graph run); one subprocess test checks the same inputs through a real
+process.  The last test asserts that >= 1000 inputs ran and prints the
+breakdown (``pytest -rP tests/test_bad_input.py`` shows it).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
+
+from agent.cli import main
+from agent.models import MAX_PLAN_BYTES, load_plan
+from kernels.launch_config import PARAMS, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
+CONFIG = ROOT / "kernels" / "configs" / "mla_decode.json"
+BASE_PLAN = yaml.safe_load(PLAN.read_text())
+BASE_CONFIG = json.loads(CONFIG.read_text())
+TOP_KEYS = tuple(BASE_PLAN)
+
+COUNTS: Counter = Counter()  # category -> inputs that ran through the CLI
+FILTERED: Counter = Counter()  # category -> generated inputs that were valid after all (dropped)
+SAMPLES: dict = {}  # category -> a few of the messages, to read
+LIVE: dict = {}  # the live config copy (KINV_CONFIG_DIR) of this module
+
+
+def settings_for(n: int):
+    return settings(max_examples=n, deadline=None, derandomize=True, database=None, print_blob=False,
+                    suppress_health_check=list(HealthCheck))  # fmt: skip
+
+
+# --------------------------------------------------------------------------- #
+# sandbox: live config copy, repo hashes, env
+# --------------------------------------------------------------------------- #
+def repo_hashes() -> dict[str, str]:
+    files = sorted((ROOT / "kernels" / "configs").glob("*.json")) + sorted((ROOT / "kernels").glob("*.py"))
+    return {str(p.relative_to(ROOT)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox():
+    before = repo_hashes()
+    d = Path(tempfile.mkdtemp(prefix="kinv-bad-live-"))
+    (d / "configs").mkdir()
+    shutil.copy(CONFIG, d / "configs")
+    LIVE["path"] = d / "configs" / "mla_decode.json"
+    LIVE["bytes"] = LIVE["path"].read_bytes()
+    LIVE["repo_before"] = before
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KINV_CONFIG_DIR", str(d / "configs"))
+        mp.setenv("KINV_FORCE_NO_GPU", "1")
+        mp.setenv("TRITON_INTERPRET", "1")
+        mp.delenv("KINV_DEBUG", raising=False)
+        yield
+    shutil.rmtree(d, ignore_errors=True)
+    assert repo_hashes() == before, "a bad input changed a file under kernels/"
+
+
+@contextmanager
+def scratch():
+    d = Path(tempfile.mkdtemp(prefix="kinv-bad-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def call_cli(argv: list[str]) -> tuple[object, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except BaseException as exc:  # noqa: BLE001 - the CLI must never raise
+            rc = f"raised {type(exc).__name__}: {exc!r}"[:500]
+    return rc, out.getvalue(), err.getvalue()
+
+
+def is_valid(cmd: str, path: Path) -> bool:
+    try:
+        if cmd == "run":
+            load_plan(path)
+        else:
+            load_config(path, "mla_decode")
+    except Exception:  # any refusal; the CLI check below says whether it was a clean one
+        return False
+    return True
+
+
+def expect_rejected(cmd: str, data: bytes | str, category: str, needles=(), strict: bool = False) -> None:
+    """Run the CLI on ``data`` and check the one-line, exit-2, no-writes contract."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    with scratch() as d:
+        f = d / ("input.yaml" if cmd == "run" else "input.json")
+        f.write_bytes(data)
+        if not strict and is_valid(cmd, f):  # strict inputs are invalid by construction: the CLI check proves it
+            FILTERED[category] += 1
+            reject()
+        state = d / "state"
+        saved = os.environ.get("KINV_STATE_DIR")
+        os.environ["KINV_STATE_DIR"] = str(state)
+        try:
+            if cmd == "run":
+                argv = ["run", str(f), "--backend", "replay", "--approval", "auto", "--state-dir", str(state)]
+            else:
+                argv = ["bench", "--config", str(f), "--backend", "replay", "--state-dir", str(state)]
+            rc, out, err = call_cli(argv)
+        finally:
+            if saved is None:
+                os.environ.pop("KINV_STATE_DIR", None)
+            else:
+                os.environ["KINV_STATE_DIR"] = saved
+        what = f"[{category}] input {data[:200]!r}...\nrc={rc!r}\nstderr={err[:1000]!r}\nstdout={out[-500:]!r}"
+        assert "Traceback" not in out + err, what
+        assert rc == 2, what
+        lines = err.splitlines()
+        assert len(lines) == 1 and err.endswith("\n") and err.count("\n") == 1, what
+        line = lines[0]
+        assert line.startswith("kinv: ") and len(line) > 20 and len(line) <= 800, what
+        assert line.isprintable(), what
+        assert str(f) in line, f"message does not name the file: {what}"
+        if needles:
+            assert any(n in line for n in needles), f"message names none of {needles}: {what}"
+        assert not state.exists(), f"state dir was written: {what}"
+        assert LIVE["path"].read_bytes() == LIVE["bytes"], f"live config changed: {what}"
+    COUNTS[category] += 1
+    if COUNTS[category] % 25 == 1:
+        SAMPLES.setdefault(category, []).append(line.replace(str(f), f.name))
+
+
+# --------------------------------------------------------------------------- #
+# helpers on nested dicts/lists
+# --------------------------------------------------------------------------- #
+def paths_of(obj, prefix=()):
+    out = [prefix] if prefix else []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += paths_of(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += paths_of(v, prefix + (i,))
+    return out
+
+
+def get_at(obj, path):
+    for p in path:
+        obj = obj[p]
+    return obj
+
+
+def set_at(obj, path, value):
+    get_at(obj, path[:-1])[path[-1]] = value
+
+
+def del_at(obj, path):
+    del get_at(obj, path[:-1])[path[-1]]
+
+
+def dump_plan(plan) -> str:
+    return yaml.safe_dump(plan, allow_unicode=True, sort_keys=False, width=10**9)
+
+
+def field_needles(path) -> tuple[str, ...]:
+    return tuple(str(p) for p in path if isinstance(p, str) and p.isidentifier())[:1] or (
+        "unknown key",
+        "Keys should be strings",
+    )
+
+
+ALL_PATHS = paths_of(BASE_PLAN)
+NUMERIC_PATHS = [p for p in ALL_PATHS if type(get_at(BASE_PLAN, p)) in (int, float)]
+MAPPING_PATHS = [()] + [p for p in ALL_PATHS if isinstance(get_at(BASE_PLAN, p), dict)]
+N_VARIANTS, N_BACKLOG = len(BASE_PLAN["variants"]), len(BASE_PLAN["backlog"])
+
+# strings with a grammar (ids, names, enums): weird unicode in them must be refused
+CONSTRAINED_STRINGS = (
+    [("workstream", "id"), ("workstream", "parent"), ("kernel",), ("device",), ("model", "shape"),
+     ("environment", "TARGET_CTAS"), ("variants", 2, "requires", "variant")]
+    + [("variants", i, "id") for i in range(N_VARIANTS)]
+    + [("backlog", i, "id") for i in range(N_BACKLOG)] + [("backlog", i, "targets") for i in range(N_BACKLOG)]
+)  # fmt: skip
+# free text with a length limit: too much unicode must be refused
+LIMITED_STRINGS = {("workstream", "title"): 200, ("hypothesis",): 4000, ("variants", 0, "title"): 200,
+                   ("variants", 1, "rationale"): 2000, ("backlog", 0, "rationale"): 2000}  # fmt: skip
+REQUIRED = (
+    [(k,) for k in ("workstream", "kernel", "hypothesis", "workload", "baseline", "variants")]
+    + [("workstream", "id"), ("workstream", "title"), ("workload", "levels"), ("variants", 2, "requires", "variant")]
+    + [("baseline", k) for k in PARAMS]
+    + [("variants", i, k) for i in range(N_VARIANTS) for k in ("id", "title")]
+    + [("backlog", i, k) for i in range(N_BACKLOG) for k in ("id", "title", "rationale", "targets")]
+    + [("variants", 2, "patch", "overrides", j, "num_warps") for j in (0, 1)]
+)  # fmt: skip
+OPTIONAL = [("device",), ("model",), ("environment",), ("bounds",), ("stats",), ("budget",), ("backlog",),
+            ("workstream", "parent"), ("workstream", "parent_title"), ("model", "heads"), ("workload", "context"),
+            ("workload", "page_size"), ("stats", "aa_rounds"), ("budget", "wall_seconds"),
+            ("variants", 0, "rationale"), ("variants", 1, "patch"), ("variants", 2, "requires"),
+            ("backlog", 3, "prior")]  # fmt: skip
+
+# --------------------------------------------------------------------------- #
+# value strategies
+# --------------------------------------------------------------------------- #
+WEIRD_TEXT = [
+    "\u202eV1", "V1\u200b", "\uff36\uff11", "V1\x00", "\x00", "\U0001f525", "V1\U0001f525", "mla_decode\u200d",
+    "mla\u2028decode", "\u210c200", "sm_\uff19\uff10", "SM_90\u0301", "\ufeffV1", "V\u0131", "\u212a", "\ufb01",
+    "\x00\x01\x02", "#\uff13a", "#3a\n", "V1\n", " V1", "V1 ", "", "\U0001f600" * 10, "\u0627" * 5,
+    "\u05d0V1", "\u200f#3a", "\x85", "\t", "\u0412\u0031", "occupancy\u00a0", "v4fla\u0455h", "\ud7ff", "\uffff",
+    "e\u0301", "\u00e9", "TARGET_CTAS\u200b", "\u0665\u0661\u0662", "\uff15\uff11\uff12", "5_12", " 512", "512\n",
+    "\U000e0041", "\u1680", "\u3000", "\x1b[31mred\x1b[0m", "\r\n", "\\u0000",
+]  # fmt: skip
+HUGE = [1e308, -1e308, 1.7976931348623157e308, 10**30, -(10**30), 10**300, -(10**300), float("nan"), float("inf"),
+        float("-inf"), 2**63, 2**64, -(2**63), 2**31, 10**4000, 5e-324, -5e-324, 1e-300, 1 << 20 + 1]  # fmt: skip
+
+scalars = st.one_of(
+    st.text(max_size=12), st.integers(-(10**6), 10**6), st.floats(), st.booleans(), st.none(),
+    st.sampled_from(WEIRD_TEXT), st.sampled_from(HUGE),
+)  # fmt: skip
+any_value = st.one_of(scalars, st.lists(scalars, max_size=4), st.dictionaries(st.text(max_size=8), scalars, max_size=3))
+unicode_text = st.one_of(
+    st.sampled_from(WEIRD_TEXT),
+    st.text(min_size=1, max_size=24).filter(lambda s: not s.isascii()),
+    st.text(alphabet=st.characters(min_codepoint=0x80, max_codepoint=0x10FFFF, exclude_categories=("Cs",)),
+            min_size=1, max_size=8),
+)  # fmt: skip
+keys = st.one_of(
+    st.text(min_size=1, max_size=16), unicode_text.filter(bool), st.integers(-5, 5),
+    st.sampled_from(["__proto__", "kernel ", "Kernel", "KERNEL", "workstream\u200b", "\uff4b\uff45\uff52\uff4e\uff45\uff4c",
+                     "variant", "extra", "$ref", "<<", "\U0001f525", "\u202ekernel", "null", "num_warps\x00",
+                     "BLOCK_\u0422", "num_warps ", "batch_max", "overrides ", "TARGET_CTAS\n", "a" * 300]),
+)  # fmt: skip
+
+
+_WRONG: dict = {}
+
+
+def wrong_type_for(old):
+    """Values of another type than ``old`` (one strategy per type: hypothesis builds it once)."""
+    kind = type(old)
+    if kind not in _WRONG:
+        _WRONG[kind] = any_value.filter(_other_type(old))
+    return _WRONG[kind]
+
+
+def _other_type(old):
+    def bad(v):
+        if isinstance(old, bool) or isinstance(v, bool):
+            return type(v) is not type(old)
+        if isinstance(old, int | float) and isinstance(v, int | float):
+            return type(v) is not type(old) and not (isinstance(old, float) and isinstance(v, int))
+        if old is None:
+            return v is not None
+        return type(v) is not type(old)
+
+    return bad
+
+
+# --------------------------------------------------------------------------- #
+# plan mutations
+# --------------------------------------------------------------------------- #
+@settings_for(180)
+@given(data=st.data())
+def test_plan_wrong_types(data):
+    path = data.draw(st.sampled_from(ALL_PATHS), label="path")
+    plan = copy.deepcopy(BASE_PLAN)
+    set_at(plan, path, data.draw(wrong_type_for(get_at(plan, path)), label="value"))
+    expect_rejected("run", dump_plan(plan), "plan: wrong type", field_needles(path))
+
+
+@settings_for(70)
+@given(data=st.data())
+def test_plan_missing_fields(data):
+    path = data.draw(st.sampled_from(REQUIRED), label="required")
+    extra = data.draw(st.lists(st.sampled_from(OPTIONAL), unique=True, max_size=5), label="also deleted")
+    plan = copy.deepcopy(BASE_PLAN)
+    for p in extra:  # optional deletions that do not touch the required field
+        if p[0] != path[0]:
+            try:
+                del_at(plan, p)
+            except (KeyError, IndexError):  # already gone with its parent
+                pass
+    del_at(plan, path)
+    expect_rejected("run", dump_plan(plan), "plan: missing field", field_needles(path), strict=True)
+
+
+@settings_for(80)
+@given(data=st.data())
+def test_plan_unknown_keys(data):
+    path = data.draw(st.sampled_from(MAPPING_PATHS), label="mapping")
+    plan = copy.deepcopy(BASE_PLAN)
+    target = get_at(plan, path)
+    key = data.draw(keys, label="key")
+    if key in target:
+        reject()
+    target[key] = data.draw(any_value, label="value")
+    expect_rejected("run", dump_plan(plan), "plan: unknown key", field_needles(path))
+
+
+@settings_for(70)
+@given(data=st.data())
+def test_plan_huge_numbers(data):
+    path = data.draw(st.one_of(st.sampled_from(NUMERIC_PATHS), st.sampled_from(ALL_PATHS)), label="path")
+    value = data.draw(st.one_of(st.sampled_from(HUGE), st.integers(min_value=10**12), st.integers(max_value=-1)))
+    plan = copy.deepcopy(BASE_PLAN)
+    set_at(plan, path, value)
+    expect_rejected("run", dump_plan(plan), "plan: huge number", field_needles(path))
+
+
+@settings_for(80)
+@given(data=st.data())
+def test_plan_unicode(data):
+    plan = copy.deepcopy(BASE_PLAN)
+    if data.draw(st.integers(0, 3)):  # weird text in a field with a grammar
+        path = data.draw(st.sampled_from(CONSTRAINED_STRINGS), label="path")
+        old = str(get_at(plan, path))
+        how = data.draw(st.sampled_from(["replace", "prefix", "suffix", "insert"]))
+        weird = data.draw(unicode_text, label="text")
+        mid = len(old) // 2
+        value = {"replace": weird, "prefix": weird + old, "suffix": old + weird,
+                 "insert": old[:mid] + weird + old[mid:]}[how]  # fmt: skip
+    else:  # too much unicode in a length-limited text field
+        path = data.draw(st.sampled_from(sorted(LIMITED_STRINGS)), label="path")
+        unit = data.draw(unicode_text.filter(bool), label="unit")
+        value = (unit * (LIMITED_STRINGS[path] // len(unit) + 2))[
+            : LIMITED_STRINGS[path] + 1 + data.draw(st.integers(0, 50))
+        ]
+    set_at(plan, path, value)
+    expect_rejected("run", dump_plan(plan), "plan: unicode", field_needles(path))
+
+
+TRAVERSAL = [
+    "../../etc/passwd", "/etc/passwd", "plans/../../x", "kernels/../../../x", "..\\..\\x", "~/.ssh/id_rsa",
+    "plans/..", "kernels/../agent/cli.py", "/work/main/plans/x.diff", "./../x", "plans/./../../x",
+    "file:///etc/passwd", "plans\\..\\..\\x", "", ".", "..", "plans/x/../../..", "//etc/passwd", "plans/\x00/x",
+    "$HOME/x", "%2e%2e/%2e%2e/etc/passwd", "kernels/configs/../../../../etc/shadow", "state/kinv.db",
+    "agent/cli.py", "tests/x.diff", "C:\\Windows\\x", "\\\\server\\share\\x", "plans/../kernels/../../x",
+    "/plans/x.diff", "~root/x", "kernels/..\\..\\x", "..", "plans/\u2025/x", "\u2024\u2024/x",
+]  # fmt: skip
+segments = st.lists(st.sampled_from(["..", ".", "plans", "kernels", "etc", "passwd", "~", "x.diff", "", "\u00e9"]),
+                    min_size=1, max_size=6)  # fmt: skip
+traversal = st.one_of(
+    st.sampled_from(TRAVERSAL),
+    st.builds(lambda lead, segs: lead + "/".join(segs), st.sampled_from(["", "/", "./", "../", "plans/../"]), segments)
+    .filter(lambda s: s.startswith(("/", "..")) or "/../" in s or s.endswith("/..") or "/" not in s.strip("/")
+            or not s.startswith(("plans/", "kernels/"))),
+)  # fmt: skip
+
+
+@settings_for(80)
+@given(i=st.integers(0, N_VARIANTS - 1), p=traversal)
+def test_plan_path_traversal_in_source_patch(i, p):
+    plan = copy.deepcopy(BASE_PLAN)
+    plan["variants"][i]["source_patch"] = p
+    expect_rejected("run", dump_plan(plan), "plan: path traversal", ("source_patch",), strict=True)
+
+
+# --------------------------------------------------------------------------- #
+# raw plan text
+# --------------------------------------------------------------------------- #
+PLACEHOLDER = "__KINV_PLACEHOLDER__"
+RAW_NEEDLES = ("YAML", "UTF-8", "mapping", "nests", "bytes", "unknown key") + TOP_KEYS
+BOMB_SLOTS = [("hypothesis",), ("baseline",), ("environment",), ("workload", "levels"), ("bounds", "BLOCK_T"),
+              ("variants", 0, "patch", "overrides"), ("variants",), ("backlog",), ("workstream", "title"),
+              ("x_bomb",)]  # fmt: skip
+
+
+def with_raw(slot, raw: str) -> str:
+    plan = copy.deepcopy(BASE_PLAN)
+    if slot == ("x_bomb",):
+        plan["x_bomb"] = PLACEHOLDER
+    else:
+        set_at(plan, slot, PLACEHOLDER)
+    return dump_plan(plan).replace(PLACEHOLDER, raw)
+
+
+def laughs(depth: int, width: int, mapping: bool) -> str:
+    """Billion laughs in flow style: level k holds `width` aliases of level k-1."""
+    if mapping:
+        parts = ["{k0: &a0 {" + ", ".join(f"l{j}: lol" for j in range(width)) + "}"]
+        parts += [
+            f"k{k}: &a{k} {{" + ", ".join(f"l{j}: *a{k - 1}" for j in range(width)) + "}" for k in range(1, depth)
+        ]
+        return ", ".join(parts) + "}"
+    parts = ["&a0 [" + ", ".join(["lol"] * width) + "]"]
+    parts += [f"&a{k} [" + ", ".join([f"*a{k - 1}"] * width) + "]" for k in range(1, depth)]
+    return "[" + ", ".join(parts) + "]"
+
+
+bombs = st.one_of(
+    st.builds(laughs, st.integers(3, 12), st.integers(2, 12), st.booleans()),
+    st.builds(lambda n, m: "[&w [" + ", ".join(["lol"] * n) + "], " + ", ".join(["*w"] * m) + "]",
+              st.integers(10, 2000), st.integers(10, 3000)),  # wide alias fan
+    st.builds(lambda n: "&r [" + ", ".join(["*r"] * n) + "]", st.integers(1, 500)),  # self-referencing list
+    st.builds(lambda n: "&r {" + ", ".join(f"k{j}: *r" for j in range(n)) + "}", st.integers(1, 300)),
+    st.builds(lambda d: "[&m0 {a: 1}, " + ", ".join(f"&m{k} {{<<: [*m{k - 1}, *m{k - 1}], b{k}: {k}}}" for k in range(1, d)) + "]",
+              st.integers(2, 40)),  # merge-key chain
+)  # fmt: skip
+
+
+@settings_for(60)
+@given(slot=st.sampled_from(BOMB_SLOTS), bomb=bombs)
+def test_plan_yaml_bombs(slot, bomb):
+    expect_rejected("run", with_raw(slot, bomb), "plan: YAML bomb", RAW_NEEDLES, strict=True)
+
+
+BROKEN = ["[", "{", "}", "]", ": :", "- - :", "'unclosed", '"unclosed', "&", "*undefined", "%YAML 9.9\n---",
+          "!!python/object/apply:os.system ['echo hi']", "!!python/name:os.system", "!!binary ***", "!!int abc",
+          "!!timestamp 2024-13-45", "!!float x", "\tkey: value", "---\n---", "? [a]\n: b", "!!set {a: [1]}", "@x",
+          "`x", "key: value: other", "!!int 0b", "!!int " + "9" * 5000, "!!float " + "9" * 5000 + "e9999", "|\n x",
+          "!<tag:yaml.org,2002:int> z", "!!str [a]", "!!map [a]", "!!seq {a: 1}", "!!omap [a]", "!!pairs {a: 1}",
+          "2001-02-30", "!!timestamp 1-1-1", "!!bool maybe", "!!null x", "...\n...", "\x07", "\ufffe"]  # fmt: skip
+
+
+@settings_for(60)
+@given(data=st.data())
+def test_plan_invalid_yaml(data):
+    text = dump_plan(BASE_PLAN)
+    lines = text.splitlines(keepends=True)
+    kind = data.draw(st.sampled_from(["insert", "truncate", "slot"]))
+    if kind == "insert":
+        at = data.draw(st.integers(0, len(lines)))
+        junk = data.draw(st.sampled_from(BROKEN))
+        indent = data.draw(st.sampled_from(["", " ", "  ", "\t"]))
+        text = "".join(lines[:at]) + indent + junk + "\n" + "".join(lines[at:])
+    elif kind == "truncate":
+        text = text[: data.draw(st.integers(1, len(text) - 2))]
+    else:
+        text = with_raw(data.draw(st.sampled_from(BOMB_SLOTS)), data.draw(st.sampled_from(BROKEN)))
+    expect_rejected("run", text, "plan: invalid YAML", RAW_NEEDLES)
+
+
+NOT_MAPPINGS = ["[1, 2, 3]", "- a\n- b", "42", "'a string'", "!!str plan", "true", "~", "null", "[]", "--- 1\n",
+                "|\n  text", "- " + dump_plan(BASE_PLAN).replace("\n", "\n  "), "!!set {a, b}"]  # fmt: skip
+
+
+@settings_for(40)
+@given(text=st.one_of(
+    st.sampled_from(NOT_MAPPINGS),
+    st.one_of(st.lists(st.one_of(scalars, st.just(BASE_PLAN)), max_size=4), scalars).map(
+        lambda v: yaml.safe_dump(v, allow_unicode=True)),
+))  # fmt: skip
+def test_plan_top_level_not_a_mapping(text):
+    expect_rejected("run", text, "plan: top level not a mapping", ("mapping", "YAML"), strict=True)
+
+
+@settings_for(50)
+@given(head=st.sampled_from([b"", b"\x89PNG\r\n\x1a\n", b"\x7fELF\x02\x01", b"\xff\xfe", b"\x1f\x8b\x08", b"\xfe\xff",
+                             b"PK\x03\x04", b"\x00\x00\x00", b"%PDF-1.4\n\xe2\xe3"]),
+       body=st.binary(min_size=1, max_size=2000))  # fmt: skip
+def test_plan_binary_garbage(head, body):
+    data = head + body + (b"\xff" if head == b"" and len(body) % 2 else b"\x00")  # never a plan
+    expect_rejected("run", data, "plan: binary garbage", RAW_NEEDLES, strict=True)
+
+
+@settings_for(30)
+@given(
+    ws=st.text(alphabet=" \t\r\n", max_size=40),
+    extra=st.sampled_from(["", "# only a comment", "---", "...", "~", "null", "\ufeff", "--- # c\n...", "{}", "[]"]),
+)
+def test_plan_empty(ws, extra):
+    expect_rejected("run", ws + extra + ws, "plan: empty", RAW_NEEDLES, strict=True)
+
+
+@settings_for(30)
+@given(data=st.data())
+def test_plan_very_long_lines(data):
+    where = data.draw(st.sampled_from(["hypothesis", "title", "id", "key", "comment+key", "line"]))
+    # pure-Python YAML reads ~100 KB/s: long fields stay short of the size limit, raw lines go past it
+    n = data.draw(st.integers(4001, 12_000) if where in ("hypothesis", "title", "id", "key")
+                  else st.one_of(st.integers(4001, 12_000), st.integers(MAX_PLAN_BYTES + 1, 2 * MAX_PLAN_BYTES)), label="length")  # fmt: skip
+    unit = data.draw(st.sampled_from(["x", "\u00e9", "\U0001f525", "ab ", "lol, "]), label="unit")
+    long = (unit * (n // len(unit) + 1))[:n]
+    plan = copy.deepcopy(BASE_PLAN)
+    if where == "hypothesis":
+        plan["hypothesis"] = long
+    elif where == "title":
+        plan["variants"][0]["title"] = long
+    elif where == "id":
+        plan["variants"][1]["id"] = "V" + long
+    elif where == "key":
+        plan["k" + long] = 1
+    text = dump_plan(plan)
+    if where == "comment+key":
+        text += "#" + long + "\nx: 1\n"
+    elif where == "line":
+        text = long + "\n" + text
+    expect_rejected("run", text, "plan: very long line", RAW_NEEDLES, strict=True)
+
+
+@settings_for(40)
+@given(
+    n=st.one_of(st.integers(60, 5000), st.sampled_from([20_000, 130_000])),
+    kind=st.sampled_from(["flow-list", "flow-map", "open", "block-list", "in-field"]),
+)
+def test_plan_deep_nesting(n, kind):
+    if kind == "flow-list":
+        text = "[" * n + "]" * n
+    elif kind == "flow-map":
+        n = min(n, 40_000)
+        text = "{a: " * n + "1" + "}" * n
+    elif kind == "open":
+        text = "[" * n
+    elif kind == "block-list":
+        n = min(n, 250)
+        text = "".join("  " * i + "-\n" for i in range(n)) + "  " * n + "- x\n"
+    else:
+        text = with_raw(("hypothesis",), "[" * min(n, 100_000) + "]" * min(n, 100_000))
+    expect_rejected("run", text, "plan: deep nesting", RAW_NEEDLES, strict=True)
+
+
+@settings_for(50)
+@given(data=st.data())
+def test_plan_duplicate_keys(data):
+    import re
+
+    text = dump_plan(BASE_PLAN)
+    lines = text.splitlines(keepends=True)
+    candidates = [i for i, ln in enumerate(lines) if re.match(r"^ *[A-Za-z_]\w*: \S", ln)]
+    kind = data.draw(st.sampled_from(["line", "flow", "top"]))
+    if kind == "line":
+        i = data.draw(st.sampled_from(candidates), label="line")
+        m = re.match(r"^( *)(\w+): ", lines[i])
+        value = data.draw(st.sampled_from(["same", "1", "'x'", "[]", "{}"]))
+        dup = lines[i] if value == "same" else f"{m.group(1)}{m.group(2)}: {value}\n"
+        at = data.draw(st.sampled_from(["before", "after"]))
+        lines.insert(i + (at == "after"), dup)
+        text = "".join(lines)
+    elif kind == "flow":
+        k = data.draw(st.sampled_from(PARAMS))
+        plan = copy.deepcopy(BASE_PLAN)
+        plan["baseline"] = PLACEHOLDER
+        flow = (
+            "{" + ", ".join(f"{p}: {BASE_PLAN['baseline'][p]}" for p in PARAMS) + f", {k}: {BASE_PLAN['baseline'][k]}}}"
+        )
+        text = dump_plan(plan).replace(PLACEHOLDER, flow)
+    else:
+        k = data.draw(st.sampled_from(TOP_KEYS))
+        text = text + dump_plan({k: BASE_PLAN[k]})
+    expect_rejected("run", text, "plan: duplicate keys", ("duplicate key",), strict=True)
+
+
+# --------------------------------------------------------------------------- #
+# config files (bench --config)
+# --------------------------------------------------------------------------- #
+CONFIG_KEYS = ("kernel", "description") + PARAMS
+CFG_NEEDLES = PARAMS + (
+    "kernel",
+    "description",
+    "overrides",
+    "JSON",
+    "unknown config key",
+    "is missing",
+    "UTF-8",
+    "bytes",
+)
+
+
+def dump_config(cfg, data) -> str:
+    return json.dumps(cfg, ensure_ascii=data.draw(st.booleans(), label="ascii"),
+                      indent=data.draw(st.sampled_from([None, 2])))  # fmt: skip
+
+
+@settings_for(60)
+@given(data=st.data())
+def test_config_wrong_types(data):
+    cfg = copy.deepcopy(BASE_CONFIG)
+    if data.draw(st.integers(0, 9)) == 0:
+        cfg = data.draw(st.one_of(scalars, st.lists(scalars, max_size=3), st.just([BASE_CONFIG])), label="top")
+        needles = ("config must be a JSON object", "JSON")
+    else:
+        key = data.draw(st.sampled_from(CONFIG_KEYS + ("overrides",)), label="key")
+        old = cfg.get(key, [])
+        cfg[key] = data.draw(wrong_type_for(old), label="value")
+        needles = (key, "JSON")
+    expect_rejected("bench", dump_config(cfg, data), "config: wrong type", needles)
+
+
+@settings_for(50)
+@given(data=st.data())
+def test_config_unknown_keys(data):
+    cfg = copy.deepcopy(BASE_CONFIG)
+    key = data.draw(keys, label="key")
+    if not isinstance(key, str) or key in cfg or key == "overrides":
+        reject()
+    if data.draw(st.booleans()):
+        cfg[key] = data.draw(any_value, label="value")
+        needles = ("unknown config key", "JSON")
+    else:
+        cfg["overrides"] = [{"batch_min": 9, "num_warps": 8, key: data.draw(any_value, label="value")}]
+        needles = ("overrides[0]", "JSON")
+    expect_rejected("bench", dump_config(cfg, data), "config: unknown key", needles)
+
+
+bad_param = st.one_of(
+    st.sampled_from([3, 24, 0, -1, 7, 12, 48, 512, 1024, 2**31, 10**30, True, False, 4.0, 16.0, "4", "16", 2.5]),
+    st.integers(-(10**9), 10**9),
+)
+
+
+@settings_for(60)
+@given(data=st.data())
+def test_config_bad_values(data):
+    cfg = copy.deepcopy(BASE_CONFIG)
+    key = data.draw(st.sampled_from(PARAMS), label="key")
+    cfg[key] = data.draw(bad_param, label="value")
+    if key == "num_stages" and data.draw(st.booleans()):
+        cfg[key] = data.draw(st.sampled_from([0, 7, 8, -2, True]))
+    expect_rejected("bench", dump_config(cfg, data), "config: bad value", (key,))
+
+
+@settings_for(30)
+@given(data=st.data())
+def test_config_missing_fields(data):
+    cfg = copy.deepcopy(BASE_CONFIG)
+    gone = data.draw(st.lists(st.sampled_from(PARAMS), min_size=1, max_size=4, unique=True), label="deleted")
+    for k in gone + data.draw(st.lists(st.sampled_from(["kernel", "description"]), unique=True), label="also"):
+        cfg.pop(k, None)
+    expect_rejected("bench", dump_config(cfg, data), "config: missing field", ("is missing",), strict=True)
+
+
+override_item = st.one_of(
+    st.fixed_dictionaries({}, optional={
+        "batch_min": st.one_of(st.integers(-3, 1 << 21), bad_param, scalars),
+        "batch_max": st.one_of(st.integers(-3, 1 << 21), bad_param, scalars),
+        "num_warps": st.one_of(st.sampled_from([1, 2, 4, 8, 16]), bad_param),
+        "BLOCK_T": st.one_of(st.sampled_from([16, 32, 64]), bad_param),
+        "num_stages": bad_param,
+    }),
+    scalars, st.lists(scalars, max_size=2),
+)  # fmt: skip
+
+
+@settings_for(60)
+@given(data=st.data())
+def test_config_overrides_mangled(data):
+    cfg = copy.deepcopy(BASE_CONFIG)
+    cfg["overrides"] = data.draw(st.one_of(st.lists(override_item, min_size=1, max_size=4), scalars,
+                                           st.dictionaries(st.text(max_size=5), scalars, max_size=2)), label="overrides")  # fmt: skip
+    expect_rejected("bench", dump_config(cfg, data), "config: overrides mangled", ("overrides", "JSON"))
+
+
+BROKEN_JSON = ["{", "}", "[", ",", "//", "/* c */", "'", '"', "NaN", "Infinity", "-Infinity", "undefined", "\\",
+               "\x00", "{}{}", ":", "True", "None", "0x10", "+1", "01", ".5", "1.", "\ufeff", "\u00a0"]  # fmt: skip
+
+
+@settings_for(50)
+@given(data=st.data())
+def test_config_invalid_json(data):
+    text = json.dumps(BASE_CONFIG, indent=data.draw(st.sampled_from([None, 2])))
+    kind = data.draw(st.sampled_from(["truncate", "insert", "replace-value", "trailing-comma", "single-quotes"]))
+    if kind == "truncate":
+        text = text[: data.draw(st.integers(0, len(text) - 1))]
+    elif kind == "insert":
+        at = data.draw(st.integers(0, len(text)))
+        text = text[:at] + data.draw(st.sampled_from(BROKEN_JSON)) + text[at:]
+    elif kind == "replace-value":
+        text = text.replace(
+            "4", data.draw(st.sampled_from(["NaN", "Infinity", "-Infinity", "04", "4.", "0x4", "'4'"])), 1
+        )
+    elif kind == "trailing-comma":
+        text = text.rstrip().rstrip("}") + ",}"
+    else:
+        text = text.replace('"', "'")
+    expect_rejected("bench", text, "config: invalid JSON", CFG_NEEDLES)
+
+
+@settings_for(25)
+@given(data=st.data())
+def test_config_huge(data):
+    kind = data.draw(st.sampled_from(["big-file", "big-int", "big-float", "deep", "long-key", "wide"]))
+    cfg = copy.deepcopy(BASE_CONFIG)
+    if kind == "big-file":
+        cfg["description"] = "x" * data.draw(st.integers(256 * 1024, 600 * 1024))
+        text = json.dumps(cfg)
+    elif kind == "big-int":
+        text = json.dumps(cfg).replace('"num_warps": 4', '"num_warps": ' + "9" * data.draw(st.integers(20, 100_000)))
+    elif kind == "big-float":
+        text = json.dumps(cfg).replace('"BLOCK_T": 16', '"BLOCK_T": 1e' + str(data.draw(st.integers(308, 10**6))))
+    elif kind == "deep":
+        n = data.draw(st.integers(100, 200_000))
+        text = json.dumps(cfg).replace('"num_stages": 2', '"num_stages": ' + "[" * n + "]" * n)
+    elif kind == "long-key":
+        cfg["k" * data.draw(st.integers(1000, 200_000))] = 1
+        text = json.dumps(cfg)
+    else:
+        cfg["overrides"] = [
+            {"batch_min": i + 1, "batch_max": i + 1, "num_warps": 3} for i in range(data.draw(st.integers(100, 5000)))
+        ]
+        text = json.dumps(cfg)
+    expect_rejected("bench", text, "config: huge", CFG_NEEDLES, strict=True)
+
+
+@settings_for(40)
+@given(data=st.data())
+def test_config_unicode(data):
+    cfg = copy.deepcopy(BASE_CONFIG)
+    kind = data.draw(st.sampled_from(["kernel", "key", "value", "encoding"]))
+    weird = data.draw(unicode_text.filter(bool), label="text")
+    if kind == "kernel":
+        how = data.draw(st.sampled_from(["prefix", "suffix", "replace"]))
+        cfg["kernel"] = {"prefix": weird + cfg["kernel"], "suffix": cfg["kernel"] + weird, "replace": weird}[how]
+    elif kind == "key":
+        k = data.draw(st.sampled_from(PARAMS))
+        cfg[k[: len(k) // 2] + weird + k[len(k) // 2 :]] = cfg.pop(k)
+    elif kind == "value":
+        cfg[data.draw(st.sampled_from(PARAMS))] = str(cfg["BLOCK_T"]) + weird
+    else:  # valid content, but not UTF-8
+        cfg["description"] = "caf\u00e9 " + weird
+        enc = data.draw(st.sampled_from(["utf-16", "utf-32", "latin-1", "cp1252", "utf-16-be"]))
+        try:
+            raw = json.dumps(cfg, ensure_ascii=False).encode(enc)
+        except UnicodeError:  # the text has characters latin-1 cannot say
+            raw = json.dumps(cfg, ensure_ascii=False).encode(enc, errors="replace")
+        expect_rejected("bench", raw, "config: unicode", ("UTF-8", "JSON"), strict=True)
+        return
+    expect_rejected("bench", dump_config(cfg, data), "config: unicode", CFG_NEEDLES)
+
+
+@settings_for(20)
+@given(data=st.data())
+def test_config_duplicate_keys(data):
+    k = data.draw(st.sampled_from(CONFIG_KEYS), label="key")
+    v = json.dumps(data.draw(st.sampled_from([BASE_CONFIG.get(k), 8, "x", None])))
+    body = json.dumps(BASE_CONFIG)[1:-1]
+    text = "{" + (f'"{k}": {v}, ' + body if data.draw(st.booleans()) else body + f', "{k}": {v}') + "}"
+    if data.draw(st.booleans()):
+        text = json.dumps(dict(BASE_CONFIG, overrides=[{"batch_min": 9, "num_warps": 8}]))
+        text = text.replace('"batch_min": 9', '"batch_min": 9, "batch_min": 9')
+    expect_rejected("bench", text, "config: duplicate keys", ("duplicate key",), strict=True)
+
+
+# --------------------------------------------------------------------------- #
+# a real process, the totals
+# --------------------------------------------------------------------------- #
+def test_real_process_one_line_no_torch(tmp_path):
+    """A sample of the worst inputs through a real interpreter: real stderr, default stack, no torch import."""
+    plans = {
+        "deep.yaml": "[" * 100_000 + "]" * 100_000,
+        "bomb.yaml": with_raw(("variants", 0, "patch", "overrides"), laughs(9, 10, False)),
+        "binary.yaml": b"\x89PNG\r\n\x1a\n\xff\x00garbage",
+        "unicode.yaml": with_raw(("kernel",), '"mla_decode\\u202e\\U0001f525"'),
+        "traversal.yaml": dump_plan({**BASE_PLAN, "variants": [dict(BASE_PLAN["variants"][0], source_patch="../../etc/passwd")]}),
+        "dup.yaml": dump_plan(BASE_PLAN) + "kernel: mla_decode\n",
+        "bigint.yaml": with_raw(("model",), "{heads: " + "9" * 6000 + "}"),
+    }  # fmt: skip
+    configs = {"deep.json": '{"BLOCK_T": ' + "[" * 200_000 + "]" * 200_000 + "}", "bad.json": '{"num_warps": 3}',
+               "bigint.json": '{"num_warps": ' + "9" * 10_000 + "}", "latin1.json": '{"description": "caf\xe9"}'.encode("latin-1")}  # fmt: skip
+    calls = []
+    for name, text in {**plans, **configs}.items():
+        f = tmp_path / name
+        f.write_bytes(text if isinstance(text, bytes) else text.encode())
+        state = str(tmp_path / "state")
+        calls.append(["run", str(f), "--backend", "replay", "--approval", "auto", "--state-dir", state]
+                     if name.endswith(".yaml") else ["bench", "--config", str(f), "--backend", "replay", "--state-dir", state])  # fmt: skip
+    code = ("import json, sys\nfrom agent.cli import main\ncodes = [main(a) for a in json.loads(sys.argv[1])]\n"
+            "print('CODES', codes, 'HEAVY', [m for m in ('torch', 'triton') if m in sys.modules])")  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT), KINV_STATE_DIR=str(tmp_path / "state"))
+    env.pop("KINV_DEBUG", None)
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(calls)], env=env, cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert "Traceback" not in r.stdout + r.stderr, r.stderr[-3000:]
+    assert f"CODES {[2] * len(calls)} HEAVY []" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == len(calls) and all(ln.startswith("kinv: ") for ln in lines), r.stderr
+    for ln, a in zip(lines, calls):
+        assert (a[1] if a[0] == "run" else a[2]) in ln, ln
+    assert not (tmp_path / "state").exists()
+    COUNTS["real process (plan+config)"] += len(calls)
+
+
+def test_at_least_1000_bad_inputs_all_refused_cleanly():
+    if not COUNTS:
+        pytest.skip("run the whole module: this test totals the others")
+    total = sum(COUNTS.values())
+    width = max(map(len, COUNTS))
+    print(f"\nbad inputs refused with one line and exit 2: {total}")
+    for cat, n in sorted(COUNTS.items()):
+        print(
+            f"  {cat:<{width}}  {n:5d}" + (f"   (+{FILTERED[cat]} generated valid, dropped)" if FILTERED[cat] else "")
+        )
+    plan_n = sum(n for c, n in COUNTS.items() if c.startswith("plan"))
+    cfg_n = sum(n for c, n in COUNTS.items() if c.startswith("config"))
+    print(f"  plans: {plan_n}, configs: {cfg_n}")
+    print("sample messages:")
+    for cat, msgs in sorted(SAMPLES.items()):
+        for m in msgs[:3]:
+            print(f"  [{cat}] {m[:220]}")
+    assert total >= 1000, COUNTS
+    assert repo_hashes() == LIVE["repo_before"], "a bad input changed a file under kernels/"
