@@ -133,6 +133,17 @@ def _ensure_applied(ctx: Context, variant, exp_id: int) -> None:
             configs.patch_source(ctx.store, src[0], src[1], ctx.plan.ws, exp_id)
 
 
+def _experiment(ctx: Context, item: str, variant: str, kind: str, cfg: dict) -> int:
+    """The todo's experiment: the one a killed run left 'running' (its committed rounds are kept), or a new one."""
+    todo = planner.todo_id(ctx.plan.ws, item)
+    row = ctx.store.running_experiment(ctx.plan.ws, todo, kind)
+    if row is not None:
+        return row["id"]
+    return ctx.store.new_experiment(workstream=ctx.plan.ws, todo=todo, variant=variant, kind=kind,
+                                    backend=ctx.backend.name, config_hash=config_hash(cfg),
+                                    base_config_hash=config_hash(_baseline_config(ctx)), config_json=str(cfg))
+
+
 def _revert_all(ctx: Context) -> None:
     for p in ctx.store.patches(ctx.plan.ws):
         if p["state"] in ("intent", "applied"):
@@ -200,9 +211,7 @@ def make_nodes(ctx: Context):
         if block_h != plan.baseline["BLOCK_H"]:
             ctx.say("warning", message=f"{heads} local heads want block_h {block_h}, the baseline uses "
                                        f"{plan.baseline['BLOCK_H']}")  # fmt: skip
-        exp = store.new_experiment(workstream=ws, todo=planner.todo_id(ws, "baseline"), variant="baseline",
-                                   kind="baseline", backend=ctx.backend.name, config_hash=config_hash(
-                                       _baseline_config(ctx)), config_json=str(_baseline_config(ctx)))  # fmt: skip
+        exp = _experiment(ctx, "baseline", "baseline", "baseline", _baseline_config(ctx))
         assessment = resources.assess(ctx.adapter, _baseline_config(ctx), levels, get_device(plan.device))
         resources.record(store, ws, exp, assessment)
         result = correctness.check_isolated(plan.kernel, _baseline_config(ctx), levels, seed=_seed(),
@@ -225,9 +234,7 @@ def make_nodes(ctx: Context):
         from agent import stats
 
         planner.start(store, ws, "noise")
-        exp = state.get("noise_exp") or store.new_experiment(
-            workstream=ws, todo=planner.todo_id(ws, "noise"), variant="A/A", kind="noise", backend=ctx.backend.name,
-            config_hash=config_hash(_baseline_config(ctx)))  # fmt: skip
+        exp = state.get("noise_exp") or _experiment(ctx, "noise", "A/A", "noise", _baseline_config(ctx))
         levels = ctx.levels()
         base = _baseline_config(ctx)
         done = _stored_pairs(store, exp, ("A", "A2"))
@@ -292,9 +299,7 @@ def make_nodes(ctx: Context):
         v = plan.variant(vid)
         planner.start(store, ws, vid)
         cfg = plan.variant_config(v)
-        exp = store.new_experiment(workstream=ws, todo=planner.todo_id(ws, vid), variant=vid, kind="ab",
-                                   backend=ctx.backend.name, config_hash=config_hash(cfg),
-                                   base_config_hash=config_hash(_baseline_config(ctx)), config_json=str(cfg))
+        exp = _experiment(ctx, vid, vid, "ab", cfg)
         device = get_device(plan.device)
         levels = ctx.levels()
         base_a = resources.assess(ctx.adapter, _baseline_config(ctx), levels, device)

@@ -60,30 +60,32 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console) ->
                       approval=approval, progress=_progress(console))  # fmt: skip
         console.print(f"[bold]{ws}[/bold] {plan.workstream.title}")
         _ = ctx.backend  # resolves auto and says which, loudly
-        saver = open_checkpointer(store)
-        if True:
-            graph = build_graph(ctx, saver)
-            cfg = run_config(ws)
-            snap = graph.get_state(cfg)
-            t0 = time.time()
-            if snap.next and "approval" in snap.next:
-                aid = snap.values.get("approval_id")
-                appr = store.approval(aid) or {}
-                if appr.get("status") == "pending":
-                    return _paused(store, aid, console)
-                result = graph.invoke(Command(resume={"approved": appr.get("status") == "approved"}), cfg)
-            elif snap.next:
-                console.print(f"resuming {ws} at {', '.join(snap.next)}")
-                result = graph.invoke(None, cfg)
-            elif snap.values.get("report"):
-                return EXIT_OK, f"{ws} is already closed out: {snap.values['report']}"
-            else:
-                result = graph.invoke({"ws": ws}, cfg)
-            if "__interrupt__" in result:
-                return _paused(store, result.get("approval_id") or graph.get_state(cfg).values.get("approval_id"),
-                               console)  # fmt: skip
-            console.print(f"closed out in {time.time() - t0:.1f} s")
-            return EXIT_OK, f"close-out: {result.get('report')}"
+        graph = build_graph(ctx, open_checkpointer(store))
+        cfg = run_config(ws)
+        snap = graph.get_state(cfg)
+        t0 = time.time()
+        # durability="sync": a step's checkpoint is on disk before the next step writes anything
+        if snap.next and "approval" in snap.next:
+            aid = snap.values.get("approval_id")
+            appr = store.approval(aid) or {}
+            if appr.get("status") == "pending":
+                return _paused(store, aid, console)
+            resume = Command(resume={"approved": appr.get("status") == "approved"})
+            result = graph.invoke(resume, cfg, durability="sync")
+        elif snap.values.get("report"):
+            return EXIT_OK, f"{ws} is already closed out: {snap.values['report']}"
+        elif snap.metadata is not None:  # a checkpoint exists: resume it, never begin again
+            # next is empty when a kill fell between a task's saved writes and its step's checkpoint
+            pending = snap.next or tuple(t.name for t in snap.tasks)
+            console.print(f"resuming {ws} at {', '.join(pending) or 'its last checkpoint'}")
+            result = graph.invoke(None, cfg, durability="sync")
+        else:
+            result = graph.invoke({"ws": ws}, cfg, durability="sync")
+        if "__interrupt__" in result:
+            return _paused(store, result.get("approval_id") or graph.get_state(cfg).values.get("approval_id"),
+                           console)  # fmt: skip
+        console.print(f"closed out in {time.time() - t0:.1f} s")
+        return EXIT_OK, f"close-out: {result.get('report')}"
     except (InvestigationError, envcheck.EnvMismatch, stats.HarnessBroken, bench.BackendError) as exc:
         store.event(ws, "stopped", str(exc))
         return (EXIT_BAD_INPUT if isinstance(exc, bench.NoRecording) else EXIT_FAIL), str(exc).splitlines()[0]

@@ -141,6 +141,7 @@ class Store:
             self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute("PRAGMA foreign_keys = ON")
         self._db = None
+        self._locks: dict = {}
         self.migrate()
 
     @property
@@ -270,6 +271,12 @@ class Store:
                 values[k] = json.dumps(values[k])
         self._update("experiments", exp_id, values)
 
+    def running_experiment(self, ws_id: str, todo: str, kind: str) -> dict | None:
+        """The newest experiment of a todo still 'running' (a node killed mid-way resumes it)."""
+        rows = self._rows("experiments", "workstream = ? and todo = ? and kind = ? and status = 'running'",
+                          [ws_id, todo, kind], order_by="id desc")  # fmt: skip
+        return rows[0] if rows else None
+
     def experiment(self, exp_id: int) -> dict | None:
         return self._one("experiments", exp_id)
 
@@ -384,47 +391,60 @@ class Store:
         return self._query("select * from events where workstream = ? order by id desc limit ?", [ws_id, limit])[::-1]
 
     # ---- the run lock ---------------------------------------------------------------
+    # An flock on <state>/locks/<name>.lock, held for the life of the run, is the lock: the kernel
+    # releases it when the process dies, even by SIGKILL, so pid reuse cannot fake a live holder.
+    # The locks table only records who holds it, for the message.
+    def _lock_file(self, name: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+        d = self.dir / "locks"
+        d.mkdir(parents=True, exist_ok=True)
+        return d / f"{safe}.lock"
+
+    def _held_elsewhere(self, name: str) -> bool:
+        import fcntl
+
+        with open(self._lock_file(name), "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return name not in self._locks
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return False
+
     def acquire_lock(self, ws_id: str, pid: int) -> None:
-        """One writer per workstream; a stale lock (dead pid) is taken over."""
+        """One writer per workstream (and per kernel file); a second is refused naming the holder's pid."""
+        import fcntl
         import socket
 
-        host = socket.gethostname()
-        conn = self.conn
-        if conn.in_transaction:
-            conn.commit()
-        conn.execute("BEGIN IMMEDIATE")
+        if ws_id in self._locks:
+            return
+        fh = open(self._lock_file(ws_id), "a")  # noqa: SIM115 - held until release_lock
         try:
-            row = conn.execute("select pid, host from locks where workstream = ?", [ws_id]).fetchone()
-            if row and row[0] != pid and row[1] == host and _alive(row[0]):
-                what = f"workstream {ws_id}" if not ws_id.startswith("kernel:") else f"kernel {ws_id[7:]}"
-                raise StoreError(f"{what} is already being run by pid {row[0]}; wait for it or stop it")
-            conn.execute("insert or replace into locks values (?, ?, ?, ?)", [ws_id, pid, host, now()])
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            row = self.conn.execute("select pid from locks where workstream = ?", [ws_id]).fetchone()
+            what = f"workstream {ws_id}" if not ws_id.startswith("kernel:") else f"kernel {ws_id[7:]}"
+            holder = f"pid {row[0]}" if row else "another process"
+            raise StoreError(f"{what} is already being run by {holder}; wait for it or stop it") from None
+        self._locks[ws_id] = fh
+        with self.conn:
+            self.conn.execute("insert or replace into locks values (?, ?, ?, ?)", [ws_id, pid, socket.gethostname(), now()])
         faults.point("lock.acquired")
 
     def release_lock(self, ws_id: str, pid: int) -> None:
         faults.point("lock.release")
         with self.conn:
             self.conn.execute("delete from locks where workstream = ? and pid = ?", [ws_id, pid])
+        fh = self._locks.pop(ws_id, None)
+        if fh is not None:
+            fh.close()  # closing releases the flock
 
     def live_locks(self) -> list[dict]:
-        """Locks held by processes that are still alive: {workstream, pid}."""
+        """Locks held right now by other processes: {workstream, pid}."""
         rows = self._query("select workstream, pid from locks")
-        return [r for r in rows if _alive(r["pid"])]
+        return [r for r in rows if self._held_elsewhere(r["workstream"])]
 
     def lock_holder(self, ws_id: str) -> int | None:
         row = self.conn.execute("select pid from locks where workstream = ?", [ws_id]).fetchone()
-        return row[0] if row and _alive(row[0]) else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return row[0] if row and self._held_elsewhere(ws_id) else None
