@@ -101,8 +101,9 @@ def _paused(store: Store, aid: str, console) -> tuple[int, str]:
     appr = store.approval(aid) or {}
     console.print(f"[bold yellow]paused[/bold yellow]: approval {aid} for {appr.get('variant')} is pending")
     console.print(appr.get("diff") or "")
-    res = json.loads(appr.get("resources") or "{}")
-    console.print(f"predicted resources: {json.dumps(res, default=str)[:600]}")
+    from agent.render import predicted_resources
+
+    predicted_resources(console, json.loads(appr.get("resources") or "{}"))
     ws = (appr.get("workstream") or "").lstrip("#")
     return EXIT_PAUSED, f"waiting for approval {aid}: kinv approve {aid}  |  kinv reject {aid} --reason ...; then kinv resume {ws}"
 

@@ -69,15 +69,16 @@ def show(console, v) -> None:
     if v.sample_summary:
         t = Table("level", "arm", "n", "median µs", "min", "max", "CV")
         for s in v.sample_summary:
-            t.add_row(str(s.get("level")), str(s.get("arm")), str(s.get("n")), f"{s.get('median_us', 0):.2f}",
-                      f"{s.get('min_us', 0):.2f}", f"{s.get('max_us', 0):.2f}", f"{s.get('cv', 0):.2%}")
+            t.add_row(s.level, s.arm, str(s.n), f"{s.median_us:.2f}", f"{s.min_us:.2f}", f"{s.max_us:.2f}",
+                      f"{s.cv:.2%}")
         console.print(t)
     if v.effects:
         t = Table("level", "effect", "95% CI", "threshold", "verdict")
         for r in v.effects:
             t.add_row(r.level, f"{r.effect:+.2%}", f"[{r.ci_low:+.2%}, {r.ci_high:+.2%}]", f"{r.threshold:.1%}", r.verdict)
         console.print(t)
-    console.print(f"ledger: {v.ledger}")
+    led = v.ledger
+    console.print(f"ledger: {led.gpu_s:.2f} GPU s, {led.rounds} rounds, {led.wall_s:.1f} s wall, {led.samples} samples")
 
 
 def pending(console, items) -> None:
@@ -88,8 +89,18 @@ def pending(console, items) -> None:
         console.print(f"[bold]{a.id}[/bold] {a.workstream} {a.variant} ({a.kind}) since {_t(a.created)}")
         if a.diff:
             console.print(Syntax(a.diff, "diff", theme="ansi_dark"))
-        console.print(f"  predicted resources: {a.resources}")
+        predicted_resources(console, a.resources)
         console.print(f"  approve: kinv approve {a.id}   reject: kinv reject {a.id} --reason '...'")
+
+
+def predicted_resources(console, resources: dict) -> None:
+    """Baseline -> variant shared memory and occupancy per level (analytical)."""
+    console.print("  predicted resources (analytical), baseline -> variant:")
+    for level, p in (resources.get("predicted") or {}).items():
+        console.print(f"    {level}: shared memory {p.get('smem_base', 0) / 1024:.1f} -> "
+                      f"{p.get('smem_variant', 0) / 1024:.1f} KB, CTAs/SM {p.get('ctas_per_sm_base')} -> "
+                      f"{p.get('ctas_per_sm_variant')}, warps/SM {p.get('warps_per_sm_base')} -> "
+                      f"{p.get('warps_per_sm_variant')}")  # fmt: skip
 
 
 def history(console, items) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -57,6 +58,9 @@ def test_3a_closes_on_replay_with_data_decided_verdicts(env):
     text = report.read_text()
     assert "config hash matches baseline" in text and "Next: **OEA" in text
     assert (report.with_suffix(".png")).stat().st_size > 1000
+    v1 = next(e for e in json.loads(kinv(env, "experiments", "3a", "--json").stdout) if e["variant"] == "V1")
+    shown = kinv(env, "show", str(v1["id"]))  # the table rendering, not only --json
+    assert shown.returncode == 0 and "regressed" in shown.stdout and "ledger:" in shown.stdout, shown.stderr
     again = kinv(env, "run", str(PLAN), "--backend", "replay", "--approval", "auto")
     assert again.returncode == 0 and "already closed out" in again.stdout + again.stderr
 
@@ -68,6 +72,8 @@ def test_approval_round_trip_across_processes(env):
     import json
 
     items = json.loads(pend.stdout)
+    table = kinv(env, "pending")
+    assert table.returncode == 0 and "predicted resources" in table.stdout and "kinv approve" in table.stdout
     assert len(items) == 1 and items[0]["variant"] == "V1" and "+  \"num_warps\": 8" in items[0]["diff"]
     assert kinv(env, "approve", items[0]["id"]).returncode == 0
     r2 = kinv(env, "resume", "3a", "--backend", "replay", "--approval", "ask")
