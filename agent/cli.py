@@ -159,18 +159,22 @@ def bench(
 @app.command()
 def noise(
     levels: str = typer.Option("1,8,32,64,96", help="batch sizes"),
-    rounds: int = typer.Option(8, min=3, max=1000, help="A/A rounds"),
+    rounds: int = typer.Option(16, min=3, max=1000, help="A/A rounds (every worker in every round)"),
+    workers: int = typer.Option(4, min=2, max=8, help="baseline workers: they measure the between-arm offset"),
+    threshold: float = typer.Option(0.01, min=0.0001, max=0.5, help="practical threshold to judge the noise against"),
     backend: str = typer.Option("auto", help="auto | cuda | replay"),
     state_dir: str = StateOpt,
     as_json: bool = JsonOpt,
 ):
-    """Characterize benchmark noise: A/A rounds of the live config against itself, band per level.
+    """Characterize benchmark noise: the live config timed by several workers against itself, per level:
+    round-to-round spread, between-worker offset, outliers, and whether a threshold is decidable.
 
-    Example: kinv noise --backend replay --rounds 8
+    Example: kinv noise --backend replay --rounds 16 --workers 4
     """
     from agent.investigation import noise_command
 
-    raise Exit(*noise_command(_ints(levels, "levels"), rounds, backend, state_dir, as_json, _console()))
+    raise Exit(*noise_command(_ints(levels, "levels"), rounds, backend, state_dir, as_json, _console(),
+                              arms_n=workers, threshold=threshold))  # fmt: skip
 
 
 @app.command()

@@ -46,6 +46,7 @@ class State(TypedDict, total=False):
     cancelled: list
     noise_exp: int | None
     bands: dict
+    offsets: dict  # level -> SD of the between-arm offset (the A/A's second variance component)
     thresholds: dict
     gpu_s: float
     rounds: int
@@ -162,6 +163,30 @@ def _stored_pairs(store: Store, exp_id: int, tags=("A", "B")) -> dict[int, dict[
     return out
 
 
+def _stored_aa(store: Store, exp_id: int, n_arms: int) -> dict[int, dict[str, list[float]]]:
+    """A/A rounds already committed: round -> level -> [time of arm 0, ..., arm n-1] (complete rounds only)."""
+    by: dict = {}
+    for s in store.samples(exp_id):
+        by.setdefault(s["round"], {}).setdefault(s["level"], {})[s["arm"]] = s["us"]
+    tags = [f"A{j}" for j in range(n_arms)]
+    return {r: {lv: [v[t] for t in tags] for lv, v in levels.items()} for r, levels in by.items()
+            if all(all(t in v for t in tags) for v in levels.values())}  # fmt: skip
+
+
+def _thresholds(ctx: Context) -> dict[str, float]:
+    """The plan's practical threshold at each level: fixed before any data are seen."""
+    return {lv.key: ctx.plan.stats.threshold_at(lv.batch) for lv in ctx.levels()}
+
+
+def _look_conf(ctx: Context) -> float:
+    from agent import stats
+
+    s = ctx.plan.stats
+    seq = stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds,
+                               conf=s.conf)  # fmt: skip
+    return stats.look_confidence(seq, len(ctx.levels()), len(ctx.plan.variants))
+
+
 def _needs_approval(ctx: Context, cfg: dict, source_patch: bool) -> bool:
     if ctx.approval == "auto":
         return False
@@ -237,43 +262,52 @@ def make_nodes(ctx: Context):
         exp = state.get("noise_exp") or _experiment(ctx, "noise", "A/A", "noise", _baseline_config(ctx))
         levels = ctx.levels()
         base = _baseline_config(ctx)
-        done = _stored_pairs(store, exp, ("A", "A2"))
-        acc = bench.PairedRounds()
-        arms = []
+        s = plan.stats
+        done = _stored_aa(store, exp, s.aa_arms)
+        acc: dict[str, list[list[float]]] = {lv.key: [[] for _ in range(s.aa_arms)] for lv in levels}
+        arms: list = []
+        gpu_s = 0.0
         t0 = time.time()
         try:
-            for r in range(plan.stats.aa_rounds):
+            for r in range(s.aa_rounds):
                 if r in done:
-                    for lv, (a, b) in done[r].items():
-                        acc.add(lv, a, b)
+                    for lv, times in done[r].items():
+                        for j, us in enumerate(times):
+                            acc[lv][j].append(us)
                     continue
                 if not arms:
-                    arms = [ctx.backend.open("A", plan.kernel, base, plan.environment),
-                            ctx.backend.open("A2", plan.kernel, base, plan.environment, replica=1)]  # fmt: skip
+                    arms = [ctx.backend.open(f"A{j}", plan.kernel, base, plan.environment, replica=j)
+                            for j in range(s.aa_arms)]  # fmt: skip
                     for a in arms:
                         for lv in levels:
                             a.setup(lv)
-                device = store.device(arms[0].fingerprint)
-                bench.paired_round(store, exp, ctx.backend, arms[0], arms[1], levels, r, acc, device, tags=("A", "A2"))  # fmt: skip
-                ctx.say("round", phase="noise", round=r + 1, total=plan.stats.aa_rounds)
+                gpu_s += bench.aa_round(store, exp, ctx.backend, arms, levels, r, acc, store.device(arms[0].fingerprint))
+                ctx.say("round", phase="noise", round=r + 1, total=s.aa_rounds)
         finally:
             for a in arms:
                 a.close()
-        bands = [stats.noise_band(acc.a[lv.key], acc.b[lv.key], lv.key, min_threshold=plan.stats.min_threshold)
-                 for lv in levels]  # fmt: skip
+        thresholds = _thresholds(ctx)
+        look = _look_conf(ctx)
+        bands = [stats.aa_noise(acc[lv.key], lv.key, thresholds[lv.key], s.max_rounds, look) for lv in levels]
         store.add_noise(exp, ws, [b.__dict__ for b in bands])
-        store.update_experiment(exp, status="done", rounds=plan.stats.aa_rounds, gpu_s=acc.gpu_s,
+        gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
+        store.update_experiment(exp, status="done", rounds=s.aa_rounds, gpu_s=gpu_total,
                                 wall_s=time.time() - t0, finished=time.time())  # fmt: skip
-        stats.check_aa(bands, min_threshold=plan.stats.min_threshold)
+        warnings = stats.check_aa(bands)  # HarnessBroken only on evidence that the harness is broken
+        for w in warnings:
+            ctx.say("warning", message=w)
+        outliers = sum(b.outliers for b in bands)
         band = {b.level: b.band for b in bands}
-        thresholds = {lv: stats.practical_threshold(b, plan.stats.min_threshold, plan.stats.noise_multiple)
-                      for lv, b in band.items()}  # fmt: skip
+        offsets = {b.level: b.offset_sd for b in bands}
         lo, hi = min(band.values()), max(band.values())
-        reason = f"noise band ±{lo:.2%}..±{hi:.2%}; A/A equivalent at every level; thresholds ≥ {min(thresholds.values()):.1%}"
+        reason = (f"{s.aa_arms} baseline workers x {s.aa_rounds} rounds: round band ±{lo:.2%}..±{hi:.2%}, "
+                  f"arm offset SD ≤ {max(offsets.values()):.2%}; {outliers} outlier sample(s) winsorized; "
+                  f"thresholds fixed by the plan ({min(thresholds.values()):.1%}..{max(thresholds.values()):.1%})"
+                  + (f"; {len(warnings)} level(s) too noisy to decide at their threshold" if warnings else ""))  # fmt: skip
         planner.finish(store, ws, "noise", "completed", reason)
         ctx.say("noise", message=reason, bands=band)
-        return {"noise_exp": exp, "bands": band, "thresholds": thresholds, "gpu_s": state.get("gpu_s", 0) + acc.gpu_s,
-                "decision": reason}  # fmt: skip
+        return {"noise_exp": exp, "bands": band, "offsets": offsets, "thresholds": thresholds,
+                "gpu_s": state.get("gpu_s", 0) + gpu_s, "decision": reason}  # fmt: skip
 
     def pick(state: State) -> Command[Literal["design", "closeout"]]:
         results, cancelled = dict(state.get("results", {})), list(state.get("cancelled", []))
@@ -383,12 +417,13 @@ def make_nodes(ctx: Context):
         acc = bench.PairedRounds()
         t0 = time.time()
         s = plan.stats
-        seq = stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds)
+        seq = stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds,
+                                   conf=s.conf)  # fmt: skip
 
         def open_arms():
             arms.append(ctx.backend.open("baseline", plan.kernel, _baseline_config(ctx), plan.environment,
-                                         pythonpath=base_path))  # fmt: skip
-            arms.append(ctx.backend.open(vid, plan.kernel, live, plan.environment))
+                                         pythonpath=base_path, partner=live))  # fmt: skip
+            arms.append(ctx.backend.open(vid, plan.kernel, live, plan.environment, partner=_baseline_config(ctx)))
             for a in arms:
                 envcheck.check_worker(store, ws, exp, plan.environment, a.env_seen)
                 for lv in levels:
@@ -405,7 +440,8 @@ def make_nodes(ctx: Context):
             return pairs
 
         try:
-            seq_res = stats.run_sequential(sample_fn, [lv.key for lv in levels], state["thresholds"], seq)
+            seq_res = stats.run_sequential(sample_fn, [lv.key for lv in levels], state["thresholds"], seq,
+                                           offset_sd=state.get("offsets", {}), n_variants=len(plan.variants))  # fmt: skip
         except (bench.VariantFailed, bench.NoRecording) as exc:
             kind = "not measured" if isinstance(exc, bench.NoRecording) else "failed"
             res = _failed(store, state, kind, f"{kind}: {exc}", gpu_s=acc.gpu_s, wall_s=time.time() - t0)

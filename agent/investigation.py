@@ -148,8 +148,9 @@ def bench_command(config_path, variant, levels, contexts, shapes, backend, sampl
             return EXIT_BAD_INPUT, f"--variant item {item!r} must be KEY=INT, e.g. num_warps=8"
     var_cfg = validate_config({**cfg, **patch}, "mla_decode")
     exp = store.new_experiment(kind="ab", variant=describe(var_cfg), backend=be.name, config_json=json.dumps(var_cfg))
-    thresholds = {lv.key: 0.01 for lv in lvls}
-    arms = [be.open("baseline", "mla_decode", cfg, env), be.open("variant", "mla_decode", var_cfg, env)]
+    thresholds = {lv.key: stats.DEFAULT_THRESHOLD for lv in lvls}
+    arms = [be.open("baseline", "mla_decode", cfg, env, partner=var_cfg),
+            be.open("variant", "mla_decode", var_cfg, env, partner=cfg)]
     for a in arms:
         for lv in lvls:
             a.setup(lv)
@@ -184,7 +185,7 @@ def _bench_line(m: dict) -> str:
             f"{m['tokens_per_s']:12,.0f} tok/s  {m['config']}")  # fmt: skip
 
 
-def noise_command(levels, rounds, backend, state_dir, as_json, console):
+def noise_command(levels, rounds, backend, state_dir, as_json, console, arms_n: int = 4, threshold: float = 0.01):
     import json
 
     from agent import stats
@@ -200,28 +201,34 @@ def noise_command(levels, rounds, backend, state_dir, as_json, console):
     env = {"TARGET_CTAS": os.environ.get("TARGET_CTAS", "512")}
     store = Store(state_dir)
     exp = store.new_experiment(kind="noise", variant="A/A", backend=be.name)
-    arms = [be.open("A", "mla_decode", cfg, env), be.open("A2", "mla_decode", cfg, env, replica=1)]
-    acc = bench.PairedRounds()
+    arms = []
+    acc: dict[str, list[list[float]]] = {}
+    gpu_s = 0.0
     try:
+        arms = [be.open(f"A{j}", "mla_decode", cfg, env, replica=j) for j in range(arms_n)]
         for r in range(rounds):
-            bench.paired_round(store, exp, be, arms[0], arms[1], lvls, r, acc, store.device(arms[0].fingerprint), tags=("A", "A2"))  # fmt: skip
+            gpu_s += bench.aa_round(store, exp, be, arms, lvls, r, acc, store.device(arms[0].fingerprint))
     finally:
         for a in arms:
             a.close()
-    bands = [stats.noise_band(acc.a[lv.key], acc.b[lv.key], lv.key) for lv in lvls]
+    look = stats.look_confidence(stats.SequentialPlan(), len(lvls))
+    bands = [stats.aa_noise(acc[lv.key], lv.key, threshold, stats.SequentialPlan().max_rounds, look) for lv in lvls]
     store.add_noise(exp, None, [b.__dict__ for b in bands])
-    store.update_experiment(exp, status="done", rounds=rounds, gpu_s=acc.gpu_s)
+    store.update_experiment(exp, status="done", rounds=rounds, gpu_s=gpu_s)
     if as_json:
         print(json.dumps([b.__dict__ for b in bands], indent=2))
     else:
         from rich.table import Table
 
-        t = Table(title=f"A/A noise, {rounds} rounds ({be.name})")
-        for c in ("level", "noise band", "per-sample CV", "A/A effect [95% CI]", "equivalent"):
+        t = Table(title=f"A/A noise, {arms_n} workers x {rounds} rounds ({be.name})")
+        for c in ("level", "round band (95%)", "arm offset SD", "widest pair [95% CI]", "outliers",
+                  f"inside ±{threshold:.0%}"):
             t.add_column(c)
         for b in bands:
-            t.add_row(b.level, f"±{b.band:.2%}", f"{b.cv:.2%}", f"{b.effect:+.2%} [{b.ci_low:+.2%}, {b.ci_high:+.2%}]",
+            t.add_row(b.level, f"±{b.band:.2%}", f"{b.offset_sd:.2%}",
+                      f"{b.effect:+.2%} [{b.ci_low:+.2%}, {b.ci_high:+.2%}]", str(b.outliers),
                       "yes" if b.equivalent else "NO")
         console.print(t)
-    stats.check_aa(bands)
+    for w in stats.check_aa(bands):
+        console.print(f"[yellow]warning[/yellow]: {w}")
     return EXIT_OK, f"stored as experiment {exp} in {store.path}"

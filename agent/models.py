@@ -126,12 +126,28 @@ class BacklogItem(Strict):
 
 
 class StatsSettings(Strict):
-    min_threshold: float = Field(0.01, gt=0, le=0.5, description="smallest effect worth acting on (0.01 = 1%)")
-    noise_multiple: float = Field(2.0, ge=1, le=10, description="threshold = max(min_threshold, this x noise band)")
-    aa_rounds: int = Field(8, ge=3, le=200, description="A/A rounds that measure the noise band")
-    quick_rounds: int = Field(4, ge=2, le=100, description="rounds before the quick look")
+    threshold: float = Field(0.01, gt=0, le=0.5, description="practical threshold and equivalence margin at every "
+                             "level (0.01 = 1%); fixed by the plan, never widened by the data")
+    level_thresholds: dict[int, float] = Field(default_factory=dict, description="threshold of particular levels, "
+                                               "keyed by the workload level (e.g. {1: 0.02})")
+    conf: float = Field(0.95, ge=0.5, le=0.999, description="family-wise confidence over every level, look and "
+                        "variant of the workstream")
+    aa_rounds: int = Field(16, ge=8, le=200, description="A/A rounds (every A/A arm in every round)")
+    aa_arms: int = Field(4, ge=2, le=8, description="baseline workers in the A/A: they measure the between-arm offset")
+    quick_rounds: int = Field(8, ge=2, le=100, description="rounds before the quick look")
     step_rounds: int = Field(4, ge=1, le=100, description="rounds added per look while a level is undecided")
-    max_rounds: int = Field(24, ge=2, le=1000, description="hard cap of A/B rounds per variant")
+    max_rounds: int = Field(32, ge=2, le=1000, description="hard cap of A/B rounds per variant")
+
+    @field_validator("level_thresholds")
+    @classmethod
+    def _level_thresholds(cls, v):
+        for k, t in v.items():
+            if not 0 < t <= 0.5:
+                raise ValueError(f"level_thresholds.{k}: {t!r} must lie in (0, 0.5]")
+        return v
+
+    def threshold_at(self, level_value: int) -> float:
+        return self.level_thresholds.get(level_value, self.threshold)
 
 
 class Budget(Strict):
@@ -218,6 +234,10 @@ class Plan(Strict):
                 raise ValueError(f"bounds.{key}: {brief_repr(bad[0])} is invalid: must be {said}")
         if self.stats.quick_rounds > self.stats.max_rounds:
             raise ValueError("stats.quick_rounds must not exceed stats.max_rounds")
+        unknown = sorted(set(self.stats.level_thresholds) - set(self.workload.levels))
+        if unknown:
+            raise ValueError(f"stats.level_thresholds: level {unknown[0]} is not in workload.levels "
+                             f"{self.workload.levels}")
         return self
 
     # ---- derived ------------------------------------------------------------------

@@ -73,7 +73,8 @@ def show(console, v) -> None:
                       f"{s.cv:.2%}")
         console.print(t)
     if v.effects:
-        t = Table("level", "effect", "95% CI", "threshold", "verdict")
+        conf = v.effects[0].conf
+        t = Table("level", "effect", f"{conf:.3%} CI" if conf else "CI", "threshold", "verdict")
         for r in v.effects:
             t.add_row(r.level, f"{r.effect:+.2%}", f"[{r.ci_low:+.2%}, {r.ci_high:+.2%}]", f"{r.threshold:.1%}", r.verdict)
         console.print(t)

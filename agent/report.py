@@ -92,6 +92,15 @@ def _exp(x: float) -> float:
     return math.exp(x)
 
 
+def results_conf(store: Store, data: dict) -> float | None:
+    """The per-look confidence the workstream's intervals were computed at (one value per workstream)."""
+    for v in data["variants"]:
+        for r in v["verdicts"]:
+            if r.get("conf"):
+                return r["conf"]
+    return None
+
+
 def render(store: Store, plan, state: dict, ctx) -> str:
     ws = plan.ws
     data = collect(store, ws)
@@ -127,14 +136,28 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     out += [f"- Environment expected and confirmed in every worker: {plan.environment}", ""]
 
     # ---- noise -------------------------------------------------------------------
-    out += ["## Noise (A/A of the baseline)", "", "| level | noise band | per-sample CV | A/A effect [95% CI] | threshold |",
-            "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    s = plan.stats
+    out += ["## Noise (A/A of the baseline)", "",
+            f"{s.aa_arms} baseline workers timed in every one of {s.aa_rounds} rounds; every sample re-sets its "
+            "worker (fresh inputs, outputs and scratch at a new memory placement, the graph captured again).", "",
+            "| level | round band (95% of single rounds) | between-arm offset SD | widest A/A pair [95% CI] | "
+            "outliers | threshold (plan) |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for lv, n in bands.items():
-        th = state.get("thresholds", {}).get(lv)
-        out.append(f"| {lv} | ±{n['band']:.2%} | {n['cv']:.2%} | {n['effect']:+.2%} [{n['ci_low']:+.2%}, "
-                   f"{n['ci_high']:+.2%}] | {th:.1%} |" if th else f"| {lv} | ±{n['band']:.2%} | | | |")  # fmt: skip
-    out += ["", "Every A/A came out equivalent, so the harness can tell a variant from itself; the practical "
-            f"threshold per level is max({plan.stats.min_threshold:.0%}, {plan.stats.noise_multiple:g} × band).", ""]
+        th = n.get("threshold") or state.get("thresholds", {}).get(lv)
+        out.append(f"| {lv} | ±{n['band']:.2%} | {(n.get('offset_sd') or 0):.2%} | {n['effect']:+.2%} "
+                   f"[{n['ci_low']:+.2%}, {n['ci_high']:+.2%}] | {n.get('outliers') or 0} | "
+                   f"{th:.1%} |" if th else f"| {lv} | ±{n['band']:.2%} | | | | |")  # fmt: skip
+    warnings = [n["warning"] for n in bands.values() if n.get("warning")]
+    out += ["", "The threshold at each level is the plan's, fixed before any data were seen; the A/A never "
+            "widens it. The between-arm offset enters every A/B interval as a variance component."]  # fmt: skip
+    out += [f"- Warning: {w}" for w in warnings] + [""]
+    look = results_conf(store, data)
+    if look:
+        out += [f"Decision rule: a level is improved when its interval excludes 0 and the estimate reaches the "
+                f"threshold, regressed in the mirror case, equivalent when the interval lies inside ±threshold. "
+                f"Intervals are shown at their per-look confidence ({look:.3%}): Bonferroni over "
+                f"{len(ctx.levels())} levels × the looks × {len(plan.variants)} variants of this workstream, so "
+                f"the chance of any wrong claim in the whole workstream is at most {(1 - s.conf) / 2:.1%}.", ""]
 
     # ---- per-variant tables -------------------------------------------------------
     for v in data["variants"]:
@@ -144,7 +167,9 @@ def render(store: Store, plan, state: dict, ctx) -> str:
         if e["void_reason"]:
             out += [f"**Void:** {e['void_reason']}", ""]
         if v["verdicts"]:
-            out += ["| batch | baseline tok/s | variant tok/s | effect [95% CI] | threshold | verdict |",
+            conf = v["verdicts"][0].get("conf")
+            label = f"{conf:.3%} CI" if conf else "CI"
+            out += [f"| batch | baseline tok/s | variant tok/s | effect [{label}] | threshold | verdict |",
                     "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
             for r in sorted(v["verdicts"], key=lambda r: _batch(r["level"])):
                 b = _batch(r["level"])

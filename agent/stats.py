@@ -72,8 +72,9 @@ from scipy import stats
 LEVEL_VERDICTS = ("improved", "regressed", "equivalent", "undecided")
 VARIANT_VERDICTS = ("accept", "reject", "mixed", "inconclusive")
 
-DEFAULT_MIN_THRESHOLD = 0.01
-"""Smallest practical threshold (relative): a change under 1% is not worth a config change."""
+DEFAULT_THRESHOLD = 0.01
+"""Default practical threshold (relative): a change under 1% is not worth a config change.  The plan fixes
+the threshold per level; the data never move it."""
 
 HL_MIN_ROUNDS = 12
 """From this many paired rounds on, intervals are Hodges-Lehmann / Wilcoxon signed-rank (else Student t)."""
@@ -247,13 +248,23 @@ def _pct(x: float) -> str:
 
 @dataclass
 class NoiseBand:
-    """What an A/A (the baseline timed against itself) says about one level.
+    """What the A/A (the baseline timed by ``n_arms`` workers against itself) says about one level.
 
-    ``band`` is relative (0.004 = +/-0.4%): the half-width that holds ``conf`` of the single paired
-    log-ratios, estimated robustly (see :func:`noise_band`).  ``cv`` is the per-sample coefficient of
-    variation of the raw times, clock drift included (robust: each arm's log times about their own median).
-    ``effect`` / ``ci_low`` / ``ci_high`` are the A/A's own paired effect and interval, and ``equivalent``
-    says whether that interval fell inside ``+/-max(min_threshold, band)``.
+    All figures are relative (0.004 = 0.4%) and on log times.
+
+    * ``round_sd``: SD of one round's paired log-ratio between two arms (what the A/B's rounds scatter by).
+    * ``offset_sd``: SD of the *between-arm offset* of a comparison: a constant that one pair of workers
+      carries through all its rounds and that no number of rounds averages away.  The A/B adds it to
+      its interval as a variance component (:func:`paired_effect`).
+    * ``band``: ``1.96 * round_sd``, the half-width holding 95% of single paired rounds (for display).
+    * ``max_gap``: the largest difference between two arms' mean log times; ``effect`` / ``ci_low`` /
+      ``ci_high``: that pair's paired effect and 95% interval (offset component included).
+    * ``outliers``: samples more than ``OUTLIER_K`` robust SDs off the arm-and-round fit; they are
+      winsorized, reported, and never abort anything.
+    * ``threshold``: the plan's margin at this level.  ``equivalent``: the A/A's interval lies inside it.
+    * ``broken``: some two arms of the same config differ by more than the threshold with 99.9%
+      confidence -- evidence that the harness does not reproduce the baseline.  ``warning``: the noise
+      is too large to decide at the threshold within the plan's rounds (the margin is never widened).
     """
 
     level: str
@@ -264,85 +275,117 @@ class NoiseBand:
     effect: float
     ci_low: float
     ci_high: float
+    round_sd: float = 0.0
+    offset_sd: float = 0.0
+    n_arms: int = 2
+    outliers: int = 0
+    max_gap: float = 0.0
+    threshold: float = DEFAULT_THRESHOLD
+    broken: bool = False
+    warning: str = ""
 
 
-def noise_band(
-    a_us: Sequence[float],
-    a2_us: Sequence[float],
+OUTLIER_K = 5.0
+"""A sample whose residual from the arm + round fit exceeds this many robust SDs is an outlier."""
+
+BROKEN_CONF = 0.999
+"""Confidence with which two A/A arms must differ by more than the threshold to call the harness broken."""
+
+
+def _median_polish(y: np.ndarray, iters: int = 4) -> np.ndarray:
+    """Fitted values of an additive arm + round model by Tukey's median polish (robust to outliers)."""
+    resid = y.copy()
+    for _ in range(iters):
+        resid = resid - np.median(resid, axis=1, keepdims=True)
+        resid = resid - np.median(resid, axis=0, keepdims=True)
+    return y - resid
+
+
+def aa_noise(
+    arms_us: Sequence[Sequence[float]],
     level: str,
-    conf: float = 0.95,
-    min_threshold: float = DEFAULT_MIN_THRESHOLD,
+    threshold: float = DEFAULT_THRESHOLD,
+    max_rounds: int = 32,
+    look_conf: float = 0.999,
 ) -> NoiseBand:
-    """Noise band at one level from paired A/A samples (round i of ``a_us`` pairs with round i of ``a2_us``).
+    """Analyse an A/A at one level: ``arms_us[j][r]`` is arm j's time in round r (every arm in every round).
 
-    With ``d_i = log(a_i / a2_i)`` and ``s`` the biweight scale of ``d`` (:func:`robust_scale`)::
+    Model, on log times: ``y[j, r] = mu + a_j + b_r + e[j, r]``, with ``a_j`` arm j's persistent offset
+    (variance ``tau^2``), ``b_r`` what round r does to every arm (data seed, clock), and ``e`` the
+    round-to-round noise (variance ``sigma^2``; with the re-set protocol it includes each round's own
+    memory placement).  Outliers are found against a median-polish fit, winsorized to ``OUTLIER_K``
+    robust SDs and counted; then the classical two-way analysis gives ``sigma^2 = MS_resid`` and
+    ``tau^2 = max(0, (MS_arm - MS_resid) / rounds)``.  A comparison of two workers has round variance
+    ``2 sigma^2`` and a between-arm offset of variance ``2 tau^2``.
 
-        band = z_{(1+conf)/2} * s          (1.96 s for conf = 0.95)
-
-    i.e. the estimated half-width of the central ``conf`` of single paired log-ratios in the core of the
-    distribution.  It is a plain estimate, not a t-inflated prediction bound: it feeds the practical
-    threshold, which already doubles it, and an inflated band would only hide real effects.  Occasional
-    outliers do not widen it; the A/B's intervals are what keep the decisions honest when they occur.
-    Use >= 32 A/A rounds: the band's relative standard error is then about 14-18%, and an effect of three
-    true bands clears the A/A-estimated threshold in ~98% of simulated investigations (16 rounds: ~95%).
-
-    The A/A passes (``equivalent``) when its own paired effect interval (:func:`paired_effect` at ``conf``)
-    lies inside ``+/-max(min_threshold, band)``: the harness sees no difference between A and itself.  A
-    systematic offset between the two arms (the harness favouring whichever runs first, a cache left warm
-    for one of them) puts the interval outside and fails the check.
+    The threshold is the plan's and is not changed here.  ``warning`` is set when even ``max_rounds``
+    rounds at ``look_conf`` would leave an interval wider than the threshold.
     """
-    _check_conf(conf)
-    d = paired_log_ratios(a_us, a2_us)
-    if d.size < 3:
-        raise ValueError(f"an A/A needs at least 3 paired rounds, got {d.size} at level {level}")
-    band = _z_quantile(0.5 + conf / 2.0) * robust_scale(d)
-    logs = [np.log(_as_times(a_us, "a_us")), np.log(_as_times(a2_us, "a2_us"))]
-    cv = robust_scale(np.concatenate([x - np.median(x) for x in logs]))
-    aa_threshold = max(min_threshold, band)
-    eff = paired_effect(a_us, a2_us, level, threshold=aa_threshold, conf=conf)
-    equivalent = -aa_threshold < eff.ci_low and eff.ci_high < aa_threshold
+    y = np.log(np.asarray([_as_times(a, f"arm {j}") for j, a in enumerate(arms_us)], dtype=float))
+    if y.ndim != 2 or y.shape[0] < 2:
+        raise ValueError(f"an A/A needs at least 2 arms with equal round counts at level {level}")
+    k, n = y.shape
+    if n < 3:
+        raise ValueError(f"an A/A needs at least 3 rounds, got {n} at level {level}")
+    fit = _median_polish(y)
+    resid = y - fit
+    scale = robust_scale(resid.ravel()) * math.sqrt(k * n / max(1, (k - 1) * (n - 1)))
+    lim = OUTLIER_K * max(scale, 1e-9)
+    outliers = int(np.sum(np.abs(resid) > lim))
+    yc = fit + np.clip(resid, -lim, lim)
+    grand = yc.mean()
+    am, rm = yc.mean(axis=1), yc.mean(axis=0)
+    ms_arm = n * float(np.sum((am - grand) ** 2)) / (k - 1)
+    e = yc - am[:, None] - rm[None, :] + grand
+    ms_e = float(np.sum(e**2)) / ((k - 1) * (n - 1))
+    tau2 = max(0.0, (ms_arm - ms_e) / n)
+    round_sd = math.sqrt(2.0 * ms_e)
+    offset_sd = math.sqrt(2.0 * tau2)
+    cv = robust_scale((y - np.median(y, axis=1, keepdims=True)).ravel())
+    # the pair of arms furthest apart, with its paired interval (rounds + offset component)
+    i, j = int(np.argmax(am)), int(np.argmin(am))
+    d = yc[i] - yc[j]  # log(t_i / t_j): positive = arm j faster
+    m, lo, hi = t_interval(d, 0.95)
+    z95 = _z_quantile(0.975)
+    lo, hi = m - math.hypot(m - lo, z95 * offset_sd), m + math.hypot(hi - m, z95 * offset_sd)
+    equivalent = -threshold < lo and hi < threshold
+    _, blo, bhi = t_interval(d, BROKEN_CONF)
+    broken = blo > threshold or bhi < -threshold
+    # can the A/B decide at this threshold within max_rounds?  Half-width of its last look's interval.
+    half = _t_quantile(0.5 + look_conf / 2.0, max_rounds - 1) * round_sd / math.sqrt(max_rounds)
+    half = math.hypot(half, _z_quantile(0.5 + look_conf / 2.0) * offset_sd)
+    warning = ""
+    if half >= threshold:
+        warning = (f"noise at {level} (round SD {round_sd:.2%}, arm offset SD {offset_sd:.2%}) is too large to "
+                   f"decide at the plan's ±{threshold:.2%} within {max_rounds} rounds (predicted half-width "
+                   f"±{half:.2%}): expect 'undecided' there; raise stats.max_rounds or set that level's threshold")
     return NoiseBand(
-        level=level,
-        band=band,
-        n_pairs=int(d.size),
-        cv=cv,
-        equivalent=bool(equivalent),
-        effect=eff.effect,
-        ci_low=eff.ci_low,
-        ci_high=eff.ci_high,
-    )
+        level=level, band=z95 * round_sd, n_pairs=n, cv=cv, equivalent=bool(equivalent), effect=m, ci_low=lo,
+        ci_high=hi, round_sd=round_sd, offset_sd=offset_sd, n_arms=k, outliers=outliers, max_gap=float(am[i] - am[j]),
+        threshold=threshold, broken=bool(broken), warning=warning,
+    )  # fmt: skip
 
 
 class HarnessBroken(RuntimeError):
-    """An A/A came out not equivalent: the harness cannot tell the baseline from itself."""
+    """The A/A shows two arms of the same config confidently further apart than the threshold."""
 
     def __init__(self, message: str, levels: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.levels = list(levels)
 
 
-def check_aa(bands: list[NoiseBand], min_threshold: float = DEFAULT_MIN_THRESHOLD) -> None:
-    """Raise :class:`HarnessBroken` naming every level whose A/A was not equivalent."""
-    bad = [b for b in bands if not b.equivalent]
-    if not bad:
-        return
-    parts = [
-        f"A/A at level {b.level} came out not equivalent (effect {_pct(b.effect)}, "
-        f"CI [{_pct(b.ci_low)}, {_pct(b.ci_high)}] not inside +/-{max(min_threshold, b.band) * 100:.2f}%)"
-        for b in bad
-    ]
-    raise HarnessBroken("; ".join(parts) + ", the harness is broken", [b.level for b in bad])
-
-
-def practical_threshold(band: float, min_threshold: float = DEFAULT_MIN_THRESHOLD, k: float = 2.0) -> float:
-    """Smallest relative change that counts: ``max(min_threshold, k * band)``, and never below ``band``.
-
-    ``k = 2`` puts the threshold two noise bands out: a single noisy round, or a handful, cannot reach it by
-    chance, while an effect of three bands clears it with a band to spare.
-    """
-    if band < 0 or min_threshold < 0 or k < 0:
-        raise ValueError("band, min_threshold and k must be non-negative")
-    return max(min_threshold, k * band, band)
+def check_aa(bands: list[NoiseBand]) -> list[str]:
+    """Raise :class:`HarnessBroken` naming every level where the A/A is evidence of a broken harness;
+    return the warnings (levels too noisy to decide at their threshold) otherwise."""
+    bad = [b for b in bands if b.broken]
+    if bad:
+        parts = [
+            f"A/A at {b.level}: {b.n_arms} workers of the same config differ by up to {_pct(b.max_gap)} over "
+            f"{b.n_pairs} rounds (99.9% sure beyond the ±{b.threshold:.2%} threshold; round SD {b.round_sd:.2%})"
+            for b in bad
+        ]
+        raise HarnessBroken("; ".join(parts) + ": the harness does not reproduce the baseline there", [b.level for b in bad])
+    return [b.warning for b in bands if b.warning]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -368,6 +411,8 @@ class Effect:
     ratio: float
     threshold: float
     verdict: str
+    conf: float = 0.95
+    offset_sd: float = 0.0
 
 
 def classify(effect: float, ci_low: float, ci_high: float, threshold: float) -> str:
@@ -399,6 +444,7 @@ def paired_effect(
     threshold: float,
     conf: float = 0.95,
     method: str = "auto",
+    offset_sd: float = 0.0,
 ) -> Effect:
     """Paired effect of the variant over the baseline at one level, from rounds of (base, variant) times.
 
@@ -408,11 +454,24 @@ def paired_effect(
     heavy-tailed noise because ``d`` is symmetric (module docstring).  In a sequential investigation pass
     the per-look confidence of :func:`look_confidence`, not the nominal one.  The verdict follows
     :func:`classify`.
+
+    ``offset_sd`` is the SD of the between-arm offset the A/A measured (:func:`aa_noise`): a constant
+    that this pair of workers carries through every round.  It is a second variance component, added to
+    each side of the rounds' interval in quadrature at the same confidence::
+
+        half = sqrt(half_rounds^2 + (z_{(1+conf)/2} * offset_sd)^2)
+
+    so rounds can shrink the first part, never the second.
     """
     if threshold < 0:
         raise ValueError(f"threshold must be non-negative, got {threshold}")
+    if offset_sd < 0 or not math.isfinite(offset_sd):
+        raise ValueError(f"offset_sd must be a finite non-negative number, got {offset_sd}")
     d = paired_log_ratios(base_us, variant_us)
     m, lo, hi = effect_interval(d, conf=conf, method=method)
+    if offset_sd > 0:
+        zo = _z_quantile(0.5 + conf / 2.0) * offset_sd
+        lo, hi = m - math.hypot(m - lo, zo), m + math.hypot(hi - m, zo)
     return Effect(
         level=level,
         n=int(d.size),
@@ -422,6 +481,8 @@ def paired_effect(
         ratio=math.exp(m),
         threshold=float(threshold),
         verdict=classify(m, lo, hi, threshold),
+        conf=conf,
+        offset_sd=offset_sd,
     )
 
 
@@ -449,7 +510,7 @@ class SequentialPlan:
     misses its true effect is at most ``1 - conf`` (see :func:`look_confidence`).
     """
 
-    quick_rounds: int = 4
+    quick_rounds: int = 8
     step_rounds: int = 4
     max_rounds: int = 32
     conf: float = 0.95
@@ -471,11 +532,13 @@ class SequentialPlan:
         return len(self.look_rounds())
 
 
-def look_confidence(plan: SequentialPlan, n_levels: int = 1) -> float:
-    """Confidence of each interval at each look: Bonferroni over the planned looks and the levels.
+def look_confidence(plan: SequentialPlan, n_levels: int = 1, n_variants: int = 1) -> float:
+    """Confidence of each interval at each look: Bonferroni over the looks, the levels and the variants.
 
-    ``conf_look = 1 - (1 - plan.conf) / (n_looks * n_levels)``; the default plan (looks at 4, 8, ..., 32
-    rounds) over 5 levels gives ``1 - 0.05 / 40 = 0.99875``.  By the union bound the chance that *any*
+    ``conf_look = 1 - (1 - plan.conf) / (n_looks * n_levels * n_variants)``; the default plan (looks at
+    8, 12, ..., 32 rounds) over 5 levels and the 3 variants of #3a gives ``1 - 0.05 / 105 = 0.99952``.
+    Counting the workstream's variants is the cross-variant multiplicity rule: the 95% holds for the
+    whole workstream, not for each variant on its own.  By the union bound the chance that *any*
     interval of the investigation misses its level's true effect is at most ``1 - plan.conf``, however the
     looks are correlated and whenever the investigation stops; a false "improved" or "regressed" needs such a
     miss, so the chance of any false claim anywhere is at most ``(1 - plan.conf) / 2`` (one-sided).  Stopping
@@ -483,9 +546,9 @@ def look_confidence(plan: SequentialPlan, n_levels: int = 1) -> float:
     the practical threshold on top of it makes false claims rarer still; the cost is a quick look that only
     decides very clear cases.
     """
-    if n_levels < 1:
-        raise ValueError("n_levels must be >= 1")
-    return 1.0 - (1.0 - plan.conf) / (plan.n_looks * n_levels)
+    if n_levels < 1 or n_variants < 1:
+        raise ValueError("n_levels and n_variants must be >= 1")
+    return 1.0 - (1.0 - plan.conf) / (plan.n_looks * n_levels * n_variants)
 
 
 def sequential_decision(effects: dict[str, Effect], rounds_done: int, plan: SequentialPlan) -> str:
@@ -568,6 +631,8 @@ def run_sequential(
     levels: list[str],
     thresholds: dict[str, float],
     plan: SequentialPlan,
+    offset_sd: Mapping[str, float] | None = None,
+    n_variants: int = 1,
 ) -> SequentialResult:
     """Run a sequential A/B to a verdict.
 
@@ -582,7 +647,8 @@ def run_sequential(
     missing = [lv for lv in levels if lv not in thresholds]
     if missing:
         raise ValueError(f"no threshold for levels {missing}")
-    conf_look = look_confidence(plan, len(levels))
+    conf_look = look_confidence(plan, len(levels), n_variants)
+    offset_sd = offset_sd or {}
     base: dict[str, list[float]] = {lv: [] for lv in levels}
     variant: dict[str, list[float]] = {lv: [] for lv in levels}
     looks: list[tuple[int, dict[str, str]]] = []
@@ -596,7 +662,8 @@ def run_sequential(
                 base[lv].append(float(b))
                 variant[lv].append(float(v))
             rounds += 1
-        effects = {lv: paired_effect(base[lv], variant[lv], lv, thresholds[lv], conf=conf_look) for lv in levels}
+        effects = {lv: paired_effect(base[lv], variant[lv], lv, thresholds[lv], conf=conf_look,
+                                     offset_sd=offset_sd.get(lv, 0.0)) for lv in levels}  # fmt: skip
         looks.append((rounds, {lv: e.verdict for lv, e in effects.items()}))
         if sequential_decision(effects, rounds, plan) == "stop":
             break

@@ -119,6 +119,16 @@ def m001_initial(db: sqlite_utils.Database) -> None:
     db["locks"].create({"workstream": str, "pid": int, "host": str, "t": float}, pk="workstream")
 
 
+@migration
+def m002_variance_components(db: sqlite_utils.Database) -> None:
+    """Issue 9: the A/A's variance components and warnings; every interval's real confidence."""
+    for col, typ in (("round_sd", float), ("offset_sd", float), ("n_arms", int), ("outliers", int),
+                     ("max_gap", float), ("threshold", float), ("broken", int), ("warning", str)):  # fmt: skip
+        db["noise"].add_column(col, typ)
+    db["verdicts"].add_column("conf", float)
+    db["verdicts"].add_column("offset_sd", float)
+
+
 # --------------------------------------------------------------------------- #
 # the store
 # --------------------------------------------------------------------------- #

@@ -68,6 +68,9 @@ class VerdictView(View):
     ratio: float | None = Field(None, description="throughput ratio variant/base, exp(effect)")
     threshold: float | None = Field(None, description="practical threshold (relative) the effect was judged against")
     verdict: str | None = Field(None, description="improved, regressed, equivalent or undecided")
+    conf: float | None = Field(None, description="real coverage of [ci_low, ci_high]: the per-look confidence after "
+                               "the multiplicity correction")
+    offset_sd: float | None = Field(None, description="between-arm offset SD from the A/A, inside the interval")
 
 
 class ApprovalView(View):
@@ -148,6 +151,12 @@ class NoiseView(View):
     effect: float | None = Field(None, description="A/A effect (should be ~0)")
     ci_low: float | None = Field(None, description="lower bound of the A/A effect")
     ci_high: float | None = Field(None, description="upper bound of the A/A effect")
+    round_sd: float | None = Field(None, description="SD of one round's paired log-ratio between two workers")
+    offset_sd: float | None = Field(None, description="SD of the between-arm offset (does not average away)")
+    n_arms: int | None = Field(None, description="baseline workers in the A/A")
+    outliers: int | None = Field(None, description="outlier samples found and winsorized")
+    threshold: float | None = Field(None, description="the plan's threshold at this level")
+    warning: str | None = Field(None, description="set when the noise is too large to decide at the threshold")
 
 
 class Ledger(View):

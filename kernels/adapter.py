@@ -98,6 +98,12 @@ class KernelAdapter(ABC):
     def launch(self, inputs: dict, params: LaunchParams):
         """Run the kernel; return ``(output, compiled_kernel_or_None)``."""
 
+    def make_scratch(self, inputs: dict, params: LaunchParams) -> dict | None:
+        """Scratch buffers one launch needs (passed back as ``launch(..., scratch=...)``), or ``None`` when the
+        kernel allocates none.  The timing harness allocates them itself, fresh every round, so that no
+        fixed placement of them biases an arm (GPU.md, "memory placement")."""
+        return None
+
     @abstractmethod
     def reference(self, inputs: dict):
         """The float32 reference output for the same inputs."""

@@ -243,6 +243,14 @@ def _check_inputs(q, kv_cache, block_table, seq_lens, d_v):
         raise ValueError("q and kv_cache must be contiguous in their last dimension")
 
 
+def mla_decode_scratch(batch: int, num_heads: int, num_splits: int, d_v: int, device) -> dict:
+    """The split-K partial buffers of one launch: per-split outputs and log-sum-exps (float32)."""
+    return {
+        "partial_o": torch.empty((batch, num_heads, num_splits, d_v), dtype=torch.float32, device=device),
+        "partial_lse": torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=device),
+    }
+
+
 def mla_decode_launch(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -256,12 +264,15 @@ def mla_decode_launch(
     num_splits: int | None = None,
     target_ctas: int | None = None,
     out: torch.Tensor | None = None,
+    scratch: dict | None = None,
 ):
-    """Validate, choose the split count, allocate and launch both stages.
+    """Validate, choose the split count, allocate what the caller did not pass, and launch both stages.
 
     Pass ``max_seq_len`` (a Python int) to keep the launch free of host
-    syncs, as CUDA-graph capture requires.  Returns ``(out, compiled_stage1)``;
-    the compiled kernel is ``None`` under the interpreter.
+    syncs, as CUDA-graph capture requires.  ``scratch`` (from :func:`mla_decode_scratch`)
+    holds the split-K partial buffers; a caller that times the kernel passes its own so
+    that it, not a graph's private pool, decides where they live.  Returns
+    ``(out, compiled_stage1)``; the compiled kernel is ``None`` under the interpreter.
     """
     _check_inputs(q, kv_cache, block_table, seq_lens, d_v)
     batch, num_heads, d_qk = q.shape
@@ -275,8 +286,12 @@ def mla_decode_launch(
         num_splits = num_kv_splits(batch, head_tiles, max_seq_len, params.BLOCK_T, target_ctas)
 
     kv_rows = kv_cache.view(-1, d_qk)
-    partial_o = torch.empty((batch, num_heads, num_splits, d_v), dtype=torch.float32, device=q.device)
-    partial_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    if scratch is None:
+        scratch = mla_decode_scratch(batch, num_heads, num_splits, d_v, q.device)
+    partial_o, partial_lse = scratch["partial_o"], scratch["partial_lse"]
+    if partial_o.shape != (batch, num_heads, num_splits, d_v) or partial_lse.shape != (batch, num_heads, num_splits):
+        raise ValueError(f"scratch holds partial_o {tuple(partial_o.shape)}, partial_lse {tuple(partial_lse.shape)}; "
+                         f"this launch needs {(batch, num_heads, num_splits, d_v)} and {(batch, num_heads, num_splits)}")
     if out is None:
         out = torch.empty((batch, num_heads, d_v), dtype=q.dtype, device=q.device)
 

@@ -74,13 +74,21 @@ class MLADecodeAdapter(KernelAdapter):
         }
 
     # ---- the kernel ------------------------------------------------------------
-    def launch(self, inputs: dict, params: LaunchParams, out=None, target_ctas=None):
+    def launch(self, inputs: dict, params: LaunchParams, out=None, target_ctas=None, scratch=None):
         from kernels.mla_decode import mla_decode_launch
 
         return mla_decode_launch(
             inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], params,
             d_v=inputs["d_v"], max_seq_len=inputs["max_seq_len"], out=out, target_ctas=target_ctas,
+            scratch=scratch,
         )  # fmt: skip
+
+    def make_scratch(self, inputs: dict, params: LaunchParams, target_ctas=None) -> dict:
+        from kernels.mla_decode import mla_decode_scratch, num_kv_splits
+
+        b, h, _ = inputs["q"].shape
+        splits = num_kv_splits(b, math.ceil(h / params.BLOCK_H), inputs["max_seq_len"], params.BLOCK_T, target_ctas)
+        return mla_decode_scratch(b, h, splits, inputs["d_v"], inputs["q"].device)
 
     def reference(self, inputs: dict):
         from kernels.mla_decode_ref import mla_decode_reference

@@ -32,6 +32,9 @@ from kernels.launch_config import config_hash, describe
 
 BACKENDS = ("auto", "cuda", "replay")
 RECORDINGS = KERNELS_DIR / "recordings"
+ROUND_SEED0 = 1000
+"""Round r of every arm draws its inputs from seed ROUND_SEED0 + r: the data are common to a round's arms
+(and cancel in its paired log-ratio); the memory placement is each arm's own, re-drawn every round."""
 
 
 class BackendError(RuntimeError):
@@ -107,10 +110,12 @@ class Backend(ABC):
     loud: str = ""
 
     @abstractmethod
-    def open(self, name: str, kernel: str, config: dict, env: dict, replica: int = 0,
-             pythonpath: list[str] | None = None) -> Arm:  # fmt: skip
-        """Start an arm.  ``replica`` 1 is a second, independent arm of the same config (A/A);
-        ``pythonpath`` puts a kernel source snapshot first (the baseline arm while a source patch is live)."""
+    def open(self, name: str, kernel: str, config: dict, env: dict, replica: int | None = None,
+             pythonpath: list[str] | None = None, partner: dict | None = None) -> Arm:  # fmt: skip
+        """Start an arm.  ``replica`` j names arm j of an A/A (independent workers of one config);
+        ``partner`` is the config this arm is compared with in an A/B (the replay backend serves the
+        rounds recorded for that very pair); ``pythonpath`` puts a kernel source snapshot first (the
+        baseline arm while a source patch is live)."""
 
     def copy_bandwidth(self) -> float | None:
         return None
@@ -153,7 +158,7 @@ class CudaArm(Arm):
         s = self.setups.get(level.key) or self.setup(level)
         t0 = time.perf_counter()
         try:
-            r = self.worker.request("sample", key=s["key"])
+            r = self.worker.request("sample", key=s["key"], seed=ROUND_SEED0 + round_index)
         except (WorkerCrashed, WorkerError) as exc:
             raise VariantFailed(f"{self.name} failed while sampling {level.key}: {exc}") from None
         r["request_wall_s"] = time.perf_counter() - t0
@@ -174,7 +179,7 @@ class CudaBackend(Backend):
             raise BackendError("no CUDA GPU visible: use --backend replay to serve samples recorded on an H200")
         self._copy = None
 
-    def open(self, name, kernel, config, env, replica=0, pythonpath=None) -> Arm:
+    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None) -> Arm:
         return CudaArm(name, kernel, config, env, pythonpath)
 
     def copy_bandwidth(self) -> float:
@@ -188,25 +193,32 @@ class CudaBackend(Backend):
 # replay
 # --------------------------------------------------------------------------- #
 class Recording:
-    """All recorded samples of one directory, indexed by (config hash, level, kind)."""
+    """All recorded samples of one directory (benchmarks/record.py), indexed by slot and level.
+
+    A slot is ``(kind, pair, role)``: ``("ab", <variant config hash>, "base" | "variant")`` for the two
+    workers of one variant's A/B (each variant has a baseline worker of its own), ``("aa", "aa", "A<j>")``
+    for arm j of the A/A.  A cell maps recorded round -> sample row.
+    """
 
     def __init__(self, files: list[Path]):
         self.files = files
         self.headers: list[dict] = []
-        self.cells: dict[tuple[str, str, str], dict[int, dict]] = {}
+        self.cells: dict[tuple[str, str, str, str], dict[int, dict]] = {}
         self.configs: dict[str, dict] = {}
-        self.resources: dict[tuple[str, str], dict] = {}
         for f in files:
             with gzip.open(f, "rt") as fh:
                 for line in fh:
                     row = json.loads(line)
                     kind = row.get("type")
                     if kind == "header":
+                        if row.get("version", 1) < 2:
+                            raise BackendError(f"{f} is a version-1 recording (one fixed allocation per worker, "
+                                               "rounds wrapped around); re-record it with benchmarks/record.py")
                         self.headers.append(row)
                         for cfg in row.get("configs", {}).values():
                             self.configs[config_hash(cfg)] = cfg
                     elif kind == "sample":
-                        key = (row["config_hash"], row["level"], row["kind"])
+                        key = (row["kind"], row["pair"], row["role"], row["level"])
                         self.cells.setdefault(key, {})[row["round"]] = row
         if not self.headers:
             raise BackendError(f"no recordings found in {', '.join(map(str, files)) or RECORDINGS}")
@@ -215,32 +227,58 @@ class Recording:
     def fingerprint(self) -> dict:
         return self.headers[0]["fingerprint"]
 
-    def levels(self, chash: str) -> list[str]:
-        return sorted({lv for (h, lv, _) in self.cells if h == chash})
-
-    def cell(self, chash: str, level_key: str, kind: str) -> dict[int, dict]:
-        cell = self.cells.get((chash, level_key, kind))
-        if cell:
-            return cell
+    def slot_for(self, chash: str, partner_hash: str | None, replica: int | None) -> tuple[str, str, str]:
+        """The recorded slot that serves an arm of config ``chash``; NoRecording names what exists."""
         if chash not in self.configs:
             known = ", ".join(f"{describe(c)} ({h})" for h, c in sorted(self.configs.items()))
             raise NoRecording(f"replay has no recording of config {chash}; recorded configs: {known}")
-        levels = ", ".join(self.levels(chash))
-        raise NoRecording(f"replay has no recording of {describe(self.configs[chash])} at {level_key}; recorded: {levels}")
+        if replica is not None:
+            slot = ("aa", "aa", f"A{replica}")
+            if not any(k[:3] == slot for k in self.cells):
+                arms = sorted({k[2] for k in self.cells if k[0] == "aa"})
+                raise NoRecording(f"replay has no A/A arm {replica}; recorded A/A arms: {', '.join(arms) or 'none'} "
+                                  "(lower stats.aa_arms)")
+            return slot
+        if partner_hash is not None:
+            if (("ab", chash, "variant") in {k[:3] for k in self.cells}) and partner_hash != chash:
+                return ("ab", chash, "variant")
+            if ("ab", partner_hash, "base") in {k[:3] for k in self.cells}:
+                return ("ab", partner_hash, "base")
+            pairs = ", ".join(describe(self.configs[k[1]]) for k in sorted({k[:3] for k in self.cells})
+                              if k[0] == "ab" and k[2] == "variant" and k[1] in self.configs)
+            raise NoRecording(f"replay has no A/B of {describe(self.configs[chash])} against "
+                              f"{describe(self.configs.get(partner_hash, {})) if partner_hash in self.configs else partner_hash}"
+                              f"; recorded A/B variants: {pairs}")
+        # a lone arm (kinv bench): the config's own variant worker, else A/A arm 0
+        for slot in (("ab", chash, "variant"), ("aa", "aa", "A0")):
+            if slot in {k[:3] for k in self.cells} and (slot[0] == "ab" or self._aa_hash() == chash):
+                return slot
+        raise NoRecording(f"replay has no lone recording of {describe(self.configs[chash])}")
+
+    def _aa_hash(self) -> str | None:
+        row = next((c for k, c in self.cells.items() if k[0] == "aa"), None)
+        return next(iter(row.values()))["config_hash"] if row else None
+
+    def levels(self, slot: tuple[str, str, str]) -> list[str]:
+        return sorted({k[3] for k in self.cells if k[:3] == slot})
+
+    def cell(self, slot: tuple[str, str, str], level_key: str) -> dict[int, dict]:
+        cell = self.cells.get((*slot, level_key))
+        if cell:
+            return cell
+        raise NoRecording(f"replay has no recording at {level_key}; recorded levels: {', '.join(self.levels(slot))}")
 
 
 class ReplayArm(Arm):
-    def __init__(self, name, kernel, config, env, recording: Recording, kind: str):
+    def __init__(self, name, kernel, config, env, recording: Recording, slot: tuple[str, str, str]):
         super().__init__(name=name, kernel=kernel, config=config, env=env)
         self.rec = recording
-        self.kind = kind
+        self.slot = slot
         self.fingerprint = recording.fingerprint
         self.env_seen = dict(recording.headers[0].get("env", {}))
-        if config_hash(config) not in recording.configs:
-            recording.cell(config_hash(config), "-", kind)  # raises NoRecording naming what exists
 
     def setup(self, level: Level) -> dict:
-        cell = self.rec.cell(self.config_hash, level.key, self.kind)
+        cell = self.rec.cell(self.slot, level.key)
         first = cell[min(cell)]
         s = {"level": level.key, "derived_env": first.get("derived_env", {}), "rounds_recorded": len(cell),
              "correct": True, "replayed": True}  # fmt: skip
@@ -248,9 +286,12 @@ class ReplayArm(Arm):
         return s
 
     def sample(self, level: Level, round_index: int) -> dict:
-        cell = self.rec.cell(self.config_hash, level.key, self.kind)
-        rounds = sorted(cell)
-        row = cell[rounds[round_index % len(rounds)]]
+        cell = self.rec.cell(self.slot, level.key)
+        row = cell.get(round_index)
+        if row is None:  # never wrap around: a re-used round is not an independent replicate
+            raise NoRecording(f"replay has {len(cell)} recorded rounds of {describe(self.config)} at {level.key}; "
+                              f"round {round_index + 1} was asked for: set stats.max_rounds / aa_rounds to at most "
+                              f"{len(cell)}, or record more rounds (benchmarks/record.py)")
         return {
             "us": row["us"], "replays": row["replays"], "gpu_s": row["gpu_s"], "t": row["t"],
             "derived_env": row.get("derived_env", {}), "harness_hash": self.rec.headers[0]["harness_hash"],
@@ -265,7 +306,7 @@ class ReplayBackend(Backend):
         directory = Path(directory or os.environ.get("KINV_RECORDINGS") or RECORDINGS)
         files = sorted(directory.rglob("*.jsonl.gz"))
         if not files:
-            raise BackendError(f"replay backend: no recordings under {directory} (record them with benchmarks/record_3a.py)")
+            raise BackendError(f"replay backend: no recordings under {directory} (record them with benchmarks/record.py)")
         self.recording = Recording(files)
         fp = self.recording.fingerprint
         self.loud = (
@@ -273,7 +314,7 @@ class ReplayBackend(Backend):
             f"({fp.get('sms')} SMs, torch {fp.get('torch')}, triton {fp.get('triton')})"
         )
 
-    def open(self, name, kernel, config, env, replica=0, pythonpath=None) -> Arm:
+    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None) -> Arm:
         recorded = self.recording.headers[0].get("kernel_hash")
         if recorded and pythonpath is None and kernel_hash(kernel) != recorded:
             raise NoRecording(f"replay has no recording of this {kernel} source (sha {kernel_hash(kernel)}; recorded "
@@ -282,7 +323,8 @@ class ReplayBackend(Backend):
         for k, v in env.items():
             if recorded_env.get(k) != str(v):
                 raise NoRecording(f"replay has no recording with {k}={v!r}; the recordings ran with {k}={recorded_env.get(k)!r}")
-        return ReplayArm(name, kernel, config, env, self.recording, "aa" if replica else "ab")
+        slot = self.recording.slot_for(config_hash(config), config_hash(partner) if partner else None, replica)
+        return ReplayArm(name, kernel, config, env, self.recording, slot)
 
     def copy_bandwidth(self) -> float | None:
         return self.recording.headers[0].get("copy_gbps")
@@ -352,6 +394,25 @@ def paired_round(store, exp_id, backend: Backend, arm_a: Arm, arm_b: Arm, levels
     return pairs
 
 
+def aa_round(store, exp_id, backend: Backend, arms: list[Arm], levels: list[Level], round_index: int,
+             acc: dict[str, list[list[float]]], device: str | None) -> float:  # fmt: skip
+    """One A/A round: every arm at every level, in an order rotated by the round.  Arm j is stored as
+    ``A<j>``; ``acc[level][j]`` collects its times.  Returns the GPU seconds spent."""
+    hashes = (harness_hash(), reference_hash(arms[0].kernel))
+    rows, gpu_s = [], 0.0
+    k = round_index % len(arms)
+    order = list(range(len(arms)))[k:] + list(range(len(arms)))[:k]
+    for level in levels:
+        per = acc.setdefault(level.key, [[] for _ in arms])
+        for j in order:
+            s = arms[j].sample(level, round_index)
+            gpu_s += s.get("gpu_s") or 0.0
+            per[j].append(s["us"])
+            rows.append(_sample_row(exp_id, arms[j], level, round_index, f"A{j}", s, backend.name, hashes, device))
+    store.add_samples(rows)  # the round's samples commit together
+    return gpu_s
+
+
 def verdict_rows(result) -> list[dict]:
     """Rows of the verdicts table from an agent.stats.SequentialResult."""
     rows = []
@@ -360,7 +421,7 @@ def verdict_rows(result) -> list[dict]:
         rows.append({"level": level, "n": e.n, "base_us": statistics.median(base_us) if base_us else None,
                      "variant_us": statistics.median(var_us) if var_us else None, "effect": e.effect,
                      "ci_low": e.ci_low, "ci_high": e.ci_high, "ratio": e.ratio, "threshold": e.threshold,
-                     "verdict": e.verdict})  # fmt: skip
+                     "verdict": e.verdict, "conf": e.conf, "offset_sd": e.offset_sd})  # fmt: skip
     return rows
 
 

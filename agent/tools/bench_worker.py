@@ -12,8 +12,8 @@ runs on a GPU machine that has none of kinv's other dependencies.
 Requests
 --------
 ``{"op": "hello", "env_keys": [...]}``         fingerprint, hashes, env seen
-``{"op": "setup", "kernel", "config", "level"}``  inputs, correctness, graph
-``{"op": "sample", "key": key}``                 one sample: median of >= 20 replays lasting >= 25 ms
+``{"op": "setup", "kernel", "config", "level", "reset"}``  correctness, graph sizing
+``{"op": "sample", "key", "seed"}``              re-set (inputs from seed), one sample: median of >= 20 replays, >= 25 ms
 ``{"op": "copy_bandwidth", "mib": 2048}``       device-to-device copy GB/s
 ``{"op": "exit"}``
 
@@ -23,6 +23,14 @@ the L2, so no launch reads its KV from L2 (stated as ``l2`` in the setup
 reply).  A sample is the median over ``replays`` event-timed replays of
 the graph (at least 20, and enough for 25 ms of GPU time so that a request's
 fixed cost stays under 5%), divided by the launches in it.
+
+Every sample re-sets the arm first (``reset``, the default): the previous
+inputs, outputs, scratch buffers and graph are freed, new ones are allocated
+behind a pad of random size, and the graph is captured again.  One fixed
+allocation shifts an arm's times by a constant placement offset of up to
+~1% (GPU.md, "memory placement"); re-drawing it every sample makes rounds
+independent replicates.  ``reset: false`` keeps one allocation for the
+whole run (the old protocol, kept to measure the difference).
 """
 
 from __future__ import annotations
@@ -151,17 +159,22 @@ class Worker:
         params = adapter.params_for(config, level)
         device = detect()
         env = adapter.derived_env(level, params, dict(os.environ))
+        seed = int(req.get("seed", 0))
 
         t0 = time.perf_counter()
-        # ---- correctness on this level's own (fresh, random) inputs ----------
-        check_inputs = adapter.make_inputs(level, seed=req.get("seed", 0) + 7919, vary_lengths=True)
+        # ---- correctness on this level's own (fresh, random) inputs, output poisoned --
+        check_inputs = adapter.make_inputs(level, seed=seed + 7919, vary_lengths=True)
         out, compiled = adapter.launch(check_inputs, params)
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
+        out.fill_(float("nan"))  # a launch that writes nothing leaves NaN, never an earlier result
+        out, compiled2 = adapter.launch(check_inputs, params, out=out)
+        compiled = compiled or compiled2
+        torch.cuda.synchronize()
         ref = adapter.reference(check_inputs)
         err = (out.float() - ref).abs()
         atol, rtol = adapter.tolerance(out.dtype)
-        bad = int((err > atol + rtol * ref.abs()).sum())
+        bad = int((~(err <= atol + rtol * ref.abs())).sum())  # NaN counts as a mismatch
         rel = float((out.float() - ref).norm() / ref.norm())
         max_abs = float(err.max())
         correct = bad == 0 and math.isfinite(rel)
@@ -184,37 +197,38 @@ class Worker:
         if not correct:
             return reply
 
-        # ---- timing set-up: rotate input sets past the L2, capture a graph --
+        # ---- timing set-up: size the graph once; every sample re-sets the arm (see _reset) ----
         l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)) or 60 * 2**20
         per_set = adapter.bytes_moved(level)
         n_sets = max(1, math.ceil(3 * l2 / per_set))
-        sets = [adapter.make_inputs(level, seed=req.get("seed", 0) + i) for i in range(n_sets)]
-        outs = [adapter.launch(s, params)[0] for s in sets]  # warm: every set once
-        torch.cuda.synchronize()
+        st = {"adapter": adapter, "params": params, "level": level, "seed": seed, "n_sets": n_sets,
+              "reset": bool(req.get("reset", True)), "rounds": 0, "launches": n_sets}  # fmt: skip
+        self._allocate(st, 0)
+        sets, outs, scratch = st["sets"], st["outs"], st["scratch"]
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for s, o in zip(sets, outs):
-            adapter.launch(s, params, out=o)
+        for s, o, sc in zip(sets, outs, scratch):
+            self._launch(adapter, s, params, o, sc)
         end.record()
         torch.cuda.synchronize()
         eager_us = start.elapsed_time(end) * 1000 / n_sets
         launches = min(MAX_LAUNCHES, max(n_sets, math.ceil(TARGET_REPLAY_US / max(eager_us, 1.0))))
-        launches = math.ceil(launches / n_sets) * n_sets
-
-        graph, replay_ms = self._capture(adapter, params, sets, outs, launches)
-        if replay_ms * MIN_REPLAYS < MIN_SAMPLE_MS and launches < MAX_LAUNCHES:
+        st["launches"] = math.ceil(launches / n_sets) * n_sets
+        replay_ms = self._capture(st)
+        if replay_ms * MIN_REPLAYS < MIN_SAMPLE_MS and st["launches"] < MAX_LAUNCHES:
             # eager timing overstates small launches (Python launch cost): size the graph on its own replay
-            want = math.ceil(launches * MIN_SAMPLE_MS / (MIN_REPLAYS * max(replay_ms, 1e-3)))
-            launches = min(MAX_LAUNCHES, math.ceil(want / n_sets) * n_sets)
-            graph, replay_ms = self._capture(adapter, params, sets, outs, launches)
-        replays = max(MIN_REPLAYS, math.ceil(MIN_SAMPLE_MS / max(replay_ms, 1e-3)))
+            want = math.ceil(st["launches"] * MIN_SAMPLE_MS / (MIN_REPLAYS * max(replay_ms, 1e-3)))
+            st["launches"] = min(MAX_LAUNCHES, math.ceil(want / n_sets) * n_sets)
+            replay_ms = self._capture(st)
+        st["replays"] = max(MIN_REPLAYS, math.ceil(MIN_SAMPLE_MS / max(replay_ms, 1e-3)))
         key = f"{config_hash(config)}:{level.key}"
-        self.levels[key] = {"graph": graph, "sets": sets, "outs": outs, "launches": launches, "replays": replays}
+        self.levels[key] = st
         reply.update(
             key=key,
             l2=f"{n_sets} input sets x {per_set / 2**20:.1f} MiB rotated (L2 {l2 / 2**20:.0f} MiB)",
-            launches_per_replay=launches,
-            replays_per_sample=replays,
+            protocol="re-set every sample" if st["reset"] else "one allocation for the whole run",
+            launches_per_replay=st["launches"],
+            replays_per_sample=st["replays"],
             eager_us=round(eager_us, 2),
             bytes=per_set,
             flops=adapter.flops(level),
@@ -223,18 +237,58 @@ class Worker:
         return reply
 
     @staticmethod
-    def _capture(adapter, params, sets, outs, launches):
-        """Capture ``launches`` launches cycling through the input sets; return (graph, ms per replay)."""
+    def _launch(adapter, inputs, params, out, scratch):
+        if scratch is None:
+            return adapter.launch(inputs, params, out=out)
+        return adapter.launch(inputs, params, out=out, scratch=scratch)
+
+    def _allocate(self, st: dict, round_index: int, seed: int | None = None) -> None:
+        """Fresh inputs, outputs and scratch for a round, at a placement of their own.
+
+        The previous round's buffers and graph are freed and the allocator's cache is emptied first, and
+        a pad of random size is held for the round, so the new buffers land at new addresses: a fixed
+        placement shifts an arm's times by a constant offset (GPU.md, "memory placement"), and a new one
+        every round turns that offset into round-to-round noise that the paired statistics can see.
+        The input data come from ``seed``: the caller gives both arms of a round the same seed, so what
+        the data do to the time (the page order of the block table, say) is common to the pair and
+        cancels in its log-ratio, while the placement is the arm's own.
+        """
+        import random
+
         import torch
 
+        for k in ("graph", "sets", "outs", "scratch", "pad"):
+            st.pop(k, None)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        adapter, params, level = st["adapter"], st["params"], st["level"]
+        rng = random.Random(f"{os.getpid()}:{st['seed']}:{round_index}")
+        st["pad"] = torch.empty(rng.randrange(0, 64 * 2**20, 4096), dtype=torch.uint8, device="cuda")
+        base = st["seed"] if seed is None else int(seed)
+        sets = [adapter.make_inputs(level, seed=base + i) for i in range(st["n_sets"])]
+        first_out, _ = adapter.launch(sets[0], params)
+        outs = [first_out] + [torch.empty_like(first_out) for _ in sets[1:]]
+        scratch = [adapter.make_scratch(s, params) for s in sets]
+        st.update(sets=sets, outs=outs, scratch=scratch)
+
+    def _capture(self, st: dict) -> float:
+        """Capture ``launches`` launches cycling through the input sets; return ms per replay."""
+        import torch
+
+        adapter, params, sets, outs, scratch = st["adapter"], st["params"], st["sets"], st["outs"], st["scratch"]
+        for s, o, sc in zip(sets, outs, scratch):  # warm every set once outside the capture
+            self._launch(adapter, s, params, o, sc)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
+        st.pop("graph", None)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream):
             with torch.cuda.graph(graph, stream=stream):
-                for i in range(launches):
-                    adapter.launch(sets[i % len(sets)], params, out=outs[i % len(sets)])
+                for i in range(st["launches"]):
+                    j = i % len(sets)
+                    self._launch(adapter, sets[j], params, outs[j], scratch[j])
         torch.cuda.current_stream().wait_stream(stream)
+        st["graph"] = graph
         for _ in range(3):
             graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -243,25 +297,31 @@ class Worker:
             graph.replay()
         end.record()
         torch.cuda.synchronize()
-        return graph, start.elapsed_time(end) / 5
+        return start.elapsed_time(end) / 5
 
     def sample(self, req: dict) -> dict:
         import torch
 
-        state = self.levels.get(req["key"])
-        if state is None:
+        st = self.levels.get(req["key"])
+        if st is None:
             raise KeyError(f"{req['key']!r} was not set up; set up: {sorted(self.levels)}")
-        replays = max(state["replays"], int(req.get("replays") or 0))
+        replays = max(st["replays"], int(req.get("replays") or 0))
         t_wall = time.perf_counter()
-        graph = state["graph"]
+        reset_s = 0.0
+        if st["reset"]:
+            st["rounds"] += 1
+            self._allocate(st, st["rounds"], req.get("seed"))
+            self._capture(st)
+            reset_s = time.perf_counter() - t_wall
+        graph = st["graph"]
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
         for s, e in events:
             s.record()
             graph.replay()
             e.record()
         torch.cuda.synchronize()
-        per_launch = [s.elapsed_time(e) * 1000 / state["launches"] for s, e in events]
-        gpu_s = sum(per_launch) * state["launches"] / 1e6
+        per_launch = [s.elapsed_time(e) * 1000 / st["launches"] for s, e in events]
+        gpu_s = sum(per_launch) * st["launches"] / 1e6
         return {
             "key": req["key"],
             "us": statistics.median(per_launch),
@@ -269,6 +329,7 @@ class Worker:
             "us_max": max(per_launch),
             "replays": replays,
             "gpu_s": gpu_s,
+            "reset_s": reset_s,
             "worker_wall_s": time.perf_counter() - t_wall,
             "t": time.time(),
         }
