@@ -422,7 +422,7 @@ def make_nodes(ctx: Context):
 
         def open_arms():
             arms.append(ctx.backend.open("baseline", plan.kernel, _baseline_config(ctx), plan.environment,
-                                         pythonpath=base_path, partner=live))  # fmt: skip
+                                         pythonpath=base_path, partner=live, role="base"))  # fmt: skip
             arms.append(ctx.backend.open(vid, plan.kernel, live, plan.environment, partner=_baseline_config(ctx)))
             for a in arms:
                 envcheck.check_worker(store, ws, exp, plan.environment, a.env_seen)
@@ -444,7 +444,12 @@ def make_nodes(ctx: Context):
                                            offset_sd=state.get("offsets", {}), n_variants=len(plan.variants))  # fmt: skip
         except (bench.VariantFailed, bench.NoRecording) as exc:
             kind = "not measured" if isinstance(exc, bench.NoRecording) else "failed"
-            res = _failed(store, state, kind, f"{kind}: {exc}", gpu_s=acc.gpu_s, wall_s=time.time() - t0)
+            why = f"{kind}: {exc}"
+            void = _integrity(store, exp, state["baseline_hashes"])  # rounds already taken may void it anyway
+            if void:
+                kind, why = "void", f"{void} (and then {why})"
+            res = _failed(store, state, kind, why, gpu_s=acc.gpu_s, wall_s=time.time() - t0,
+                          **({"void_reason": void} if void else {}))
             ctx.say("failed", message=f"{vid}: {res['reason']}")
             return {"results": {**state.get("results", {}), vid: res}, "decision": res["reason"][:200]}
         finally:

@@ -149,7 +149,7 @@ def bench_command(config_path, variant, levels, contexts, shapes, backend, sampl
     var_cfg = validate_config({**cfg, **patch}, "mla_decode")
     exp = store.new_experiment(kind="ab", variant=describe(var_cfg), backend=be.name, config_json=json.dumps(var_cfg))
     thresholds = {lv.key: stats.DEFAULT_THRESHOLD for lv in lvls}
-    arms = [be.open("baseline", "mla_decode", cfg, env, partner=var_cfg),
+    arms = [be.open("baseline", "mla_decode", cfg, env, partner=var_cfg, role="base"),
             be.open("variant", "mla_decode", var_cfg, env, partner=cfg)]
     for a in arms:
         for lv in lvls:

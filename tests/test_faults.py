@@ -59,8 +59,10 @@ def test_fault_drill_records_each_fault_restores_the_baseline_and_closes_out(dri
     assert exps["F3"]["verdict"] == "incorrect" and "outside atol" in exps["F3"]["reason"]  # fast but wrong: never timed
     assert exps["F4"]["verdict"] == "crashed" and "signal 11" in exps["F4"]["reason"]
     assert exps["F5"]["verdict"] in ("void", "not measured")  # changed the reference: no verdict may stand
+    # lazy: writes nothing; its output buffer was poisoned with NaN, so no earlier result can pass for it
+    assert exps["F6"]["verdict"] == "incorrect" and "not finite" in exps["F6"]["reason"]
     assert exps["V1"]["verdict"] == "accept"
-    for fid in ("F1", "F3", "F4"):
+    for fid in ("F1", "F3", "F4", "F6"):
         assert exps[fid]["samples"] == 0, f"{fid} was timed"
     store_dir = Path(env["KINV_STATE_DIR"])
     assert "void: the reference changed" in (store_dir / "reports" / "6a-closeout.md").read_text()

@@ -111,10 +111,11 @@ class Backend(ABC):
 
     @abstractmethod
     def open(self, name: str, kernel: str, config: dict, env: dict, replica: int | None = None,
-             pythonpath: list[str] | None = None, partner: dict | None = None) -> Arm:  # fmt: skip
+             pythonpath: list[str] | None = None, partner: dict | None = None,
+             role: str = "variant") -> Arm:  # fmt: skip
         """Start an arm.  ``replica`` j names arm j of an A/A (independent workers of one config);
-        ``partner`` is the config this arm is compared with in an A/B (the replay backend serves the
-        rounds recorded for that very pair); ``pythonpath`` puts a kernel source snapshot first (the
+        ``partner`` is the config this arm is compared with in an A/B and ``role`` its side ("base" or
+        "variant"): the replay backend serves the rounds recorded for that very pair; ``pythonpath`` puts a kernel source snapshot first (the
         baseline arm while a source patch is live)."""
 
     def copy_bandwidth(self) -> float | None:
@@ -179,7 +180,7 @@ class CudaBackend(Backend):
             raise BackendError("no CUDA GPU visible: use --backend replay to serve samples recorded on an H200")
         self._copy = None
 
-    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None) -> Arm:
+    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
         return CudaArm(name, kernel, config, env, pythonpath)
 
     def copy_bandwidth(self) -> float:
@@ -227,7 +228,8 @@ class Recording:
     def fingerprint(self) -> dict:
         return self.headers[0]["fingerprint"]
 
-    def slot_for(self, chash: str, partner_hash: str | None, replica: int | None) -> tuple[str, str, str]:
+    def slot_for(self, chash: str, partner_hash: str | None, replica: int | None,
+                 role: str = "variant") -> tuple[str, str, str]:
         """The recorded slot that serves an arm of config ``chash``; NoRecording names what exists."""
         if chash not in self.configs:
             known = ", ".join(f"{describe(c)} ({h})" for h, c in sorted(self.configs.items()))
@@ -239,10 +241,13 @@ class Recording:
                 raise NoRecording(f"replay has no A/A arm {replica}; recorded A/A arms: {', '.join(arms) or 'none'} "
                                   "(lower stats.aa_arms)")
             return slot
+        if partner_hash is not None and partner_hash == chash and self._aa_hash() == chash:
+            # the same config on both sides (a source-only variant): two independent workers of it, the A/A's
+            return ("aa", "aa", "A0" if role == "base" else "A1")
         if partner_hash is not None:
-            if (("ab", chash, "variant") in {k[:3] for k in self.cells}) and partner_hash != chash:
+            if role == "variant" and ("ab", chash, "variant") in {k[:3] for k in self.cells}:
                 return ("ab", chash, "variant")
-            if ("ab", partner_hash, "base") in {k[:3] for k in self.cells}:
+            if role == "base" and ("ab", partner_hash, "base") in {k[:3] for k in self.cells}:
                 return ("ab", partner_hash, "base")
             pairs = ", ".join(describe(self.configs[k[1]]) for k in sorted({k[:3] for k in self.cells})
                               if k[0] == "ab" and k[2] == "variant" and k[1] in self.configs)
@@ -314,7 +319,7 @@ class ReplayBackend(Backend):
             f"({fp.get('sms')} SMs, torch {fp.get('torch')}, triton {fp.get('triton')})"
         )
 
-    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None) -> Arm:
+    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
         recorded = self.recording.headers[0].get("kernel_hash")
         if recorded and pythonpath is None and kernel_hash(kernel) != recorded:
             raise NoRecording(f"replay has no recording of this {kernel} source (sha {kernel_hash(kernel)}; recorded "
@@ -323,7 +328,7 @@ class ReplayBackend(Backend):
         for k, v in env.items():
             if recorded_env.get(k) != str(v):
                 raise NoRecording(f"replay has no recording with {k}={v!r}; the recordings ran with {k}={recorded_env.get(k)!r}")
-        slot = self.recording.slot_for(config_hash(config), config_hash(partner) if partner else None, replica)
+        slot = self.recording.slot_for(config_hash(config), config_hash(partner) if partner else None, replica, role)
         return ReplayArm(name, kernel, config, env, self.recording, slot)
 
     def copy_bandwidth(self) -> float | None:
