@@ -283,7 +283,11 @@ class NoiseBand:
     threshold: float = DEFAULT_THRESHOLD
     broken: bool = False
     warning: str = ""
+    offset_p: float = 1.0
 
+
+OFFSET_ALPHA = 0.01
+"""The between-arm offset enters the A/B's interval when the A/A's F-test for an arm effect has p below this."""
 
 OUTLIER_K = 5.0
 """A sample whose residual from the arm + round fit exceeds this many robust SDs is an outlier."""
@@ -315,7 +319,8 @@ def aa_noise(
     round-to-round noise (variance ``sigma^2``; with the re-set protocol it includes each round's own
     memory placement).  Outliers are found against a median-polish fit, winsorized to ``OUTLIER_K``
     robust SDs and counted; then the classical two-way analysis gives ``sigma^2 = MS_resid`` and
-    ``tau^2 = max(0, (MS_arm - MS_resid) / rounds)``.  A comparison of two workers has round variance
+    ``tau^2 = max(0, (MS_arm - MS_resid) / rounds)``, taken as 0 unless the F-test of the arm effect
+    (``MS_arm / MS_resid`` on ``k - 1`` and ``(k - 1)(n - 1)`` degrees of freedom) has p < ``OFFSET_ALPHA``.  A comparison of two workers has round variance
     ``2 sigma^2`` and a between-arm offset of variance ``2 tau^2``.
 
     The threshold is the plan's and is not changed here.  ``warning`` is set when even ``max_rounds``
@@ -338,7 +343,10 @@ def aa_noise(
     ms_arm = n * float(np.sum((am - grand) ** 2)) / (k - 1)
     e = yc - am[:, None] - rm[None, :] + grand
     ms_e = float(np.sum(e**2)) / ((k - 1) * (n - 1))
-    tau2 = max(0.0, (ms_arm - ms_e) / n)
+    offset_p = float(stats.f.sf(ms_arm / ms_e, k - 1, (k - 1) * (n - 1))) if ms_e > 0 else 0.0
+    # with few arms the moment estimate of tau^2 is noisy (k - 1 degrees of freedom): taken at face value
+    # it would widen every A/B interval when there is no offset at all; it enters only on evidence
+    tau2 = max(0.0, (ms_arm - ms_e) / n) if offset_p < OFFSET_ALPHA else 0.0
     round_sd = math.sqrt(2.0 * ms_e)
     offset_sd = math.sqrt(2.0 * tau2)
     cv = robust_scale((y - np.median(y, axis=1, keepdims=True)).ravel())
@@ -362,7 +370,7 @@ def aa_noise(
     return NoiseBand(
         level=level, band=z95 * round_sd, n_pairs=n, cv=cv, equivalent=bool(equivalent), effect=m, ci_low=lo,
         ci_high=hi, round_sd=round_sd, offset_sd=offset_sd, n_arms=k, outliers=outliers, max_gap=float(am[i] - am[j]),
-        threshold=threshold, broken=bool(broken), warning=warning,
+        threshold=threshold, broken=bool(broken), warning=warning, offset_p=offset_p,
     )  # fmt: skip
 
 

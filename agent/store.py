@@ -125,6 +125,7 @@ def m002_variance_components(db: sqlite_utils.Database) -> None:
     for col, typ in (("round_sd", float), ("offset_sd", float), ("n_arms", int), ("outliers", int),
                      ("max_gap", float), ("threshold", float), ("broken", int), ("warning", str)):  # fmt: skip
         db["noise"].add_column(col, typ)
+    db["noise"].add_column("offset_p", float)
     db["verdicts"].add_column("conf", float)
     db["verdicts"].add_column("offset_sd", float)
 
