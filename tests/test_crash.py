@@ -190,4 +190,4 @@ def test_restart_resumes_when_a_step_checkpoint_was_lost(tmp_path):
         .execute("select count(*) from samples s join experiments e on e.id = s.experiment where e.kind = 'noise'")
         .fetchone()[0]
     )
-    assert samples == 2 * 2 * 3  # the A/A rounds were not measured again (2 arms x 2 levels x 3 rounds)
+    assert samples == 2 * 2 * 8  # the A/A rounds were not measured again (2 arms x 2 levels x 8 rounds)
