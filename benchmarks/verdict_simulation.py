@@ -53,7 +53,7 @@ def recorded_residuals(directory: Path | None = None) -> dict[str, np.ndarray]:
     directory = directory or RECORDINGS / "h200"
     rec = Recording(sorted(directory.rglob("*.jsonl.gz")))
     out = {}
-    for (kind, _pair, _role, level) in {k for k in rec.cells if k[0] == "aa"}:
+    for _kind, _pair, _role, level in {k for k in rec.cells if k[0] == "aa"}:
         tag = "b" + level.rsplit("/b", 1)[1]
         if tag in out:
             continue

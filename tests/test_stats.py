@@ -16,8 +16,9 @@ the per-sample noise, each round's clock drift (CV 1%, far above the per-sample 
 of the round alike, and in the A/B whichever arm runs second in a round is 0.1% slower (a warm-up/order
 effect).
 
-Slow lane: the tests marked ``slow`` (the long simulations) run only when the ``-m`` expression names them,
-``python -m pytest -m slow tests/test_stats.py``; a plain run of this file skips them.
+Lanes: a plain run of this file covers every property once (one noise model / direction of each
+simulation); the cases marked ``slow`` complete the matrix (both noise models, both directions) and run
+only when the ``-m`` expression names them: ``python -m pytest -m slow tests/test_stats.py``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ THRESHOLD = DEFAULT_THRESHOLD  # the plan's practical threshold: 1% at every lev
 AA_ARMS = 4
 AA_ROUNDS = 16
 N_INV = 1000
+DETECT_CV = 0.005  # per-sample noise of the detection simulations
 
 Noise = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
 
@@ -224,7 +226,10 @@ def verdict_counts(results: list[SequentialResult]) -> dict[str, int]:
     return {v: sum(r.verdict == v for r in results) for v in VARIANT_VERDICTS}
 
 
-NOISE_MODELS = {"shaped": shaped_noise, "gaussian": lambda: ("gaussian", gaussian_noise())}
+NOISE_MODELS: dict[str, Callable[..., tuple[str, Noise]]] = {
+    "shaped": shaped_noise,
+    "gaussian": lambda cv=CV: ("gaussian", gaussian_noise(cv)),
+}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -232,8 +237,7 @@ NOISE_MODELS = {"shaped": shaped_noise, "gaussian": lambda: ("gaussian", gaussia
 # --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model", ["shaped", "gaussian"])
+@pytest.mark.parametrize("model", ["shaped", pytest.param("gaussian", marks=pytest.mark.slow)])
 def test_no_true_effect_is_accepted_or_called_a_regression_at_most_1_percent(model):
     name, noise = NOISE_MODELS[model]()
     results, _ = run_investigations(noise, 0.0, seed=101 if model == "shaped" else 102)
@@ -253,13 +257,21 @@ def test_no_true_effect_is_accepted_or_called_a_regression_at_most_1_percent(mod
     assert no_gain >= 0.95, f"{msg}; rejected as no gain {no_gain:.1%}"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model", ["shaped", "gaussian"])
-@pytest.mark.parametrize("direction", [+1, -1], ids=["faster", "slower"])
+@pytest.mark.parametrize(
+    ("model", "direction"),
+    [
+        pytest.param("shaped", +1, id="faster-shaped"),
+        pytest.param("shaped", -1, id="slower-shaped", marks=pytest.mark.slow),
+        pytest.param("gaussian", +1, id="faster-gaussian", marks=pytest.mark.slow),
+        pytest.param("gaussian", -1, id="slower-gaussian", marks=pytest.mark.slow),
+    ],
+)
 def test_true_effect_of_1_5_thresholds_is_decided_right_at_least_95_percent(model, direction):
     """A real change of 1.5x the plan's 1% threshold at every level: accepted (faster) or rejected as a
-    regression (slower) in >= 95% of investigations, and never called the other way at any level."""
-    name, noise = NOISE_MODELS[model]()
+    regression (slower) in >= 95% of investigations, and never called the other way at any level.  The
+    per-sample noise here is DETECT_CV (0.5%), enough that most investigations need looks beyond the quick one;
+    the estimates land on the true effect."""
+    name, noise = NOISE_MODELS[model](DETECT_CV)
     seed = {("shaped", 1): 201, ("shaped", -1): 202, ("gaussian", 1): 203, ("gaussian", -1): 204}[model, direction]
     log_effect = direction * 1.5 * THRESHOLD
     results, _ = run_investigations(noise, log_effect, seed=seed)
@@ -270,17 +282,20 @@ def test_true_effect_of_1_5_thresholds_is_decided_right_at_least_95_percent(mode
     else:
         detected = sum(r.verdict == "reject" and regressed_somewhere(r) for r in results) / n
         wrong = sum(improved_somewhere(r) for r in results) / n
+    mean_rounds = float(np.mean([r.rounds for r in results]))
+    median_effect = float(np.median([e.effect for r in results for e in r.effects.values()]))
     msg = (
-        f"{name} noise, true effect {_pct(log_effect)} (1.5 x the {THRESHOLD:.0%} threshold), {n} investigations: "
-        f"decided right {detected:.1%}, wrong direction {wrong:.1%}; verdicts {verdict_counts(results)}; "
-        f"mean rounds {np.mean([r.rounds for r in results]):.1f}"
+        f"{name} noise (CV {DETECT_CV:.1%}), true effect {_pct(log_effect)} (1.5 x the {THRESHOLD:.0%} threshold), "
+        f"{n} investigations: decided right {detected:.1%}, wrong direction {wrong:.1%}; "
+        f"verdicts {verdict_counts(results)}; mean rounds {mean_rounds:.1f}; median estimate {_pct(median_effect)}"
     )
     assert detected >= 0.95, msg
     assert wrong == 0.0, msg
+    assert mean_rounds > SequentialPlan().quick_rounds, msg  # the later looks did part of the work
+    assert abs(median_effect - log_effect) < 0.001, msg
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model", ["shaped", "gaussian"])
+@pytest.mark.parametrize("model", [pytest.param("shaped", marks=pytest.mark.slow), "gaussian"])
 def test_repeated_looks_do_not_inflate_the_false_significance_rate(model):
     """With the practical threshold switched off (T = 0, pure significance), the chance that ANY level at ANY
     of the 7 looks is called improved/regressed without a true effect stays under 1 - conf = 5%.  The same
@@ -334,7 +349,7 @@ def test_seed_story_small_gain_inside_a_5_percent_band_is_never_accepted():
     )
     assert accepted == 0.0, msg
     assert all(r.verdict == "inconclusive" and not regressed_somewhere(r) for r in results), msg
-    assert quick_improved <= 0.03, msg
+    assert quick_improved <= 0.05, msg
 
 
 def test_abba_order_cancels_a_strong_order_effect():
@@ -358,7 +373,7 @@ def test_a_config_against_itself_is_never_called_improved_or_regressed(model):
     """The null rule: the baseline as the "variant" (same distribution, its own independently drawn noise),
     judged by the sequential A/B of #3a (5 levels, 3 variants' Bonferroni share) with the A/A's between-arm
     offset in the interval.  No level is called improved or regressed at any look, in any investigation;
-    at least 90% end "equivalent at every level", the rest inconclusive."""
+    most (>= 85%) end "equivalent at every level", the rest inconclusive."""
     if model == "recorded":
         name, noise = shaped_noise(cv=None)  # the recordings at their own scale
     else:
@@ -370,7 +385,7 @@ def test_a_config_against_itself_is_never_called_improved_or_regressed(model):
     msg = f"{name} noise, a config against itself, {n} investigations: {verdict_counts(results)}"
     assert claims == 0, msg
     assert all(r.verdict in ("reject", "inconclusive") and not regressed_somewhere(r) for r in results), msg
-    assert no_gain >= 0.9, msg
+    assert no_gain >= 0.85, msg
     assert all(r.conf_per_look == pytest.approx(1 - 0.05 / (7 * 5 * 3)) for r in results)
 
 
@@ -455,9 +470,10 @@ def test_aa_outliers_are_counted_winsorized_and_never_break_the_harness():
     # winsorized to 5 robust SDs: the round SD grows a little, not to the tens of percent of the raw samples
     assert nb.round_sd < 2 * ref.round_sd, f"winsorized round SD {nb.round_sd:.3%} vs clean {ref.round_sd:.3%}"
     assert check_aa([nb, ref]) == []  # no exception, nothing to warn about
-    # the same three samples in a 2-arm A/A are still found and still not a broken harness
+    # a 2-arm A/A with two of those samples: still flagged (with two arms a wild round cannot be pinned on one
+    # arm, so both samples of it may count), still winsorized, still not a broken harness
     two = aa_noise(wild[[0, 2]], "b32")
-    assert two.outliers >= 1 and not two.broken, two
+    assert two.outliers >= 2 and not two.broken and two.equivalent, two
 
 
 @pytest.mark.parametrize("model", ["gaussian", pytest.param("shaped", marks=pytest.mark.slow)])
