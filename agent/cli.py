@@ -132,49 +132,60 @@ def reject(
 # --------------------------------------------------------------------------- #
 # measuring
 # --------------------------------------------------------------------------- #
+PlanOpt = typer.Option(Path("plans/3a-attention-occupancy.yaml"), "--plan",
+                       help="plan whose kernel, levels, environment and thresholds to use")
+
+
 @app.command()
 def bench(
-    config: Path = typer.Option(None, help="config JSON to time (default: the live kernels/configs/<kernel>.json)"),
-    variant: str = typer.Option(None, help="A/B against the live config: changes such as num_warps=8,num_stages=3"),
-    levels: str = typer.Option("1,8,32,64,96", help="batch sizes"),
-    contexts: str = typer.Option(None, help="context lengths (default 4096,16384 on cuda; 4096 on replay)"),
-    shapes: str = typer.Option(None, help="v3,v4flash (default both on cuda; v4flash on replay)"),
+    plan: Path = PlanOpt,
+    config: Path = typer.Option(None, help="config JSON to time (default: the kernel's live config)"),
+    variant: str = typer.Option(None, help="A/B against the live config: tunable changes such as num_warps=8"),
     backend: str = typer.Option("auto", help="auto | cuda | replay"),
     samples: int = typer.Option(5, min=1, max=1000, help="samples per level for a single config"),
-    rounds: int = typer.Option(24, min=2, max=1000, help="max ABBA rounds for --variant"),
+    rounds: int = typer.Option(32, min=2, max=1000, help="max ABBA rounds for --variant"),
     state_dir: str = StateOpt,
     as_json: bool = JsonOpt,
 ):
-    """Time one config per level (µs, GB/s, % of copy bandwidth, tokens/s), or a variant against it.
+    """Time one config at the plan's levels (µs, GB/s, % of copy bandwidth, throughput), or A/B a variant.
 
-    Example: kinv bench --backend cuda            (the full sweep: 5 batches x 2 contexts x 2 shapes)
+    Example: kinv bench --plan plans/4a-expert-gemm-tiles.yaml --backend cuda
     Example: kinv bench --variant num_warps=8 --backend replay
     """
     from agent.investigation import bench_command
 
-    raise Exit(*bench_command(config, variant, _ints(levels, "levels"), contexts, shapes, backend, samples, rounds,
-                              state_dir, as_json, _console()))  # fmt: skip
+    raise Exit(*bench_command(plan, config, variant, backend, samples, rounds, state_dir, as_json, _console()))
 
 
 @app.command()
 def noise(
-    levels: str = typer.Option("1,8,32,64,96", help="batch sizes"),
+    plan: Path = PlanOpt,
     rounds: int = typer.Option(16, min=3, max=1000, help="A/A rounds (every worker in every round)"),
     workers: int = typer.Option(4, min=2, max=8, help="baseline workers: they measure the between-arm offset"),
-    threshold: float = typer.Option(0.01, min=0.0001, max=0.5, help="practical threshold to judge the noise against"),
     backend: str = typer.Option("auto", help="auto | cuda | replay"),
     state_dir: str = StateOpt,
     as_json: bool = JsonOpt,
 ):
-    """Characterize benchmark noise: the live config timed by several workers against itself, per level:
-    round-to-round spread, between-worker offset, outliers, and whether a threshold is decidable.
+    """Characterize benchmark noise at the plan's levels: the live config timed by several workers against
+    itself: round-to-round spread, between-worker offset, outliers, and whether the plan's thresholds are
+    decidable.
 
     Example: kinv noise --backend replay --rounds 16 --workers 4
     """
     from agent.investigation import noise_command
 
-    raise Exit(*noise_command(_ints(levels, "levels"), rounds, backend, state_dir, as_json, _console(),
-                              arms_n=workers, threshold=threshold))  # fmt: skip
+    raise Exit(*noise_command(plan, rounds, backend, state_dir, as_json, _console(), arms_n=workers))
+
+
+@app.command()
+def kernels(as_json: bool = JsonOpt):
+    """List the kernels kinv can investigate: their tunables, level dimensions and throughput unit.
+
+    Example: kinv kernels --json
+    """
+    from agent.investigation import kernels_command
+
+    raise Exit(*kernels_command(as_json, _console()))
 
 
 @app.command()

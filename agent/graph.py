@@ -22,9 +22,9 @@ from agent import planner
 from agent.models import Plan
 from agent.store import Store
 from agent.tools import bench, configs, correctness, envcheck, resources
-from kernels.adapter import Level, get_adapter, project_root
+from kernels.adapter import Level, get_adapter
 from kernels.devices import get_device
-from kernels.launch_config import PARAMS, config_hash, describe
+from kernels.launch_config import config_hash, describe
 
 APPROVAL_POLICIES = ("ask", "auto-config", "auto")
 RECURSION_LIMIT = 200
@@ -84,10 +84,7 @@ class Context:
         return self.adapter.config_path()
 
     def levels(self) -> list[Level]:
-        heads = resources.local_heads(self.plan.model.heads, self.plan.model.attention_tp)
-        w = self.plan.workload
-        return [Level(batch=b, context=w.context, shape=self.plan.model.shape, heads=heads, page_size=w.page_size)
-                for b in w.levels]  # fmt: skip
+        return self.plan.levels()
 
     def say(self, kind: str, **info) -> None:
         msg = info.get("message")
@@ -101,30 +98,33 @@ class Context:
 # helpers the nodes share
 # --------------------------------------------------------------------------- #
 def _baseline_config(ctx: Context) -> dict:
-    return {**ctx.plan.baseline, "kernel": ctx.plan.kernel}
+    return {**ctx.plan.baseline, "kernel": ctx.adapter.name}
 
 
 def _source_patch(ctx: Context, variant) -> tuple[Path, str] | None:
-    """(target file, diff text) of a variant's source patch; both relative to the project root."""
+    """(target file, diff text) of a variant's source patch.  The diff is found beside the plan's project
+    (the current directory) or under the adapter's root; it may only target one of the adapter's
+    ``kernel_files``, which are relative to the adapter's root."""
     if not variant.source_patch:
         return None
-    root = project_root()
-    diff_path = root / variant.source_patch
-    if not diff_path.is_file():
-        raise configs.PatchError(f"source_patch {variant.source_patch} does not exist under {root}")
+    root = ctx.adapter.root()
+    diff_path = next((d / variant.source_patch for d in (Path.cwd(), root) if (d / variant.source_patch).is_file()),
+                     None)  # fmt: skip
+    if diff_path is None:
+        raise configs.PatchError(f"source_patch {variant.source_patch} does not exist under {Path.cwd()} or {root}")
     diff = diff_path.read_text()
     target = next((ln[4:].strip() for ln in diff.splitlines() if ln.startswith("+++ ")), "")
     target = target[2:] if target.startswith("b/") else target
-    if not target or Path(target).is_absolute() or ".." in Path(target).parts or Path(target).parts[0] != "kernels":
+    if target not in ctx.adapter.kernel_files:
         raise configs.PatchError(f"source_patch {variant.source_patch} targets {target!r}; a variant may only patch "
-                                 "files under kernels/")  # fmt: skip
+                                 f"the kernel's files: {', '.join(ctx.adapter.kernel_files)}")  # fmt: skip
     return root / target, diff
 
 
 def _ensure_applied(ctx: Context, variant, exp_id: int) -> None:
     """The variant is what is on disk: its config and its source patch (re-applied after a recovery)."""
     cfg = ctx.plan.variant_config(variant)
-    live = configs.read_config(ctx.config_path, ctx.plan.kernel)
+    live = configs.read_config(ctx.config_path, ctx.adapter.name)
     if config_hash(live) != config_hash(cfg):
         configs.patch_config(ctx.store, ctx.config_path, cfg, ctx.plan.ws, exp_id)
     src = _source_patch(ctx, variant)
@@ -151,31 +151,9 @@ def _revert_all(ctx: Context) -> None:
             configs.revert(ctx.store, p["id"])
 
 
-def _stored_pairs(store: Store, exp_id: int, tags=("A", "B")) -> dict[int, dict[str, tuple[float, float]]]:
-    """Rounds already committed for an experiment: round -> level -> (a_us, b_us)."""
-    by = {}
-    for s in store.samples(exp_id):
-        by.setdefault(s["round"], {}).setdefault(s["level"], {})[s["arm"]] = s["us"]
-    out = {}
-    for r, levels in by.items():
-        if all(tags[0] in v and tags[1] in v for v in levels.values()):
-            out[r] = {lv: (v[tags[0]], v[tags[1]]) for lv, v in levels.items()}
-    return out
-
-
-def _stored_aa(store: Store, exp_id: int, n_arms: int) -> dict[int, dict[str, list[float]]]:
-    """A/A rounds already committed: round -> level -> [time of arm 0, ..., arm n-1] (complete rounds only)."""
-    by: dict = {}
-    for s in store.samples(exp_id):
-        by.setdefault(s["round"], {}).setdefault(s["level"], {})[s["arm"]] = s["us"]
-    tags = [f"A{j}" for j in range(n_arms)]
-    return {r: {lv: [v[t] for t in tags] for lv, v in levels.items()} for r, levels in by.items()
-            if all(all(t in v for t in tags) for v in levels.values())}  # fmt: skip
-
-
 def _thresholds(ctx: Context) -> dict[str, float]:
     """The plan's practical threshold at each level: fixed before any data are seen."""
-    return {lv.key: ctx.plan.stats.threshold_at(lv.batch) for lv in ctx.levels()}
+    return {lv.key: ctx.plan.stats.threshold_at(lv.label) for lv in ctx.levels()}
 
 
 def _look_conf(ctx: Context) -> float:
@@ -195,7 +173,7 @@ def _needs_approval(ctx: Context, cfg: dict, source_patch: bool) -> bool:
     bounds = ctx.plan.bounds
     items = [cfg] + list(cfg.get("overrides", []))
     for item in items:
-        for k in PARAMS:
+        for k in ctx.adapter.spec.names:
             if k in item and k in bounds and item[k] not in bounds[k]:
                 return True
     return False
@@ -209,7 +187,7 @@ def make_nodes(ctx: Context):
 
     def setup(state: State) -> dict:
         configs.recover(store)
-        live = configs.read_config(ctx.config_path, plan.kernel)
+        live = configs.read_config(ctx.config_path, ctx.adapter.name)
         base = _baseline_config(ctx)
         if config_hash(live) != config_hash(base):
             raise InvestigationError(
@@ -231,16 +209,16 @@ def make_nodes(ctx: Context):
     def baseline(state: State) -> dict:
         planner.start(store, ws, "baseline")
         levels = ctx.levels()
-        heads = levels[0].heads
-        block_h = resources.block_h_for(heads)
-        if block_h != plan.baseline["BLOCK_H"]:
-            ctx.say("warning", message=f"{heads} local heads want block_h {block_h}, the baseline uses "
-                                       f"{plan.baseline['BLOCK_H']}")  # fmt: skip
+        notes = ctx.adapter.workload_notes(plan.workload_spec, plan.baseline)
+        for n in notes:
+            if n.startswith("warning:"):
+                ctx.say("warning", message=n.removeprefix("warning:").strip())
+        derived = "; ".join(n for n in notes if not n.startswith("warning:"))
         exp = _experiment(ctx, "baseline", "baseline", "baseline", _baseline_config(ctx))
         assessment = resources.assess(ctx.adapter, _baseline_config(ctx), levels, get_device(plan.device))
         resources.record(store, ws, exp, assessment)
         result = correctness.check_isolated(plan.kernel, _baseline_config(ctx), levels, seed=_seed(),
-                                            device=_corr_device(ctx))  # fmt: skip
+                                            device=_corr_device(ctx), env=plan.environment)  # fmt: skip
         correctness.record(store, ws, exp, result)
         if not result["ok"]:
             raise InvestigationError(f"the baseline itself is incorrect: {result['reason']}")
@@ -251,8 +229,8 @@ def make_nodes(ctx: Context):
             arm.close()
         store.update_experiment(exp, status="done", finished=time.time())
         planner.finish(store, ws, "baseline", "completed",
-                       f"{local_heads_text(plan)}; env {plan.environment} confirmed; correct")  # fmt: skip
-        ctx.say("baseline", message=f"baseline verified: {local_heads_text(plan)}, env confirmed, correct")
+                       f"{derived + '; ' if derived else ''}env {plan.environment} confirmed; correct")  # fmt: skip
+        ctx.say("baseline", message=f"baseline verified: {derived + ', ' if derived else ''}env confirmed, correct")
         return {"decision": "baseline verified"}
 
     def noise(state: State) -> dict:
@@ -263,29 +241,10 @@ def make_nodes(ctx: Context):
         levels = ctx.levels()
         base = _baseline_config(ctx)
         s = plan.stats
-        done = _stored_aa(store, exp, s.aa_arms)
-        acc: dict[str, list[list[float]]] = {lv.key: [[] for _ in range(s.aa_arms)] for lv in levels}
-        arms: list = []
-        gpu_s = 0.0
         t0 = time.time()
-        try:
-            for r in range(s.aa_rounds):
-                if r in done:
-                    for lv, times in done[r].items():
-                        for j, us in enumerate(times):
-                            acc[lv][j].append(us)
-                    continue
-                if not arms:
-                    arms = [ctx.backend.open(f"A{j}", plan.kernel, base, plan.environment, replica=j)
-                            for j in range(s.aa_arms)]  # fmt: skip
-                    for a in arms:
-                        for lv in levels:
-                            a.setup(lv)
-                gpu_s += bench.aa_round(store, exp, ctx.backend, arms, levels, r, acc, store.device(arms[0].fingerprint))
-                ctx.say("round", phase="noise", round=r + 1, total=s.aa_rounds)
-        finally:
-            for a in arms:
-                a.close()
+        acc, gpu_s = bench.run_aa(store, exp, ctx.backend, plan.kernel, base, plan.environment, levels, s.aa_rounds,
+                                  s.aa_arms, on_round=lambda r: ctx.say("round", phase="noise", round=r + 1,
+                                                                         total=s.aa_rounds))  # fmt: skip
         thresholds = _thresholds(ctx)
         look = _look_conf(ctx)
         bands = [stats.aa_noise(acc[lv.key], lv.key, thresholds[lv.key], s.max_rounds, look) for lv in levels]
@@ -391,8 +350,9 @@ def make_nodes(ctx: Context):
     def gate(state: State) -> Command[Literal["measure", "revert"]]:
         vid = state["current"]
         _ensure_applied(ctx, plan.variant(vid), state["exp_id"])
-        live = configs.read_config(ctx.config_path, plan.kernel)
-        result = correctness.check_isolated(plan.kernel, live, ctx.levels(), seed=_seed(), device=_corr_device(ctx))
+        live = configs.read_config(ctx.config_path, ctx.adapter.name)
+        result = correctness.check_isolated(plan.kernel, live, ctx.levels(), seed=_seed(), device=_corr_device(ctx),
+                                            env=plan.environment)  # fmt: skip
         correctness.record(store, ws, state["exp_id"], result)
         if not result["ok"]:
             kind, why = _failure_kind(result)
@@ -408,60 +368,41 @@ def make_nodes(ctx: Context):
         vid, exp = state["current"], state["exp_id"]
         variant = plan.variant(vid)
         _ensure_applied(ctx, variant, exp)
-        live = configs.read_config(ctx.config_path, plan.kernel)  # the variant is what is on disk
+        live = configs.read_config(ctx.config_path, ctx.adapter.name)  # the variant is what is on disk
         # while a source patch is live, the baseline arm runs the baseline source snapshot
         base_path = [state["baseline_hashes"]["snapshot"]] if variant.source_patch else None
         levels = ctx.levels()
-        done = _stored_pairs(store, exp)
-        arms: list = []
-        acc = bench.PairedRounds()
         t0 = time.time()
         s = plan.stats
         seq = stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds,
                                    conf=s.conf)  # fmt: skip
-
-        def open_arms():
-            arms.append(ctx.backend.open("baseline", plan.kernel, _baseline_config(ctx), plan.environment,
-                                         pythonpath=base_path, partner=live, role="base"))  # fmt: skip
-            arms.append(ctx.backend.open(vid, plan.kernel, live, plan.environment, partner=_baseline_config(ctx)))
-            for a in arms:
-                envcheck.check_worker(store, ws, exp, plan.environment, a.env_seen)
-                for lv in levels:
-                    a.setup(lv)
-
-        def sample_fn(r: int) -> dict:
-            if r in done:
-                return done[r]
-            if not arms:
-                open_arms()
-            pairs = bench.paired_round(store, exp, ctx.backend, arms[0], arms[1], levels, r, acc,
-                                       store.device(arms[0].fingerprint))
-            ctx.say("round", phase=vid, round=r + 1, total=s.max_rounds)
-            return pairs
-
         try:
-            seq_res = stats.run_sequential(sample_fn, [lv.key for lv in levels], state["thresholds"], seq,
-                                           offset_sd=state.get("offsets", {}), n_variants=len(plan.variants))  # fmt: skip
+            seq_res, gpu_s = bench.run_ab(
+                store, exp, ctx.backend, plan.kernel, _baseline_config(ctx), live, plan.environment, levels,
+                state["thresholds"], seq, offset_sd=state.get("offsets", {}), n_variants=len(plan.variants),
+                base_pythonpath=base_path, on_open=lambda a: envcheck.check_worker(store, ws, exp, plan.environment,
+                                                                                   a.env_seen),
+                on_round=lambda r: ctx.say("round", phase=vid, round=r + 1, total=s.max_rounds),
+                names=("baseline", vid))  # fmt: skip
         except (bench.VariantFailed, bench.NoRecording) as exc:
             kind = "not measured" if isinstance(exc, bench.NoRecording) else "failed"
             why = f"{kind}: {exc}"
             void = _integrity(store, exp, state["baseline_hashes"])  # rounds already taken may void it anyway
             if void:
                 kind, why = "void", f"{void} (and then {why})"
-            res = _failed(store, state, kind, why, gpu_s=acc.gpu_s, wall_s=time.time() - t0,
+            spent = sum(x["gpu_s"] or 0 for x in store.samples(exp))
+            res = _failed(store, state, kind, why, gpu_s=spent, wall_s=time.time() - t0,
                           **({"void_reason": void} if void else {}))
             ctx.say("failed", message=f"{vid}: {res['reason']}")
             return {"results": {**state.get("results", {}), vid: res}, "decision": res["reason"][:200]}
-        finally:
-            for a in arms:
-                a.close()
         store.add_verdicts(exp, bench.verdict_rows(seq_res))
         gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
         void = _integrity(store, exp, state["baseline_hashes"])
         verdict, reason = seq_res.verdict, seq_res.reason
         if void:
             verdict, reason = "void", void
-        quick = ", ".join(f"{k.rsplit('/', 1)[1]}:{v}" for k, v in seq_res.quick_look.items())
+        label = {lv.key: lv.label for lv in levels}
+        quick = ", ".join(f"{label.get(k, k)}:{v}" for k, v in seq_res.quick_look.items())
         store.update_experiment(exp, status="done", verdict=verdict, reason=reason, rounds=seq_res.rounds,
                                 gpu_s=gpu_total, wall_s=time.time() - t0, finished=time.time(),
                                 void_reason=void or None)  # fmt: skip
@@ -473,7 +414,7 @@ def make_nodes(ctx: Context):
                "effects": {lv: round(e.effect, 5) for lv, e in seq_res.effects.items()}}  # fmt: skip
         ctx.say("verdict", message=f"{vid}: {verdict} — {reason}")
         return {"results": {**state.get("results", {}), vid: res},
-                "gpu_s": state.get("gpu_s", 0) + acc.gpu_s, "rounds": state.get("rounds", 0) + seq_res.rounds,
+                "gpu_s": state.get("gpu_s", 0) + gpu_s, "rounds": state.get("rounds", 0) + seq_res.rounds,
                 "decision": f"{vid}: {verdict}"}  # fmt: skip
 
     def revert(state: State) -> dict:
@@ -548,13 +489,14 @@ def _snapshot(ctx: Context) -> Path:
     imports it while a variant's source patch is on disk."""
     import shutil
 
-    src = project_root() / "kernels"
+    src = ctx.adapter.package_dir()
     dest = ctx.store.dir / "snapshots" / bench.kernel_hash(ctx.plan.kernel)
-    if not (dest / "kernels" / "__init__.py").exists():
+    if not (dest / src.name / "__init__.py").exists():
         tmp = dest.with_name(dest.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp / "kernels", ignore=shutil.ignore_patterns("recordings", "__pycache__", "*.json"))
-        shutil.copytree(src / "configs", tmp / "kernels" / "configs", dirs_exist_ok=True)
+        shutil.copytree(src, tmp / src.name, ignore=shutil.ignore_patterns("recordings", "__pycache__", "*.json"))
+        if (src / "configs").is_dir():
+            shutil.copytree(src / "configs", tmp / src.name / "configs", dirs_exist_ok=True)
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
     return dest
@@ -569,11 +511,6 @@ def _seed() -> int:
 
 def _corr_device(ctx: Context) -> str:
     return "cuda" if ctx.backend.name == "cuda" else "cpu"
-
-
-def local_heads_text(plan: Plan) -> str:
-    h = resources.local_heads(plan.model.heads, plan.model.attention_tp)
-    return f"{plan.model.heads} heads / attention TP {plan.model.attention_tp} = {h} local heads -> block_h {resources.block_h_for(h)}"
 
 
 # --------------------------------------------------------------------------- #

@@ -109,31 +109,35 @@ def _paused(store: Store, aid: str, console) -> tuple[int, str]:
 
 
 # --------------------------------------------------------------------------- #
-def bench_command(config_path, variant, levels, contexts, shapes, backend, samples, rounds, state_dir, as_json, console):
+def _plan_and_backend(plan_path, backend):
+    from agent.models import load_plan
+    from agent.tools import bench
+
+    plan, _ = load_plan(plan_path)
+    be = bench.get_backend(backend)
+    print(be.loud, flush=True)
+    return plan, be
+
+
+def bench_command(plan_path, config_path, variant, backend, samples, rounds, state_dir, as_json, console):
+    """``kinv bench``: time one config at the plan's levels, or A/B a variant against it (the same
+    sequential A/B the graph runs, bench.run_ab)."""
     import json
 
     from agent import stats
     from agent.tools import bench
-    from kernels.adapter import Level, get_adapter
-    from kernels.launch_config import describe, load_config, validate_config
+    from kernels.launch_config import describe, load_config
 
-    be = bench.get_backend(backend)
-    print(be.loud, flush=True)
-    adapter = get_adapter("mla_decode")
-    cfg = load_config(config_path or adapter.config_path(), "mla_decode")
+    plan, be = _plan_and_backend(plan_path, backend)
+    adapter = plan.adapter
+    cfg = load_config(config_path or adapter.config_path(), adapter.name)
     cfg = {k: v for k, v in cfg.items() if k != "description"}
-    default_ctx, default_shapes = ("4096,16384", "v3,v4flash") if be.name == "cuda" else ("4096", "v4flash")
-    ctxs = [int(c) for c in (contexts or default_ctx).split(",")]
-    shp = (shapes or default_shapes).split(",")
-    bad = [s for s in shp if s not in ("v3", "v4flash")]
-    if bad:
-        return EXIT_BAD_INPUT, f"--shapes {bad[0]!r} is not valid; use v3 or v4flash"
-    lvls = [Level(batch=b, context=c, shape=s, heads=16, page_size=64) for s in shp for c in ctxs for b in levels]
+    lvls = plan.levels()
     store = Store(state_dir)
-    env = {"TARGET_CTAS": os.environ.get("TARGET_CTAS", "512")}
+    env = dict(plan.environment)
     if variant is None:
         exp = store.new_experiment(kind="bench", variant="config", backend=be.name, config_json=json.dumps(cfg))
-        rows = bench.measure_config(store, exp, be, "mla_decode", cfg, env, lvls, samples,
+        rows = bench.measure_config(store, exp, be, plan.kernel, cfg, env, lvls, samples,
                                     on_level=None if as_json else lambda m: console.print(_bench_line(m)))
         store.update_experiment(exp, status="done", finished=time.time())
         if as_json:
@@ -142,29 +146,20 @@ def bench_command(config_path, variant, levels, contexts, shapes, backend, sampl
     patch = {}
     for item in variant.split(","):
         k, _, v = item.partition("=")
+        k = k.strip()
+        if k not in adapter.spec.names:
+            return EXIT_BAD_INPUT, (f"--variant item {item!r}: {k!r} is not a tunable of {adapter.name}; its tunables: "
+                                    f"{', '.join(adapter.spec.names)}")  # fmt: skip
         try:
-            patch[k.strip()] = int(v)
+            patch[k] = int(v)
         except ValueError:
-            return EXIT_BAD_INPUT, f"--variant item {item!r} must be KEY=INT, e.g. num_warps=8"
-    var_cfg = validate_config({**cfg, **patch}, "mla_decode")
+            return EXIT_BAD_INPUT, f"--variant item {item!r} must be KEY=INT, e.g. {adapter.spec.names[-1]}=2"
+    var_cfg = adapter.validate_config({**cfg, **patch})
     exp = store.new_experiment(kind="ab", variant=describe(var_cfg), backend=be.name, config_json=json.dumps(var_cfg))
-    thresholds = {lv.key: stats.DEFAULT_THRESHOLD for lv in lvls}
-    arms = [be.open("baseline", "mla_decode", cfg, env, partner=var_cfg, role="base"),
-            be.open("variant", "mla_decode", var_cfg, env, partner=cfg)]
-    for a in arms:
-        for lv in lvls:
-            a.setup(lv)
-
-    def sample_fn(r):
-        return bench.paired_round(store, exp, be, arms[0], arms[1], lvls, r, bench.PairedRounds(),
-                                  store.device(arms[0].fingerprint))
-
-    try:
-        res = stats.run_sequential(sample_fn, [lv.key for lv in lvls], thresholds,
-                                   stats.SequentialPlan(max_rounds=rounds))  # fmt: skip
-    finally:
-        for a in arms:
-            a.close()
+    thresholds = {lv.key: plan.stats.threshold_at(lv.label) for lv in lvls}
+    seq = stats.SequentialPlan(quick_rounds=min(plan.stats.quick_rounds, rounds), step_rounds=plan.stats.step_rounds,
+                               max_rounds=rounds, conf=plan.stats.conf)  # fmt: skip
+    res, _ = bench.run_ab(store, exp, be, plan.kernel, cfg, var_cfg, env, lvls, thresholds, seq)
     gpu_s = sum(s["gpu_s"] or 0 for s in store.samples(exp))
     store.add_verdicts(exp, bench.verdict_rows(res))
     store.update_experiment(exp, status="done", verdict=res.verdict, reason=res.reason, rounds=res.rounds, gpu_s=gpu_s)
@@ -173,7 +168,7 @@ def bench_command(config_path, variant, levels, contexts, shapes, backend, sampl
                           "effects": {k: e.__dict__ for k, e in res.effects.items()}}, indent=2, default=str))
     else:
         for k, e in res.effects.items():
-            console.print(f"{k:40s} {e.effect:+7.2%} [{e.ci_low:+.2%}, {e.ci_high:+.2%}] {e.verdict}")
+            console.print(f"{k:40s} {e.effect:+7.2%} [{e.ci_low:+.2%}, {e.ci_high:+.2%}] ({e.conf:.3%} CI) {e.verdict}")
         console.print(f"{describe(var_cfg)} vs {describe(cfg)}: {res.verdict} after {res.rounds} rounds "
                       f"({gpu_s:.2f} GPU s) — {res.reason}")  # fmt: skip
     return EXIT_OK, f"stored as experiment {exp} in {store.path}"
@@ -182,37 +177,30 @@ def bench_command(config_path, variant, levels, contexts, shapes, backend, sampl
 def _bench_line(m: dict) -> str:
     frac = f"{m['frac_copy']:.0%}" if m.get("frac_copy") else "n/a"
     return (f"{m['level']:40s} {m['us']:9.1f} µs {m['gbps']:7.0f} GB/s {frac:>5s} of copy "
-            f"{m['tokens_per_s']:12,.0f} tok/s  {m['config']}")  # fmt: skip
+            f"{m['tokens_per_s']:12,.2f} {m.get('unit', '')}  {m['config']}")  # fmt: skip
 
 
-def noise_command(levels, rounds, backend, state_dir, as_json, console, arms_n: int = 4, threshold: float = 0.01):
+def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_n: int = 4):
+    """``kinv noise``: the A/A the graph runs (bench.run_aa + stats.aa_noise), at the plan's levels and
+    thresholds."""
     import json
 
     from agent import stats
     from agent.tools import bench
-    from kernels.adapter import Level, get_adapter
     from kernels.launch_config import load_config
 
-    be = bench.get_backend(backend)
-    print(be.loud, flush=True)
-    adapter = get_adapter("mla_decode")
-    cfg = {k: v for k, v in load_config(adapter.config_path(), "mla_decode").items() if k != "description"}
-    lvls = [Level(batch=b, context=4096, shape="v4flash", heads=16, page_size=64) for b in levels]
-    env = {"TARGET_CTAS": os.environ.get("TARGET_CTAS", "512")}
+    plan, be = _plan_and_backend(plan_path, backend)
+    adapter = plan.adapter
+    cfg = {k: v for k, v in load_config(adapter.config_path(), adapter.name).items() if k != "description"}
+    lvls = plan.levels()
     store = Store(state_dir)
     exp = store.new_experiment(kind="noise", variant="A/A", backend=be.name)
-    arms = []
-    acc: dict[str, list[list[float]]] = {}
-    gpu_s = 0.0
-    try:
-        arms = [be.open(f"A{j}", "mla_decode", cfg, env, replica=j) for j in range(arms_n)]
-        for r in range(rounds):
-            gpu_s += bench.aa_round(store, exp, be, arms, lvls, r, acc, store.device(arms[0].fingerprint))
-    finally:
-        for a in arms:
-            a.close()
-    look = stats.look_confidence(stats.SequentialPlan(), len(lvls))
-    bands = [stats.aa_noise(acc[lv.key], lv.key, threshold, stats.SequentialPlan().max_rounds, look) for lv in lvls]
+    acc, gpu_s = bench.run_aa(store, exp, be, plan.kernel, cfg, dict(plan.environment), lvls, rounds, arms_n)
+    s = plan.stats
+    seq = stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds,
+                               conf=s.conf)  # fmt: skip
+    look = stats.look_confidence(seq, len(lvls), len(plan.variants))
+    bands = [stats.aa_noise(acc[lv.key], lv.key, s.threshold_at(lv.label), s.max_rounds, look) for lv in lvls]
     store.add_noise(exp, None, [b.__dict__ for b in bands])
     store.update_experiment(exp, status="done", rounds=rounds, gpu_s=gpu_s)
     if as_json:
@@ -221,14 +209,49 @@ def noise_command(levels, rounds, backend, state_dir, as_json, console, arms_n: 
         from rich.table import Table
 
         t = Table(title=f"A/A noise, {arms_n} workers x {rounds} rounds ({be.name})")
-        for c in ("level", "round band (95%)", "arm offset SD", "widest pair [95% CI]", "outliers",
-                  f"inside ±{threshold:.0%}"):
+        for c in ("level", "round band (95%)", "arm offset SD", "widest pair [95% CI]", "outliers", "threshold",
+                  "inside it"):
             t.add_column(c)
         for b in bands:
             t.add_row(b.level, f"±{b.band:.2%}", f"{b.offset_sd:.2%}",
-                      f"{b.effect:+.2%} [{b.ci_low:+.2%}, {b.ci_high:+.2%}]", str(b.outliers),
-                      "yes" if b.equivalent else "NO")
+                      f"{b.effect:+.2%} [{b.ci_low:+.2%}, {b.ci_high:+.2%}]", str(b.outliers), f"{b.threshold:.1%}",
+                      "yes" if b.equivalent else "NO")  # fmt: skip
         console.print(t)
     for w in stats.check_aa(bands):
         console.print(f"[yellow]warning[/yellow]: {w}")
     return EXIT_OK, f"stored as experiment {exp} in {store.path}"
+
+
+def kernels_command(as_json: bool, console) -> tuple[int, str]:
+    """``kinv kernels``: every registered kernel, its tunables and level dimensions."""
+    import json
+
+    from kernels.adapter import UnknownKernelError, get_adapter, registered
+
+    rows = []
+    for name, ref in sorted(registered().items()):
+        try:
+            a = get_adapter(name)
+        except UnknownKernelError as exc:
+            rows.append({"name": name, "ref": ref, "error": str(exc)})
+            continue
+        rows.append({"name": a.name, "ref": ref, "tunables": {t.name: list(t.values) for t in a.spec.tunables},
+                     "restrictions": [r.text for r in a.spec.restrictions], "level_dims": list(a.level_dims),
+                     "override_dims": list(a.spec.override_dims), "throughput_unit": a.throughput_unit,
+                     "config": str(a.config_path())})  # fmt: skip
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK, ""
+    from rich.table import Table
+
+    t = Table(title="registered kernels (kinv.kernels entry points; a plan may also name package.module:Class)")
+    for c in ("kernel", "adapter", "tunables", "level dimensions", "throughput"):
+        t.add_column(c)
+    for r in rows:
+        if "error" in r:
+            t.add_row(r["name"], r["ref"], f"[red]{r['error']}[/red]", "", "")
+            continue
+        tun = "; ".join(f"{k} {'/'.join(map(str, v))}" for k, v in r["tunables"].items())
+        t.add_row(r["name"], r["ref"], tun, ", ".join(r["level_dims"]), r["throughput_unit"])
+    console.print(t)
+    return EXIT_OK, ""

@@ -11,10 +11,10 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from agent.ids import norm_ws
-from kernels.launch_config import BOUNDS, PARAMS, ConfigError, brief_repr, one_line, validate_config
+from kernels.launch_config import ConfigError, brief_repr, one_line
 
 WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")
 ITEM_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
@@ -52,35 +52,6 @@ class WorkstreamRef(Strict):
         return norm_ws(v)
 
 
-class ModelShape(Strict):
-    heads: int = Field(64, ge=1, le=1024, description="total attention heads of the model")
-    attention_tp: int = Field(4, ge=1, le=64, description="attention tensor-parallel size")
-    shape: Literal["v3", "v4flash"] = Field("v4flash", description="head dims: v3 = 576/512, v4flash = 512/512")
-
-    @model_validator(mode="after")
-    def _local_heads(self):
-        if self.heads % self.attention_tp:
-            raise ValueError(f"heads={self.heads} must be a multiple of attention_tp={self.attention_tp}")
-        return self
-
-
-class Workload(Strict):
-    levels: list[int] = Field(description="batch sizes (concurrency C) to measure, e.g. [1, 8, 32, 64, 96]")
-    context: int = Field(4096, ge=1, le=1 << 20, description="context length in tokens")
-    page_size: int = Field(64, ge=1, le=4096, description="KV-cache page size in tokens")
-
-    @field_validator("levels")
-    @classmethod
-    def _levels(cls, v):
-        if not v or len(v) > 16:
-            raise ValueError("give 1 to 16 batch sizes")
-        if any(b < 1 or b > 4096 for b in v):
-            raise ValueError("each batch size must be from 1 to 4096")
-        if len(set(v)) != len(v):
-            raise ValueError("batch sizes must be distinct")
-        return sorted(v)
-
-
 class Requires(Strict):
     variant: str = Field(description="id of the variant whose outcome this one depends on")
     improves_somewhere: bool = Field(True, description="run only if that variant improved at some level")
@@ -93,17 +64,10 @@ class Variant(Strict):
     patch: dict = Field(default_factory=dict, description="config keys to change relative to the baseline")
     source_patch: str | None = Field(None, description="path of a unified diff to apply to the kernel source")
     requires: Requires | None = Field(None, description="a premise: the variant is moot unless it holds")
+    targets: Literal["roofline_gap", "occupancy", "tile_shape", "elsewhere"] | None = Field(
+        None, description="the lever the variant pulls (occupancy, tile shape, ...): what its verdict is evidence about")
 
     _id = field_validator("id")(classmethod(lambda cls, v: check_item_id(v)))
-
-    @field_validator("patch")
-    @classmethod
-    def _patch(cls, v):
-        allowed = set(PARAMS) | {"overrides"}
-        unknown = sorted(set(map(str, v)) - allowed)
-        if unknown:
-            raise ValueError(f"unknown patch key {brief_repr(unknown[0])}; valid keys: {', '.join(sorted(allowed))}")
-        return v
 
     @field_validator("source_patch")
     @classmethod
@@ -128,8 +92,8 @@ class BacklogItem(Strict):
 class StatsSettings(Strict):
     threshold: float = Field(0.01, gt=0, le=0.5, description="practical threshold and equivalence margin at every "
                              "level (0.01 = 1%); fixed by the plan, never widened by the data")
-    level_thresholds: dict[int, float] = Field(default_factory=dict, description="threshold of particular levels, "
-                                               "keyed by the workload level (e.g. {1: 0.02})")
+    level_thresholds: dict[str, float] = Field(default_factory=dict, description="threshold of particular levels, "
+                                               "keyed by the level's label (e.g. {b1: 0.02})")
     conf: float = Field(0.95, ge=0.5, le=0.999, description="family-wise confidence over every level, look and "
                         "variant of the workstream")
     aa_rounds: int = Field(16, ge=8, le=200, description="A/A rounds (every A/A arm in every round)")
@@ -146,8 +110,8 @@ class StatsSettings(Strict):
                 raise ValueError(f"level_thresholds.{k}: {t!r} must lie in (0, 0.5]")
         return v
 
-    def threshold_at(self, level_value: int) -> float:
-        return self.level_thresholds.get(level_value, self.threshold)
+    def threshold_at(self, label: str) -> float:
+        return self.level_thresholds.get(label, self.threshold)
 
 
 class Budget(Strict):
@@ -157,15 +121,18 @@ class Budget(Strict):
 
 class Plan(Strict):
     workstream: WorkstreamRef = Field(description="the workstream this plan investigates")
-    kernel: str = Field(description="kernel name, e.g. 'mla_decode'")
+    kernel: str = Field(description="kernel: a registered name (`kinv kernels`), e.g. 'mla_decode', or "
+                        "package.module:Class of an adapter")
     hypothesis: str = Field(min_length=1, max_length=4000, description="what the investigation tests")
     device: str = Field("sm_90", description="target device for feasibility: sm_90, sm_100, sm_120, h200, ...")
-    model: ModelShape = Field(default_factory=ModelShape, description="model head count and attention TP")
-    workload: Workload = Field(description="levels, context length, page size")
+    workload: dict = Field(description="the levels to measure, in the kernel adapter's own terms (its workload model)")
     environment: dict[str, str] = Field(default_factory=dict, description="expected env vars, e.g. TARGET_CTAS")
-    baseline: dict = Field(description="the baseline launch config (BLOCK_T, BLOCK_H, num_warps, num_stages)")
+    baseline: dict = Field(description="the baseline launch config: a value for each of the kernel's tunables")
     variants: list[Variant] = Field(description="the variants to test, in order")
-    bounds: dict[str, list[int]] = Field(default_factory=dict, description="values a config patch may auto-pass")
+    bounds: dict[str, list[int]] = Field(default_factory=dict, description="values of each tunable a config patch "
+                                         "may auto-pass (approval auto-config)")
+    _workload: object = PrivateAttr(default=None)
+    _levels: list = PrivateAttr(default_factory=list)
     stats: StatsSettings = Field(default_factory=StatsSettings, description="noise and decision settings")
     budget: Budget = Field(default_factory=Budget, description="GPU and wall-time budget")
     backlog: list[BacklogItem] = Field(default_factory=list, description="next candidates with their rationale")
@@ -173,10 +140,9 @@ class Plan(Strict):
     @field_validator("kernel")
     @classmethod
     def _kernel(cls, v):
-        from kernels.adapter import REGISTRY
+        from kernels.adapter import get_adapter
 
-        if v not in REGISTRY:
-            raise ValueError(f"unknown kernel {v!r}; valid kernels: {', '.join(sorted(REGISTRY))}")
+        get_adapter(v)  # UnknownKernelError (a ValueError) names the valid kernels
         return v
 
     @field_validator("device")
@@ -203,22 +169,31 @@ class Plan(Strict):
                 raise ValueError(f"TARGET_CTAS={brief_repr(val)} must be an integer from 1 to {MAX_TARGET_CTAS}")
         return v
 
-    @field_validator("baseline")
-    @classmethod
-    def _baseline(cls, v):
-        try:
-            return validate_config(v)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-
     @model_validator(mode="after")
     def _cross(self):
+        adapter = self.adapter
+        spec = adapter.spec
+        self._workload = _validate_sub(adapter.workload_model(), self.workload, "workload")
+        self._levels = adapter.levels(self._workload)
+        try:
+            self.baseline = adapter.validate_config({**self.baseline, "kernel": adapter.name})
+        except ConfigError as exc:
+            raise ValueError(f"baseline: {exc}") from None
+        try:
+            adapter.workload_notes(self._workload, self.baseline)
+        except ValueError as exc:
+            raise ValueError(f"workload: {exc}") from None
         ids = [v.id for v in self.variants]
         if not ids:
             raise ValueError("variants: give at least one variant")
         if len(set(ids)) != len(ids):
             raise ValueError("variants: ids must be distinct")
+        allowed = set(spec.names) | {"overrides"}
         for v in self.variants:
+            unknown = sorted(set(map(str, v.patch)) - allowed)
+            if unknown:
+                raise ValueError(f"variants.{v.id}.patch: unknown key {brief_repr(unknown[0])}; valid keys: "
+                                 f"{', '.join(sorted(allowed))}")  # fmt: skip
             try:
                 self.variant_config(v)
             except ConfigError as exc:
@@ -226,18 +201,19 @@ class Plan(Strict):
             if v.requires and v.requires.variant not in ids[: ids.index(v.id)]:
                 raise ValueError(f"variants.{v.id}.requires: {v.requires.variant!r} is not an earlier variant")
         for key, values in self.bounds.items():
-            if key not in PARAMS:
-                raise ValueError(f"bounds: unknown key {brief_repr(key)}; valid keys: {', '.join(PARAMS)}")
-            valid, said = BOUNDS[key]
-            bad = [x for x in values if x not in valid]
+            if key not in spec.names:
+                raise ValueError(f"bounds: unknown key {brief_repr(key)}; valid keys: {', '.join(spec.names)}")
+            t = spec.tunable(key)
+            bad = [x for x in values if x not in t.values]
             if bad:
-                raise ValueError(f"bounds.{key}: {brief_repr(bad[0])} is invalid: must be {said}")
+                raise ValueError(f"bounds.{key}: {brief_repr(bad[0])} is invalid: must be {t.says()}")
         if self.stats.quick_rounds > self.stats.max_rounds:
             raise ValueError("stats.quick_rounds must not exceed stats.max_rounds")
-        unknown = sorted(set(self.stats.level_thresholds) - set(self.workload.levels))
+        labels = [lv.label for lv in self._levels]
+        unknown = sorted(set(map(str, self.stats.level_thresholds)) - set(labels))
         if unknown:
-            raise ValueError(f"stats.level_thresholds: level {unknown[0]} is not in workload.levels "
-                             f"{self.workload.levels}")
+            raise ValueError(f"stats.level_thresholds: {brief_repr(unknown[0])} is not a level of this workload; "
+                             f"its levels: {', '.join(labels)}")  # fmt: skip
         return self
 
     # ---- derived ------------------------------------------------------------------
@@ -245,17 +221,41 @@ class Plan(Strict):
     def ws(self) -> str:
         return self.workstream.id
 
+    @property
+    def adapter(self):
+        from kernels.adapter import get_adapter
+
+        return get_adapter(self.kernel)
+
+    def levels(self) -> list:
+        """The workload's levels (kernels.adapter.Level), in the adapter's order."""
+        return list(self._levels)
+
+    @property
+    def workload_spec(self):
+        """The workload as the adapter's pydantic model validated it."""
+        return self._workload
+
     def variant_config(self, variant: Variant) -> dict:
+        adapter = self.adapter
         cfg = {k: v for k, v in self.baseline.items() if k != "overrides"}
         cfg.update(variant.patch)
-        cfg.setdefault("kernel", self.kernel)
-        return validate_config(cfg, self.kernel)
+        cfg["kernel"] = adapter.name
+        return adapter.validate_config(cfg)
 
     def variant(self, vid: str) -> Variant:
         for v in self.variants:
             if v.id == vid:
                 return v
         raise KeyError(f"unknown variant {vid!r}; valid: {', '.join(v.id for v in self.variants)}")
+
+
+def _validate_sub(model: type[BaseModel], data, where: str):
+    """Validate a plan section with a model the adapter owns; errors read like the plan's own."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"{where}.{_first_error(exc, model)}") from None
 
 
 class PlanError(ValueError):
@@ -277,14 +277,14 @@ def safe_relative_path(p: str) -> Path:
     return path
 
 
-def _first_error(exc: ValidationError) -> str:
+def _first_error(exc: ValidationError, root: type[BaseModel] | None = None) -> str:
     """The first error as ``field.path: what is wrong, got VALUE`` (one line, values shortened)."""
     err = exc.errors(include_url=False, include_context=False)[0]
     loc = ".".join(x if isinstance(x, str) and x.isidentifier() and len(x) <= 40 else brief_repr(x, 40)
                    for x in err["loc"])  # fmt: skip
     msg = re.sub(r"a valid dictionary or instance of \w+", "a mapping (key: value)", err["msg"].removeprefix("Value error, "))
     if err["type"] == "extra_forbidden":
-        model = _model_at(err["loc"][:-1])
+        model = _model_at(err["loc"][:-1], root or Plan)
         msg = "unknown key" + (f"; valid keys: {', '.join(model.model_fields)}" if model else "")
     elif err["type"] not in ("missing", "value_error", "assertion_error") and "input" in err:
         msg += f", got {brief_repr(err['input'], 40)}"
@@ -292,11 +292,11 @@ def _first_error(exc: ValidationError) -> str:
     return (f"{loc}: {msg}" if loc else msg) + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
 
 
-def _model_at(loc) -> type[BaseModel] | None:
+def _model_at(loc, root: type[BaseModel]) -> type[BaseModel] | None:
     """The plan model (Plan, Variant, ...) that holds the keys at ``loc``, if one does."""
     import typing
 
-    model: type[BaseModel] | None = Plan
+    model: type[BaseModel] | None = root
     for part in loc:
         if isinstance(part, int):
             continue

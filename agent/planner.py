@@ -118,16 +118,17 @@ def level_conditional(plan: Plan, variant: Variant, levels: dict[str, str]) -> d
     return {**{k: v for k, v in plan.baseline.items()}, "overrides": overrides}
 
 
-def recommend(plan: Plan, results: dict, headroom: float | None) -> list[dict]:
+def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "copy bandwidth") -> list[dict]:
     """Rank the backlog: prior plausibility times what this investigation's evidence says.
 
     * occupancy items: refuted (x0.1) when every occupancy variant regressed or showed
       no gain; boosted (x1.5) when one was accepted;
-    * roofline-gap items: scaled by the measured headroom (1 - fraction of copy bandwidth);
+    * roofline-gap items: scaled by the measured headroom (1 - the best fraction of the roofline bound that
+      applies at each level: copy bandwidth or the matrix peak);
     * tile-shape items: boosted (x1.3) when occupancy was refuted (the remaining kernel lever);
     * work elsewhere: boosted (x1.5) when every kernel variant here was rejected.
     """
-    occupancy_ids = [v.id for v in plan.variants if set(v.patch) & {"num_warps", "num_stages", "overrides"}]
+    occupancy_ids = [v.id for v in plan.variants if v.targets == "occupancy"]
     occ = [results[i] for i in occupancy_ids if i in results]
     occ_refuted = bool(occ) and all(r.get("verdict") in ("reject", "incorrect", "infeasible") for r in occ)
     occ_won = any(r.get("verdict") == "accept" for r in occ)
@@ -145,7 +146,7 @@ def recommend(plan: Plan, results: dict, headroom: float | None) -> list[dict]:
                 why.append("an occupancy variant was accepted")
         elif item.targets == "roofline_gap" and headroom is not None:
             score *= 0.5 + headroom
-            why.append(f"baseline leaves {headroom:.0%} of copy bandwidth unused")
+            why.append(f"baseline leaves {headroom:.0%} of its roofline ({bound}) unused")
         elif item.targets == "tile_shape" and occ_refuted:
             score *= 1.3
             why.append("the kernel lever left after occupancy was refuted")

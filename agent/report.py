@@ -12,12 +12,10 @@ from agent.store import Store
 from kernels.launch_config import describe
 
 
-def _batch(level_key: str) -> int:
-    return int(level_key.rsplit("/b", 1)[1])
-
-
-def _tok_s(batch: int, us: float | None) -> float | None:
-    return batch / (us * 1e-6) if us else None
+def _ordered(rows: list[dict], levels) -> list[tuple]:
+    """(level, row) in the plan's level order, for rows keyed by level key."""
+    by = {r["level"]: r for r in rows}
+    return [(lv, by[lv.key]) for lv in levels if lv.key in by]
 
 
 def collect(store: Store, ws: str) -> dict:
@@ -35,21 +33,43 @@ def collect(store: Store, ws: str) -> dict:
             "todos": store.todos(ws), "events": store.events(ws, limit=500)}  # fmt: skip
 
 
-def headroom(store: Store, ws: str, adapter, levels, copy_gbps: float | None) -> float | None:
-    """1 - (best baseline fraction of copy bandwidth) over the levels, from measured baseline times."""
-    if not copy_gbps:
-        return None
+def roofline(store: Store, ws: str, adapter, levels, copy_gbps: float | None, matrix_tflops: float | None) -> dict:
+    """Where the measured baseline sits against the roofline that bounds this kernel at each level.
+
+    At each level the floor is ``max(bytes / copy bandwidth, FLOPs / matrix peak)``; the larger term names
+    the bound (memory or compute: the level's arithmetic intensity against the ridge point).  Returns
+    ``{"levels": {key: {bound, intensity, fraction}}, "headroom": 1 - best fraction, "bound": text}``.
+    """
     data = collect(store, ws)
-    best = 0.0
+    base_us: dict[str, float] = {}
     for v in data["variants"]:
         for row in v["verdicts"]:
-            lv = next((x for x in levels if x.key == row["level"]), None)
-            if lv and row["base_us"]:
-                best = max(best, adapter.bytes_moved(lv) / (row["base_us"] * 1e-6) / 1e9 / copy_gbps)
-    return max(0.0, 1.0 - best) if best else None
+            if row["base_us"]:
+                base_us.setdefault(row["level"], row["base_us"])
+    out: dict = {"levels": {}, "headroom": None, "bound": "unknown"}
+    ridge = matrix_tflops * 1e12 / (copy_gbps * 1e9) if copy_gbps and matrix_tflops else None
+    for lv in levels:
+        b, f = adapter.bytes_moved(lv), adapter.flops(lv)
+        mem = b / (copy_gbps * 1e9) if copy_gbps else None
+        comp = f / (matrix_tflops * 1e12) if matrix_tflops else None
+        if mem is None and comp is None:
+            continue
+        bound = "compute" if comp is not None and (mem is None or comp > mem) else "memory"
+        floor = max(x for x in (mem, comp) if x is not None)
+        us = base_us.get(lv.key)
+        out["levels"][lv.key] = {"label": lv.label, "bound": bound, "intensity": f / b if b else None,
+                                 "fraction": floor / (us * 1e-6) if us else None}  # fmt: skip
+    fr = [x["fraction"] for x in out["levels"].values() if x["fraction"]]
+    if fr:
+        out["headroom"] = max(0.0, 1.0 - max(fr))
+    bounds = {x["bound"] for x in out["levels"].values()}
+    out["bound"] = ("copy bandwidth" if bounds == {"memory"} else "matrix peak" if bounds == {"compute"}
+                    else "copy bandwidth or matrix peak, by level") if bounds else "unknown"  # fmt: skip
+    out["ridge"] = ridge
+    return out
 
 
-def plot(data: dict, path: Path) -> Path | None:
+def plot(data: dict, path: Path, adapter, levels) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -57,27 +77,30 @@ def plot(data: dict, path: Path) -> Path | None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     base_done = False
+    unit = adapter.throughput_unit
     for v in data["variants"]:
-        rows = sorted(v["verdicts"], key=lambda r: _batch(r["level"]))
+        rows = _ordered(v["verdicts"], levels)
         if not rows:
             continue
-        xs = [_batch(r["level"]) for r in rows]
+        xs = list(range(len(rows)))
         if not base_done:
-            ax.plot(xs, [_tok_s(b, r["base_us"]) / 1e6 for b, r in zip(xs, rows)], "k-o", label="baseline")
+            ax.plot(xs, [adapter.throughput(lv, r["base_us"]) for lv, r in rows], "k-o", label="baseline")
+            ax.set_xticks(xs, [lv.label for lv, _ in rows])
             base_done = True
-        ys = [_tok_s(b, r["variant_us"]) / 1e6 for b, r in zip(xs, rows)]
+        ys = [adapter.throughput(lv, r["variant_us"]) for lv, r in rows]
         # interval of the throughput ratio applied to the baseline throughput
-        lo = [(_tok_s(b, r["base_us"]) / 1e6) * _exp(r["ci_low"]) for b, r in zip(xs, rows)]
-        hi = [(_tok_s(b, r["base_us"]) / 1e6) * _exp(r["ci_high"]) for b, r in zip(xs, rows)]
+        lo = [adapter.throughput(lv, r["base_us"]) * _exp(r["ci_low"]) for lv, r in rows]
+        hi = [adapter.throughput(lv, r["base_us"]) * _exp(r["ci_high"]) for lv, r in rows]
         err = [[max(0, y - a) for y, a in zip(ys, lo)], [max(0, b - y) for y, b in zip(ys, hi)]]
         ax.errorbar(xs, ys, yerr=err, marker="s", capsize=3, label=f"{v['exp']['variant']} ({v['exp']['verdict']})")
     if not base_done:
         plt.close(fig)
         return None
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch (concurrency C)")
-    ax.set_ylabel("attention tokens/s (millions, one layer)")
-    ax.set_title("Throughput by level, 95% intervals")
+    ax.set_yscale("log")
+    ax.set_xlabel("level")
+    ax.set_ylabel(f"{adapter.name} throughput ({unit})")
+    conf = next((r.get("conf") for v in data["variants"] for r in v["verdicts"] if r.get("conf")), None)
+    ax.set_title(f"Throughput by level, {conf:.3%} intervals" if conf else "Throughput by level")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -101,8 +124,15 @@ def results_conf(store: Store, data: dict) -> float | None:
     return None
 
 
+def _num(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.3g}"
+
+
 def render(store: Store, plan, state: dict, ctx) -> str:
     ws = plan.ws
+    levels = ctx.levels()
     data = collect(store, ws)
     wsrow = store.workstream(ws)
     bands = {n["level"]: n for n in data["noise"]}
@@ -156,7 +186,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
         out += [f"Decision rule: a level is improved when its interval excludes 0 and the estimate reaches the "
                 f"threshold, regressed in the mirror case, equivalent when the interval lies inside ±threshold. "
                 f"Intervals are shown at their per-look confidence ({look:.3%}): Bonferroni over "
-                f"{len(ctx.levels())} levels × the looks × {len(plan.variants)} variants of this workstream, so "
+                f"{len(levels)} levels × the looks × {len(plan.variants)} variants of this workstream, so "
                 f"the chance of any wrong claim in the whole workstream is at most {(1 - s.conf) / 2:.1%}.", ""]
 
     # ---- per-variant tables -------------------------------------------------------
@@ -169,13 +199,14 @@ def render(store: Store, plan, state: dict, ctx) -> str:
         if v["verdicts"]:
             conf = v["verdicts"][0].get("conf")
             label = f"{conf:.3%} CI" if conf else "CI"
-            out += [f"| batch | baseline tok/s | variant tok/s | effect [{label}] | threshold | verdict |",
+            unit = ctx.adapter.throughput_unit
+            out += [f"| level | baseline {unit} | variant {unit} | effect [{label}] | threshold | verdict |",
                     "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-            for r in sorted(v["verdicts"], key=lambda r: _batch(r["level"])):
-                b = _batch(r["level"])
-                out.append(f"| {b} | {_tok_s(b, r['base_us']):,.0f} ({r['base_us']:.1f} µs) | "
-                           f"{_tok_s(b, r['variant_us']):,.0f} ({r['variant_us']:.1f} µs) | {r['effect']:+.2%} "
-                           f"[{r['ci_low']:+.2%}, {r['ci_high']:+.2%}] | {r['threshold']:.1%} | {r['verdict']} |")
+            for lv, r in _ordered(v["verdicts"], levels):
+                out.append(f"| {lv.label} | {_num(ctx.adapter.throughput(lv, r['base_us']))} ({r['base_us']:.1f} µs) | "
+                           f"{_num(ctx.adapter.throughput(lv, r['variant_us']))} ({r['variant_us']:.1f} µs) | "
+                           f"{r['effect']:+.2%} [{r['ci_low']:+.2%}, {r['ci_high']:+.2%}] | {r['threshold']:.1%} | "
+                           f"{r['verdict']} |")  # fmt: skip
             out += ["", f"Rounds: {e['rounds']} (ABBA-paired), GPU time {e['gpu_s'] or 0:.2f} s.", ""]
         res = v["resources"]
         if res:
@@ -203,8 +234,16 @@ def render(store: Store, plan, state: dict, ctx) -> str:
 
     # ---- recommendation -----------------------------------------------------------
     adapter = ctx.adapter
-    hr = headroom(store, ws, adapter, ctx.levels(), be.copy_bandwidth())
-    ranked = planner.recommend(plan, results, hr)
+    from kernels.devices import get_device
+
+    roof = roofline(store, ws, adapter, levels, be.copy_bandwidth(), get_device(plan.device).matrix_tflops)
+    if roof["levels"]:
+        per = ", ".join(f"{x['label']} {x['bound']}-bound"
+                        + (f" at {x['fraction']:.0%}" if x["fraction"] else "") for x in roof["levels"].values())
+        ridge = f" (ridge point {roof['ridge']:.0f} FLOP/byte)" if roof.get("ridge") else ""
+        out += ["## Roofline", "", f"Bound at each level by arithmetic intensity{ridge}: {per} of its bound "
+                "(the baseline's measured time against max(bytes / copy bandwidth, FLOPs / matrix peak)).", ""]
+    ranked = planner.recommend(plan, results, roof["headroom"], roof["bound"])
     if ranked:
         top = ranked[0]
         out += ["## Recommendation", "", f"Next: **{top['id']} — {top['title']}**. {top['rationale']}", "",
@@ -251,7 +290,7 @@ def write_closeout(store: Store, plan, state: dict, ctx, out_dir: Path | None = 
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = plan.ws.lstrip("#") + "-closeout"
     md = render(store, plan, state, ctx)
-    png = plot(collect(store, plan.ws), out_dir / f"{stem}.png")
+    png = plot(collect(store, plan.ws), out_dir / f"{stem}.png", ctx.adapter, ctx.levels())
     if png:
         md += f"\n![throughput by level]({png.name})\n"
     path = out_dir / f"{stem}.md"

@@ -1,6 +1,7 @@
 """Record paired A/B and A/A samples on a GPU for the replay backend.
 
-    python benchmarks/record.py --rounds 32 --aa-rounds 16 --out kernels/recordings/h200/mla_decode-v4flash.jsonl.gz
+    python benchmarks/record.py --plan plans/3a-attention-occupancy.yaml --plan plans/3b-tile-shape.yaml \
+        --rounds 32 --aa-rounds 16 --out kernels/recordings/h200/mla_decode-v4flash.jsonl.gz
 
 The recording follows the protocol of a live investigation (agent/tools/bench.py), so a replayed
 investigation sees the same statistics as a live one:
@@ -29,22 +30,31 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.tools.worker_client import WorkerProcess  # noqa: E402
-from kernels.launch_config import config_hash, describe, validate_config  # noqa: E402
+from kernels.launch_config import config_hash, describe  # noqa: E402
 
-BATCHES = (1, 8, 32, 64, 96)
-SEED0 = 1000
-BASELINE = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
+SEED0 = 1000  # round r of every arm draws its inputs from SEED0 + r (agent/tools/bench.py ROUND_SEED0)
 
 
-def variants() -> dict[str, dict]:
-    """The variant configs the shipped plans (#3a, #3b, the null drill) and tests ask replay for."""
-    out = {
-        "num_warps 8": {**BASELINE, "num_warps": 8},
-        "num_stages 3": {**BASELINE, "num_stages": 3},
-        "batch-aware warps": {**BASELINE, "overrides": [{"batch_max": 8, "num_warps": 4}, {"batch_min": 9, "num_warps": 8}]},
-        "BLOCK_T 32": {**BASELINE, "BLOCK_T": 32},
-    }
-    return {k: validate_config(v) for k, v in out.items()}
+def from_plans(paths: list[str]):
+    """(kernel ref, adapter, baseline, {variant title: config}, levels, env) from one or more plans of one
+    kernel and baseline (every config-only variant; source patches are measured live, never replayed)."""
+    from agent.models import load_plan
+
+    plans = [load_plan(p)[0] for p in paths]
+    first = plans[0]
+    adapter = first.adapter
+    base = {**first.baseline, "kernel": adapter.name}
+    variants: dict[str, dict] = {}
+    for plan in plans:
+        if plan.adapter.name != adapter.name or {**plan.baseline, "kernel": adapter.name} != base:
+            raise SystemExit(f"{plan.ws}: every plan recorded together needs the kernel and baseline of {first.ws}")
+        for v in plan.variants:
+            if v.source_patch:
+                continue
+            cfg = plan.variant_config(v)
+            if config_hash(cfg) != config_hash(base) and cfg not in variants.values():
+                variants[f"{plan.ws} {v.id} {v.title}"] = cfg
+    return first.kernel, adapter, base, variants, first.levels(), dict(first.environment)
 
 
 def main() -> int:
@@ -52,17 +62,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=32, help="A/B rounds per variant")
     ap.add_argument("--aa-rounds", type=int, default=16)
     ap.add_argument("--aa-arms", type=int, default=4)
-    ap.add_argument("--context", type=int, default=4096)
-    ap.add_argument("--shape", default="v4flash")
-    ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    ap.add_argument("--plan", action="append", required=True,
+                    help="plan whose baseline, config variants, levels and environment to record (repeatable)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    env = {"TARGET_CTAS": "512"}
-    base = validate_config(BASELINE)
-    var = variants()
-    if args.only:
-        var = {k: v for k, v in var.items() if k in args.only.split(",")}
+    kernel, adapter, base, var, level_objs, env = from_plans(args.plan)
     # arm name -> (kind, pair, role, config)
     arms: dict[str, tuple[str, str, str, dict]] = {}
     for name, cfg in var.items():
@@ -70,7 +75,7 @@ def main() -> int:
         arms[f"{name}: variant"] = ("ab", config_hash(cfg), "variant", cfg)
     for j in range(args.aa_arms):
         arms[f"A/A arm {j}"] = ("aa", "aa", f"A{j}", base)
-    levels = [{"batch": b, "context": args.context, "shape": args.shape, "heads": 16, "page_size": 64} for b in BATCHES]
+    levels = [lv.to_dict() for lv in level_objs]
 
     t0 = time.time()
     workers, setups, header = {}, {}, None
@@ -78,7 +83,7 @@ def main() -> int:
         w = WorkerProcess(env=env, label=name)
         hello = w.request("hello", env_keys=sorted(env))
         if header is None:
-            header = {"type": "header", "version": 2, "kernel": "mla_decode", "fingerprint": hello["fingerprint"],
+            header = {"type": "header", "version": 2, "kernel": adapter.name, "fingerprint": hello["fingerprint"],
                       "harness_hash": hello["harness_hash"], "env": hello["env"], "rounds": args.rounds,
                       "aa_rounds": args.aa_rounds, "aa_arms": args.aa_arms, "levels": levels,
                       "protocol": "every sample re-sets its arm; one baseline worker per variant; ABBA",
@@ -86,7 +91,7 @@ def main() -> int:
             header["copy_gbps"] = w.request("copy_bandwidth", mib=2048)["gbps"]
         workers[name] = (w, hello)
         for lv in levels:
-            s = w.request("setup", kernel="mla_decode", config=cfg, level=lv, seed=zlib.crc32(name.encode()) % 100000)
+            s = w.request("setup", kernel=kernel, config=cfg, level=lv, seed=zlib.crc32(name.encode()) % 100000)
             if not s["correct"]:
                 raise SystemExit(f"{name} incorrect at {lv}: rel err {s['rel_err']}")
             setups[(name, s["level"])] = s
@@ -100,7 +105,7 @@ def main() -> int:
     def take(name: str, lv: dict, r: int) -> None:
         kind, pair, role, cfg = arms[name]
         w, hello = workers[name]
-        s = setups[(name, f"{lv['shape']}/h{lv['heads']}/p{lv['page_size']}/ctx{lv['context']}/b{lv['batch']}")]
+        s = setups[(name, adapter.level(lv).key)]
         t_req = time.perf_counter()
         smp = w.request("sample", key=s["key"], seed=SEED0 + r)  # the same data for every arm of round r
         lines.append({
@@ -119,7 +124,7 @@ def main() -> int:
             for name in order:
                 ab = [f"{name}: baseline", f"{name}: variant"]
                 units.append(ab if r % 2 == 0 else ab[::-1])  # ABBA within each pair
-        if r < args.aa_rounds:
+        if r < args.aa_rounds and args.aa_arms:
             aa = [f"A/A arm {j}" for j in range(args.aa_arms)]
             k = r % len(aa)
             units.append(aa[k:] + aa[:k])

@@ -18,10 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.adapter import Level  # noqa: E402
 from kernels.devices import detect  # noqa: E402
-from kernels.launch_config import LaunchParams  # noqa: E402
-from kernels.mla_decode_adapter import MLADecodeAdapter  # noqa: E402
+from kernels.mla_decode_adapter import MLADecodeAdapter, mla_params  # noqa: E402
 
 
 def main() -> int:
@@ -30,13 +28,13 @@ def main() -> int:
     args = ap.parse_args()
     adapter, device, rows = MLADecodeAdapter(), detect(), []
     for shape, bt, bh, w, s in itertools.product(("v3", "v4flash"), (16, 32), (16, 32), (4, 8), (1, 2, 3)):
-        level = Level(batch=2, context=256, shape=shape, heads=64, page_size=16)
-        params = LaunchParams(bt, bh, w, s)
+        level = adapter.level({"batch": 2, "context": 256, "shape": shape, "heads": 64, "page_size": 16})
+        params = mla_params(bt, bh, w, s)
         inputs = adapter.make_inputs(level, seed=1)
         _, compiled = adapter.launch(inputs, params)
         res = adapter.resources(params, level, device, compiled)
         err = (res.smem_estimate - res.smem_compiled) / res.smem_compiled
-        rows.append({"shape": shape, "params": params.__dict__, "estimate": res.smem_estimate,
+        rows.append({"shape": shape, "params": dict(params), "estimate": res.smem_estimate,
                      "compiled": res.smem_compiled, "rel_err": err, "registers": res.registers,
                      "spills": res.spills, "occupancy": res.occupancy})  # fmt: skip
         print(f"{shape:8s} {params.short():18s} est {res.smem_estimate:7d} compiled {res.smem_compiled:7d} "

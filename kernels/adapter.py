@@ -1,45 +1,77 @@
-"""The plugin interface: what kinv needs to know to investigate a kernel.
+"""The plugin interface: everything kinv needs to know to investigate a kernel.
 
-A kernel is investigable once it has one :class:`KernelAdapter` subclass and
-an entry in :data:`REGISTRY` (``name -> "module:Class"``, imported lazily).
-Standard library only at import time; adapters import torch where used.
+A kernel is investigable once it has one :class:`KernelAdapter` subclass, found in one of three ways, the
+same in every kinv process (the CLI, the benchmark workers, the correctness child):
+
+* ``kernel: package.module:Class`` in a plan (or a config's ``"kernel"``): imported directly;
+* a ``kinv.kernels`` entry point of an installed distribution (``name = "package.module:Class"``);
+* kinv's own kernels (also declared as entry points; listed here so a checkout runs uninstalled).
+
+Standard library only at import time; adapters import torch where used, and pydantic only in
+:meth:`KernelAdapter.workload_model` (the GPU worker has neither pydantic nor kinv's other dependencies).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kernels.devices import DeviceSpec
-from kernels.launch_config import BOUNDS, PARAMS, LaunchParams, load_config, resolve, validate_config
+from kernels.launch_config import ConfigError, Params, TunableSpec, brief_repr
 
 KERNELS_DIR = Path(__file__).resolve().parent
+ENTRY_POINT_GROUP = "kinv.kernels"
+BUILTIN: dict[str, str] = {
+    "mla_decode": "kernels.mla_decode_adapter:MLADecodeAdapter",
+    "moe_expert_gemm": "kernels.moe_expert_gemm_adapter:MoEExpertGemmAdapter",
+}
+REF = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 def project_root() -> Path:
     """The directory holding the ``kernels`` package actually imported (a snapshot or a test copy
-    when one is first on the path).  Kernel files, source patches and hashes are relative to it."""
+    when one is first on the path).  kinv's own kernel files and source patches are relative to it."""
     return KERNELS_DIR.parent
 
 
-@dataclass(frozen=True)
 class Level:
-    """One workload level: batch (concurrency C) x context x model shape."""
+    """One workload level: its named dimensions, the key that names it everywhere (samples, verdicts,
+    recordings) and a short label for tables.  Dimensions read as attributes (``level.batch``)."""
 
-    batch: int
-    context: int
-    shape: str = "v4flash"
-    heads: int = 16
-    page_size: int = 64
+    __slots__ = ("dims", "key", "label")
 
-    @property
-    def key(self) -> str:
-        return f"{self.shape}/h{self.heads}/p{self.page_size}/ctx{self.context}/b{self.batch}"
+    def __init__(self, dims: Mapping, key: str, label: str | None = None):
+        object.__setattr__(self, "dims", dict(dims))
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "label", label or key)
+
+    def __getattr__(self, name: str):
+        try:
+            return self.dims[name]
+        except KeyError:
+            raise AttributeError(f"level {self.key} has no dimension {name!r}; its dimensions: "
+                                 f"{', '.join(self.dims)}") from None  # fmt: skip
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a Level is read-only")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Level) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return f"Level({self.key})"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return dict(self.dims)
 
 
 @dataclass
@@ -60,45 +92,115 @@ class Resources:
 
 
 class KernelAdapter(ABC):
-    """Everything kinv needs from a kernel; one subclass per kernel."""
+    """Everything kinv needs from a kernel; one subclass per kernel.  Nothing outside an adapter names a
+    tunable or a level dimension: callers use the members below and nothing else.
 
+    Required: ``name``, ``spec`` (the tunables), ``level_dims``, :meth:`workload_model`, :meth:`levels`,
+    :meth:`make_inputs`, :meth:`launch`, :meth:`reference`, :meth:`bytes_moved`, :meth:`flops`,
+    :meth:`resources`.  The rest have defaults.
+    """
+
+    #: the kernel's name: configs say ``"kernel": name``; tables and keys use it
     name: str = ""
-    #: kernel source files (relative to :func:`project_root`) that a source patch may change
+    #: tunables, their restrictions, label and override dimensions
+    spec: TunableSpec
+    #: the level's dimensions, in the order of its key
+    level_dims: tuple[str, ...] = ()
+    #: what a person reads throughput in, e.g. "tok/s" or "TFLOP/s"
+    throughput_unit: str = "calls/s"
+    #: kernel source files, relative to :meth:`root`, that a source patch may change
     kernel_files: tuple[str, ...] = ()
-    #: (file, qualified name) of the reference and the metric definitions: hashed for integrity
+    #: (file relative to :meth:`root`, qualified name) of the reference and metric definitions (hashed)
     reference_parts: tuple[tuple[str, str], ...] = ()
 
-    # ---- configuration -----------------------------------------------------
+    # ---- where things live -----------------------------------------------------------
+    def root(self) -> Path:
+        """The directory that holds the adapter's top-level package (kernel files and source patches are
+        relative to it; the baseline snapshot copies that package)."""
+        module = type(self).__module__
+        path = Path(inspect.getfile(type(self))).resolve()
+        return path.parents[len(module.split("."))  - 1]
+
+    def package_dir(self) -> Path:
+        """The adapter's top-level package directory (what a baseline snapshot copies)."""
+        return self.root() / type(self).__module__.split(".")[0]
+
     def config_path(self) -> Path:
-        """The live config file; KINV_CONFIG_DIR moves it (tests point it at a copy)."""
+        """The live config file: ``configs/<name>.json`` beside the adapter's module; KINV_CONFIG_DIR
+        moves it (tests point it at a copy)."""
         import os
 
-        base = Path(os.environ["KINV_CONFIG_DIR"]) if os.environ.get("KINV_CONFIG_DIR") else KERNELS_DIR / "configs"
-        return base / f"{self.name}.json"
+        if os.environ.get("KINV_CONFIG_DIR"):
+            return Path(os.environ["KINV_CONFIG_DIR"]) / f"{self.name}.json"
+        return Path(inspect.getfile(type(self))).resolve().parent / "configs" / f"{self.name}.json"
 
-    def bounds(self) -> dict:
-        """Valid values of each launch parameter."""
-        return {k: list(BOUNDS[k][0]) for k in PARAMS}
+    # ---- configuration -----------------------------------------------------------------
+    def bounds(self) -> dict[str, list[int]]:
+        """Valid values of each tunable."""
+        return {t.name: list(t.values) for t in self.spec.tunables}
 
     def validate_config(self, data) -> dict:
-        return validate_config(data, self.name)
+        return self.spec.validate(data, self.name)
 
     def load_config(self, path: Path | None = None) -> dict:
+        from kernels.launch_config import load_config
+
         return load_config(path or self.config_path(), self.name)
 
-    def params_for(self, config: dict, level: Level) -> LaunchParams:
-        return resolve(config, level.batch)
+    def params_for(self, config: dict, level: Level) -> Params:
+        return self.spec.resolve(config, level.dims)
 
-    # ---- the kernel ------------------------------------------------------------
+    # ---- workload ---------------------------------------------------------------------
+    def level(self, dims: Mapping) -> Level:
+        """A Level from its dimensions (as a plan's workload or a worker request gives them)."""
+        if not isinstance(dims, Mapping) or set(dims) != set(self.level_dims):
+            raise ValueError(f"a {self.name} level has dimensions {', '.join(self.level_dims)}; got "
+                             f"{brief_repr(dims)}")  # fmt: skip
+        return Level(dims, self.level_key(dims), self.level_label(dims))
+
+    def level_key(self, dims: Mapping) -> str:
+        """The level's key: its named dimensions, e.g. ``tokens16/experts32/topk8/...``."""
+        return "/".join(f"{d}{dims[d]}" for d in self.level_dims)
+
+    def level_label(self, dims: Mapping) -> str:
+        """A short label for tables (the dimension the workload sweeps); defaults to the key."""
+        return self.level_key(dims)
+
     @abstractmethod
-    def make_inputs(self, level: Level, seed: int, device: str = "cuda", dtype=None) -> dict:
-        """Fresh random inputs for a level, reproducible from ``seed``."""
+    def workload_model(self):
+        """The pydantic model of the plan's ``workload`` section (imported lazily: pydantic is not on GPU
+        machines)."""
 
     @abstractmethod
-    def launch(self, inputs: dict, params: LaunchParams):
-        """Run the kernel; return ``(output, compiled_kernel_or_None)``."""
+    def levels(self, workload) -> list[Level]:
+        """The levels a validated workload lists, in the order tables show them."""
 
-    def make_scratch(self, inputs: dict, params: LaunchParams) -> dict | None:
+    def workload_notes(self, workload, baseline: dict) -> list[str]:
+        """Derivations a person should see (MLA: heads / TP -> local heads -> BLOCK_H); a warning starts
+        with "warning:".  Raise ValueError for a workload that cannot work with this baseline."""
+        return []
+
+    def stand_in(self, level: Level, device: str) -> Level:
+        """The level the correctness gate actually runs (smaller on CPU, where the interpreter is slow)."""
+        return level
+
+    def throughput(self, level: Level, us: float) -> float:
+        """Throughput a person reads at this level, in :attr:`throughput_unit`, for one call of ``us``."""
+        return 1e6 / us
+
+    # ---- the kernel ------------------------------------------------------------------
+    @abstractmethod
+    def make_inputs(self, level: Level, seed: int, device: str = "cuda", dtype=None, vary_lengths: bool = False) -> dict:
+        """Fresh random inputs for a level, reproducible from ``seed``.  ``vary_lengths``: draw irregular
+        shapes where the kernel has them (the correctness gate asks for them)."""
+
+    @abstractmethod
+    def launch(self, inputs: dict, params: Params, out=None, scratch=None, **mode):
+        """Run the kernel; return ``(output, compiled_kernel_or_None)``.  ``out`` is a preallocated output
+        (the gate poisons it with NaN first), ``scratch`` what :meth:`make_scratch` allocated, ``mode`` one
+        of :meth:`check_modes`."""
+
+    def make_scratch(self, inputs: dict, params: Params) -> dict | None:
         """Scratch buffers one launch needs (passed back as ``launch(..., scratch=...)``), or ``None`` when the
         kernel allocates none.  The timing harness allocates them itself, fresh every round, so that no
         fixed placement of them biases an arm (GPU.md, "memory placement")."""
@@ -117,10 +219,10 @@ class KernelAdapter(ABC):
         """Floating-point operations of one call."""
 
     @abstractmethod
-    def resources(self, params: LaunchParams, level: Level, device: DeviceSpec, compiled=None) -> Resources:
+    def resources(self, params: Params, level: Level, device: DeviceSpec, compiled=None) -> Resources:
         """Shared memory, registers, occupancy and feasibility of a config."""
 
-    def derived_env(self, level: Level, params: LaunchParams, environ: dict) -> dict:
+    def derived_env(self, level: Level, params: Params, environ: dict) -> dict:
         """Values derived from the environment at a level (e.g. split count)."""
         return {}
 
@@ -134,18 +236,64 @@ class KernelAdapter(ABC):
         return (2e-2, 2e-2)
 
 
-REGISTRY: dict[str, str] = {
-    "mla_decode": "kernels.mla_decode_adapter:MLADecodeAdapter",
-}
-
-
 class UnknownKernelError(ValueError):
     pass
 
 
+_LOADED: dict[str, KernelAdapter] = {}
+
+
+def registered() -> dict[str, str]:
+    """Every kernel kinv can find by name: its own, then the ``kinv.kernels`` entry points (name -> ref)."""
+    from importlib.metadata import entry_points
+
+    out = dict(BUILTIN)
+    try:
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            out.setdefault(ep.name, ep.value)
+    except Exception:  # a broken distribution's metadata must not hide the others
+        pass
+    return out
+
+
 def get_adapter(name: str) -> KernelAdapter:
-    """The adapter of kernel ``name``; an unknown name lists the valid ones."""
-    if name not in REGISTRY:
-        raise UnknownKernelError(f"unknown kernel {name!r}; valid kernels: {', '.join(sorted(REGISTRY))}")
-    module, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)()
+    """The adapter of kernel ``name`` (a registered name or ``package.module:Class``); an unknown name
+    lists the valid ones."""
+    if not isinstance(name, str):
+        raise UnknownKernelError(f"kernel must be a name or package.module:Class, got {brief_repr(name)}")
+    if name in _LOADED:
+        return _LOADED[name]
+    if REF.fullmatch(name):
+        ref = name
+    else:
+        known = registered()
+        if name not in known:
+            raise UnknownKernelError(f"unknown kernel {brief_repr(name)}; valid kernels: {', '.join(sorted(known))} "
+                                     "(or package.module:Class of an adapter)")  # fmt: skip
+        ref = known[name]
+    module, cls = ref.split(":")
+    try:
+        obj = getattr(importlib.import_module(module), cls)
+    except ImportError as exc:
+        raise UnknownKernelError(f"kernel {brief_repr(name)}: cannot import {module}: {exc}") from None
+    except AttributeError:
+        raise UnknownKernelError(f"kernel {brief_repr(name)}: {module} has no {cls}") from None
+    if not (isinstance(obj, type) and issubclass(obj, KernelAdapter)):
+        raise UnknownKernelError(f"kernel {brief_repr(name)}: {ref} is not a KernelAdapter subclass")
+    adapter = obj()
+    if not NAME.fullmatch(adapter.name or ""):
+        raise UnknownKernelError(f"kernel {ref}: its adapter's name {brief_repr(adapter.name)} is not a valid name")
+    _LOADED[name] = _LOADED.setdefault(adapter.name, adapter)
+    return _LOADED[name]
+
+
+__all__ = [
+    "ConfigError",
+    "KernelAdapter",
+    "Level",
+    "Resources",
+    "UnknownKernelError",
+    "get_adapter",
+    "project_root",
+    "registered",
+]

@@ -1,6 +1,9 @@
-"""Launch configurations as data: parse, validate, hash and resolve per level.
+"""Launch configurations as data: a kernel's tunables, validated, hashed and resolved per level.
 
-A config file (``kernels/configs/<kernel>.json``) looks like::
+Each kernel's adapter declares its tunables in a :class:`TunableSpec`: the names, the allowed values of
+each, the restrictions between them (Kernel Tuner's ``restrictions`` is the model), a short label, and
+the level dimensions an override may be conditioned on.  A config file
+(``<the adapter's package>/configs/<kernel>.json``) looks like::
 
     {
       "kernel": "mla_decode",
@@ -8,50 +11,27 @@ A config file (``kernels/configs/<kernel>.json``) looks like::
       "overrides": [{"batch_min": 9, "num_warps": 8}]
     }
 
-``overrides`` (optional) change some parameters for a range of batch sizes
-(``batch_min``/``batch_max`` inclusive, either may be omitted): the
-batch-aware case of the seed's V3.  The first matching override wins.
+``overrides`` (optional) change some tunables for a range of a level dimension (``<dim>_min`` /
+``<dim>_max`` inclusive, either may be omitted; MLA's is ``batch``): the batch-aware case of the seed's
+V3.  The first matching override wins.
 
-This module imports only the standard library: the GPU worker uses it on a
-machine without pydantic.
+This module imports only the standard library: the GPU worker uses it on a machine without pydantic.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-PARAMS = ("BLOCK_T", "BLOCK_H", "num_warps", "num_stages")
-# Bounds of every launch parameter: (valid values, how to say them).
-BOUNDS: dict[str, tuple[tuple[int, ...], str]] = {
-    "BLOCK_T": ((16, 32, 64, 128, 256), "a power of two from 16 to 256"),
-    "BLOCK_H": ((16, 32, 64, 128), "a power of two from 16 to 128"),
-    "num_warps": ((1, 2, 4, 8, 16), "a power of two from 1 to 16"),
-    "num_stages": ((1, 2, 3, 4, 5, 6), "an integer from 1 to 6"),
-}
-TOP_KEYS = set(PARAMS) | {"kernel", "overrides", "description"}
-OVERRIDE_KEYS = set(PARAMS) | {"batch_min", "batch_max"}
-MAX_BATCH = 1 << 20
+MAX_DIM = 1 << 30
 MAX_CONFIG_BYTES = 256 * 1024
 
 
 class ConfigError(ValueError):
     """A launch config that cannot be used; the message names the field."""
-
-
-@dataclass(frozen=True)
-class LaunchParams:
-    """The four numbers one kernel launch needs."""
-
-    BLOCK_T: int = 16
-    BLOCK_H: int = 16
-    num_warps: int = 4
-    num_stages: int = 2
-
-    def short(self) -> str:
-        return f"BT{self.BLOCK_T}/BH{self.BLOCK_H}/w{self.num_warps}/s{self.num_stages}"
 
 
 def brief_repr(value, limit: int = 60) -> str:
@@ -75,65 +55,224 @@ def one_line(message: str, limit: int = 600) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _check_param(where: str, key: str, value) -> int:
-    valid, said = BOUNDS[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value not in valid:
-        raise ConfigError(f"{where}{key}={brief_repr(value)} is invalid: must be {said} ({', '.join(map(str, valid))})")
-    return value
+# --------------------------------------------------------------------------- #
+# the spec an adapter declares
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class Tunable:
+    """One launch parameter: its name, the values it may take, and its prefix in labels (``BT`` -> BT16)."""
+
+    name: str
+    values: tuple[int, ...]
+    abbr: str
+    said: str = ""
+
+    def says(self) -> str:
+        return self.said or f"one of {', '.join(map(str, self.values))}"
 
 
-def _check_batch(where: str, key: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH:
-        raise ConfigError(f"{where}{key}={brief_repr(value)} is invalid: must be an integer from 1 to {MAX_BATCH}")
-    return value
+@dataclass(frozen=True)
+class Restriction:
+    """A constraint between tunables: ``check(values) -> bool``; ``text`` says it to a person."""
+
+    text: str
+    check: Callable[[Mapping[str, int]], bool]
+
+
+class Params(Mapping):
+    """Resolved launch parameters of one level: a read-only mapping with attribute access (``p.BLOCK_T``)."""
+
+    __slots__ = ("_values", "_spec")
+
+    def __init__(self, values: Mapping[str, int], spec: TunableSpec):
+        object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_spec", spec)
+
+    def __getattr__(self, name: str) -> int:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"{self._spec.kernel} has no tunable {name!r}; its tunables: "
+                                 f"{', '.join(self._spec.names)}") from None  # fmt: skip
+
+    def __setattr__(self, name, value):
+        raise AttributeError("launch parameters are read-only")
+
+    def __getitem__(self, key: str) -> int:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Params({self.short()})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mapping) and dict(self) == dict(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._values.items())))
+
+    def short(self) -> str:
+        return self._spec.label(self._values)
+
+
+LaunchParams = Params
+"""The first interface's name for resolved parameters (kernels annotate ``params: LaunchParams``)."""
+
+
+@dataclass(frozen=True)
+class TunableSpec:
+    """Everything about a kernel's launch configuration: tunables, restrictions, label, override dimensions.
+
+    ``override_dims`` maps each level dimension an override may be conditioned on to its abbreviation in
+    labels (MLA: ``{"batch": "b"}`` -> ``[b>=9: w8]``).
+    """
+
+    kernel: str
+    tunables: tuple[Tunable, ...]
+    restrictions: tuple[Restriction, ...] = ()
+    override_dims: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tunables)
+
+    def tunable(self, name: str) -> Tunable:
+        for t in self.tunables:
+            if t.name == name:
+                return t
+        raise ConfigError(f"unknown tunable {brief_repr(name)} of {self.kernel}; its tunables: {', '.join(self.names)}")
+
+    def label(self, values: Mapping[str, int]) -> str:
+        return "/".join(f"{t.abbr}{values[t.name]}" for t in self.tunables if t.name in values)
+
+    # ---- validation ------------------------------------------------------------------
+    def check_value(self, where: str, key: str, value) -> int:
+        t = self.tunable(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value not in t.values:
+            raise ConfigError(f"{where}{key}={brief_repr(value)} is invalid: must be {t.says()}")
+        return value
+
+    def check_restrictions(self, values: Mapping[str, int], where: str = "") -> None:
+        for r in self.restrictions:
+            try:
+                ok = bool(r.check(values))
+            except (KeyError, TypeError, ZeroDivisionError):
+                ok = False
+            if not ok:
+                shown = ", ".join(f"{k}={values[k]}" for k in self.names if k in values)
+                raise ConfigError(f"{where}{shown} breaks the restriction {r.text}")
+
+    def validate(self, data, kernel_name: str | None = None) -> dict:
+        """A normalized copy of ``data`` or ConfigError naming the field."""
+        names = self.names
+        top = set(names) | {"kernel", "overrides", "description"}
+        bound_keys = {f"{d}_{m}" for d in self.override_dims for m in ("min", "max")}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config must be a JSON object with keys {', '.join(names)}; got {type(data).__name__}")
+        unknown = sorted(set(map(str, data)) - top)
+        if unknown:
+            raise ConfigError(f"unknown config key {brief_repr(unknown[0])}; valid keys: {', '.join(sorted(top))}")
+        name = kernel_name or self.kernel
+        if data.get("kernel", name) != name:
+            raise ConfigError(f"kernel={brief_repr(data.get('kernel'))} but this is the config of {name!r}")
+        missing = [k for k in names if k not in data]
+        if missing:
+            raise ConfigError(f"config is missing {missing[0]!r}; required keys: {', '.join(names)}")
+        out: dict = {k: self.check_value("", k, data[k]) for k in names}
+        self.check_restrictions(out)
+        if "kernel" in data:
+            out["kernel"] = data["kernel"]
+        if "description" in data:
+            if not isinstance(data["description"], str):
+                raise ConfigError(f"description={brief_repr(data['description'])} must be a string")
+            out["description"] = data["description"]
+        overrides = data.get("overrides", [])
+        if not isinstance(overrides, list):
+            raise ConfigError(f"overrides={brief_repr(overrides)} must be a list of objects")
+        if overrides and not self.override_dims:
+            raise ConfigError(f"{self.kernel} takes no overrides (it declares no level dimension to condition on)")
+        norm = []
+        for i, ov in enumerate(overrides):
+            where = f"overrides[{i}]."
+            if not isinstance(ov, dict):
+                raise ConfigError(f"overrides[{i}]={brief_repr(ov)} must be an object with "
+                                  f"{'/'.join(sorted(bound_keys))} and tunables")  # fmt: skip
+            unknown = sorted(set(map(str, ov)) - set(names) - bound_keys)
+            if unknown:
+                raise ConfigError(f"unknown key {where}{brief_repr(unknown[0])}; valid keys: "
+                                  f"{', '.join(sorted(set(names) | bound_keys))}")  # fmt: skip
+            item = {}
+            for d in self.override_dims:
+                for k in (f"{d}_min", f"{d}_max"):
+                    if k in ov:
+                        v = ov[k]
+                        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DIM:
+                            raise ConfigError(f"{where}{k}={brief_repr(v)} is invalid: must be an integer from 1 to {MAX_DIM}")
+                        item[k] = v
+                if item.get(f"{d}_min", 1) > item.get(f"{d}_max", MAX_DIM):
+                    raise ConfigError(f"{where}{d}_min={item[f'{d}_min']} is above {d}_max={item[f'{d}_max']}")
+            params = {k: self.check_value(where, k, ov[k]) for k in names if k in ov}
+            if not params:
+                raise ConfigError(f"{where[:-1]} changes no tunable; give at least one of {', '.join(names)}")
+            self.check_restrictions({**out, **params}, where)
+            item.update(params)
+            norm.append(item)
+        if norm:
+            out["overrides"] = norm
+        return out
+
+    # ---- use -------------------------------------------------------------------------
+    def resolve(self, config: Mapping, dims: Mapping[str, int]) -> Params:
+        """The parameters for one level (its dimensions ``dims``); the first matching override wins."""
+        values = {k: config[k] for k in self.names}
+        for ov in config.get("overrides", []):
+            if all(ov.get(f"{d}_min", 1) <= dims.get(d, 0) <= ov.get(f"{d}_max", MAX_DIM)
+                   for d in self.override_dims if f"{d}_min" in ov or f"{d}_max" in ov):  # fmt: skip
+                values.update({k: ov[k] for k in self.names if k in ov})
+                break
+        return Params(values, self)
+
+    def describe(self, config: Mapping) -> str:
+        """Human label such as ``BT16/BH16/w4/s2`` or ``BT16/BH16/w4/s2 [b>=9: w8]``."""
+        base = self.label(config)
+        parts = []
+        for ov in config.get("overrides", []):
+            rngs = []
+            for d, ab in self.override_dims.items():
+                lo, hi = ov.get(f"{d}_min"), ov.get(f"{d}_max")
+                if lo or hi:
+                    rngs.append(f"{ab}{lo}-{hi}" if lo and hi else (f"{ab}>={lo}" if lo else f"{ab}<={hi}"))
+            change = ",".join(f"{t.abbr}{ov[t.name]}" for t in self.tunables if t.name in ov)
+            parts.append(f"{' '.join(rngs) or 'all'}: {change}")
+        return base + (f" [{'; '.join(parts)}]" if parts else "")
+
+
+# --------------------------------------------------------------------------- #
+# helpers that find the spec through the config's kernel
+# --------------------------------------------------------------------------- #
+def spec_of(kernel: str) -> TunableSpec:
+    from kernels.adapter import get_adapter
+
+    return get_adapter(kernel).spec
 
 
 def validate_config(data, kernel: str | None = None) -> dict:
-    """Return a normalized copy of ``data`` or raise ConfigError naming the field."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"config must be a JSON object with keys {', '.join(PARAMS)}; got {type(data).__name__}")
-    unknown = sorted(set(map(str, data)) - TOP_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown config key {brief_repr(unknown[0])}; valid keys: {', '.join(sorted(TOP_KEYS))}")
-    if kernel is not None and data.get("kernel", kernel) != kernel:
-        raise ConfigError(f"kernel={brief_repr(data.get('kernel'))} but this is the config of {kernel!r}")
-    missing = [k for k in PARAMS if k not in data]
-    if missing:
-        raise ConfigError(f"config is missing {missing[0]!r}; required keys: {', '.join(PARAMS)}")
-    out: dict = {k: _check_param("", k, data[k]) for k in PARAMS}
-    if "kernel" in data:
-        if not isinstance(data["kernel"], str):
-            raise ConfigError(f"kernel={brief_repr(data['kernel'])} must be a string")
-        out["kernel"] = data["kernel"]
-    if "description" in data:
-        if not isinstance(data["description"], str):
-            raise ConfigError(f"description={brief_repr(data['description'])} must be a string")
-        out["description"] = data["description"]
-    overrides = data.get("overrides", [])
-    if not isinstance(overrides, list):
-        raise ConfigError(f"overrides={brief_repr(overrides)} must be a list of objects")
-    norm = []
-    for i, ov in enumerate(overrides):
-        where = f"overrides[{i}]."
-        if not isinstance(ov, dict):
-            raise ConfigError(f"overrides[{i}]={brief_repr(ov)} must be an object with batch_min/batch_max and parameters")
-        unknown = sorted(set(map(str, ov)) - OVERRIDE_KEYS)
-        if unknown:
-            raise ConfigError(f"unknown key {where}{brief_repr(unknown[0])}; valid keys: {', '.join(sorted(OVERRIDE_KEYS))}")
-        item = {}
-        for k in ("batch_min", "batch_max"):
-            if k in ov:
-                item[k] = _check_batch(where, k, ov[k])
-        if item.get("batch_min", 1) > item.get("batch_max", MAX_BATCH):
-            raise ConfigError(f"{where}batch_min={item['batch_min']} is above batch_max={item['batch_max']}")
-        params = {k: _check_param(where, k, ov[k]) for k in PARAMS if k in ov}
-        if not params:
-            raise ConfigError(f"{where[:-1]} changes no parameter; give at least one of {', '.join(PARAMS)}")
-        item.update(params)
-        norm.append(item)
-    if norm:
-        out["overrides"] = norm
-    return out
+    """Validate ``data`` against the tunables of ``kernel`` (or of the kernel the config names)."""
+    name = kernel or (data.get("kernel") if isinstance(data, dict) else None)
+    if not isinstance(name, str):
+        raise ConfigError("config names no kernel: add \"kernel\": \"<name>\" (see `kinv kernels`)")
+    try:
+        from kernels.adapter import get_adapter
+
+        adapter = get_adapter(name)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(one_line(str(exc))) from None
+    return adapter.spec.validate(data, adapter.name)
 
 
 def load_config(path: str | Path, kernel: str | None = None) -> dict:
@@ -144,28 +283,33 @@ def load_config(path: str | Path, kernel: str | None = None) -> dict:
         raise ConfigError(one_line(str(exc))) from None
 
 
-def _load_config(path: Path, kernel: str | None) -> dict:
+def read_json(path: Path, what: str = "config file") -> object:
+    """A JSON file's value, or ConfigError (one line) saying why not: missing, too big, not UTF-8, bad JSON."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
+        raise ConfigError(f"{what} {path} does not exist") from None
     except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or type(exc).__name__}") from None
+        raise ConfigError(f"{what} {path} cannot be read: {exc.strerror or type(exc).__name__}") from None
     if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file {path} is {len(raw)} bytes; the limit is {MAX_CONFIG_BYTES}")
+        raise ConfigError(f"{what} {path} is {len(raw)} bytes; the limit is {MAX_CONFIG_BYTES}")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not UTF-8 text") from None
+        raise ConfigError(f"{what} {path} is not UTF-8 text") from None
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
+        raise ConfigError(f"{what} {path} is not valid JSON: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"config file {path} is not usable JSON: it nests too deeply") from None
+        raise ConfigError(f"{what} {path} is not usable JSON: it nests too deeply") from None
     except ValueError as exc:  # duplicate keys, NaN/Infinity, integers too long to convert
         said = "a number has more than 4300 digits" if "integer string conversion" in str(exc) else str(exc)
-        raise ConfigError(f"config file {path} is not valid JSON: {said}") from None
+        raise ConfigError(f"{what} {path} is not valid JSON: {said}") from None
+
+
+def _load_config(path: Path, kernel: str | None) -> dict:
+    data = read_json(path)
     try:
         return validate_config(data, kernel)
     except ConfigError as exc:
@@ -185,14 +329,10 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def resolve(config: dict, batch: int) -> LaunchParams:
-    """The launch parameters for one batch size (first matching override wins)."""
-    values = {k: config[k] for k in PARAMS}
-    for ov in config.get("overrides", []):
-        if ov.get("batch_min", 1) <= batch <= ov.get("batch_max", MAX_BATCH):
-            values.update({k: ov[k] for k in PARAMS if k in ov})
-            break
-    return LaunchParams(**values)
+def resolve(config: dict, dims: Mapping[str, int] | object) -> Params:
+    """The launch parameters of ``config`` at one level (a Level or a mapping of its dimensions)."""
+    d = dims.to_dict() if hasattr(dims, "to_dict") else dims
+    return spec_of(config.get("kernel") or "").resolve(config, d)
 
 
 def canonical_json(config: dict) -> str:
@@ -207,33 +347,31 @@ def config_hash(config: dict) -> str:
 
 
 def describe(config: dict) -> str:
-    """Human label such as ``BT16/BH16/w4/s2`` or ``BT16/BH16/w4/s2 [b>=9: w8]``."""
-    base = LaunchParams(**{k: config[k] for k in PARAMS}).short()
-    parts = []
-    for ov in config.get("overrides", []):
-        lo, hi = ov.get("batch_min"), ov.get("batch_max")
-        rng = f"b{lo}-{hi}" if lo and hi else (f"b>={lo}" if lo else f"b<={hi}")
-        change = ",".join(f"{_abbr(k)}{ov[k]}" for k in PARAMS if k in ov)
-        parts.append(f"{rng}: {change}")
-    return base + (f" [{'; '.join(parts)}]" if parts else "")
-
-
-def _abbr(key: str) -> str:
-    return {"BLOCK_T": "BT", "BLOCK_H": "BH", "num_warps": "w", "num_stages": "s"}[key]
+    """Human label of a config in its kernel's own tunable names (``BT16/BH16/w4/s2 [b>=9: w8]``)."""
+    name = config.get("kernel") if isinstance(config, dict) else None
+    if name:
+        try:
+            return spec_of(name).describe(config)
+        except (ImportError, ValueError, KeyError):
+            pass
+    return "/".join(f"{k}={v}" for k, v in sorted(config.items()) if k not in ("kernel", "description", "overrides"))
 
 
 __all__ = [
-    "BOUNDS",
-    "PARAMS",
     "ConfigError",
     "LaunchParams",
-    "asdict",
+    "Params",
+    "Restriction",
+    "Tunable",
+    "TunableSpec",
     "brief_repr",
     "canonical_json",
     "config_hash",
     "describe",
     "load_config",
     "one_line",
+    "read_json",
     "resolve",
+    "spec_of",
     "validate_config",
 ]

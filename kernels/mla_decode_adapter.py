@@ -7,7 +7,7 @@ import os
 
 from kernels.adapter import KernelAdapter, Level, Resources
 from kernels.devices import DeviceSpec, occupancy
-from kernels.launch_config import LaunchParams
+from kernels.launch_config import Params, Tunable, TunableSpec
 
 # Model shapes: (d_qk, d_v).  K is the whole latent row, V its first d_v values.
 SHAPES: dict[str, tuple[int, int]] = {
@@ -26,7 +26,7 @@ ELT = 2  # bytes per element of bf16/fp16, the dtypes kinv benchmarks
 #    BLOCK_T x D_QK, plus 32 bytes per token of barriers/indices; from 3 stages
 #    the page indices are pipelined too (4 bytes per token per load stream:
 #    one stream for V4-Flash, two (main + rope tail) for V3).
-def stage1_smem_estimate(params: LaunchParams, d_qk: int, d_v: int = 512, elt: int = ELT) -> int:
+def stage1_smem_estimate(params, d_qk: int, d_v: int = 512, elt: int = ELT) -> int:
     q_scratch = params.BLOCK_H * d_qk * elt
     if params.num_stages <= 1:
         return 2 * params.BLOCK_T * d_v * elt + q_scratch
@@ -35,8 +35,100 @@ def stage1_smem_estimate(params: LaunchParams, d_qk: int, d_v: int = 512, elt: i
     return params.BLOCK_T * d_qk * elt + q_scratch + 32 * params.BLOCK_T + index_pipe
 
 
+BLOCK_H_VALUES = (16, 32, 64, 128)
+
+SPEC = TunableSpec(
+    kernel="mla_decode",
+    tunables=(
+        Tunable("BLOCK_T", (16, 32, 64, 128, 256), "BT", "a power of two from 16 to 256 (tokens per KV tile)"),
+        Tunable("BLOCK_H", BLOCK_H_VALUES, "BH", "a power of two from 16 to 128 (heads per tile)"),
+        Tunable("num_warps", (1, 2, 4, 8, 16), "w", "a power of two from 1 to 16"),
+        Tunable("num_stages", (1, 2, 3, 4, 5, 6), "s", "an integer from 1 to 6"),
+    ),
+    override_dims={"batch": "b"},
+)
+
+def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_stages: int = 2) -> Params:
+    """Launch parameters of the MLA kernel (defaults: the seed's baseline BT16/BH16/w4/s2)."""
+    values = {"BLOCK_T": BLOCK_T, "BLOCK_H": BLOCK_H, "num_warps": num_warps, "num_stages": num_stages}
+    return SPEC.resolve(SPEC.validate({**values, "kernel": "mla_decode"}), {})
+
+
+# a GPU check runs batch <= 8 at context <= 4096; a CPU check (interpreter) a small stand-in
+GPU_CAPS = {"batch": 8, "context": 4096}
+CPU_CAPS = {"batch": 2, "context": 64, "page_size": 16}
+
+
+def local_heads(model_heads: int, attention_tp: int) -> int:
+    """Heads one GPU holds: ``model_heads / attention_tp`` (64 heads at TP 4 -> 16)."""
+    for name, value in (("model_heads", model_heads), ("attention_tp", attention_tp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid: must be a positive integer")
+    if model_heads % attention_tp:
+        valid = [d for d in range(1, model_heads + 1) if model_heads % d == 0]
+        raise ValueError(f"{model_heads} heads do not split evenly over attention_tp={attention_tp}; "
+                         f"valid attention_tp: {', '.join(map(str, valid))}")  # fmt: skip
+    return model_heads // attention_tp
+
+
+def block_h_for(local_heads: int, bounds: tuple[int, ...] = BLOCK_H_VALUES) -> int:
+    """The smallest head tile covering ``local_heads`` (16 -> 16, 17..32 -> 32), capped at the largest bound.
+
+    Above the cap the kernel loops over several head tiles.  The seed's lesson: DeepSeek-V4-Flash has 64
+    heads, at attention TP 4 each GPU holds 16, so BLOCK_H = 16; a stale 32 over-estimated shared memory.
+    """
+    if isinstance(local_heads, bool) or not isinstance(local_heads, int) or local_heads < 1:
+        raise ValueError(f"local_heads={local_heads!r} is invalid: must be a positive integer")
+    if not bounds:
+        raise ValueError("bounds is empty; give the valid BLOCK_H values, e.g. (16, 32, 64, 128)")
+    ordered = sorted(bounds)
+    return next((b for b in ordered if b >= local_heads), ordered[-1])
+
+
+def _workload_model():
+    from typing import Literal
+
+    from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+    class Strict(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+
+    class ModelShape(Strict):
+        heads: int = Field(64, ge=1, le=1024, description="total attention heads of the model")
+        attention_tp: int = Field(4, ge=1, le=64, description="attention tensor-parallel size")
+        shape: Literal["v3", "v4flash"] = Field("v4flash", description="head dims: v3 = 576/512, v4flash = 512/512")
+
+        @model_validator(mode="after")
+        def _local_heads(self):
+            if self.heads % self.attention_tp:
+                raise ValueError(f"heads={self.heads} must be a multiple of attention_tp={self.attention_tp}")
+            return self
+
+    class MLAWorkload(Strict):
+        levels: list[int] = Field(description="batch sizes (concurrency C) to measure, e.g. [1, 8, 32, 64, 96]")
+        context: int = Field(4096, ge=1, le=1 << 20, description="context length in tokens")
+        page_size: int = Field(64, ge=1, le=4096, description="KV-cache page size in tokens")
+        model: ModelShape = Field(default_factory=ModelShape, description="model head count, attention TP, head dims")
+
+        @field_validator("levels")
+        @classmethod
+        def _levels(cls, v):
+            if not v or len(v) > 16:
+                raise ValueError("give 1 to 16 batch sizes")
+            if any(b < 1 or b > 4096 for b in v):
+                raise ValueError("each batch size must be from 1 to 4096")
+            if len(set(v)) != len(v):
+                raise ValueError("batch sizes must be distinct")
+            return sorted(v)
+
+    return MLAWorkload
+
+
 class MLADecodeAdapter(KernelAdapter):
     name = "mla_decode"
+    spec = SPEC
+    level_dims = ("shape", "heads", "page_size", "context", "batch")
+    throughput_unit = "tok/s"
     kernel_files = ("kernels/mla_decode.py",)
     reference_parts = (
         ("kernels/mla_decode_ref.py", "mla_decode_reference"),
@@ -44,8 +136,39 @@ class MLADecodeAdapter(KernelAdapter):
         ("kernels/mla_decode_adapter.py", "MLADecodeAdapter.bytes_moved"),
     )
 
+    # ---- workload ------------------------------------------------------------------
+    def level_key(self, dims) -> str:
+        return f"{dims['shape']}/h{dims['heads']}/p{dims['page_size']}/ctx{dims['context']}/b{dims['batch']}"
+
+    def level_label(self, dims) -> str:
+        return f"b{dims['batch']}"
+
+    def workload_model(self):
+        return _workload_model()
+
+    def levels(self, workload) -> list[Level]:
+        heads = local_heads(workload.model.heads, workload.model.attention_tp)
+        return [self.level({"shape": workload.model.shape, "heads": heads, "page_size": workload.page_size,
+                            "context": workload.context, "batch": b}) for b in workload.levels]  # fmt: skip
+
+    def workload_notes(self, workload, baseline: dict) -> list[str]:
+        m = workload.model
+        heads = local_heads(m.heads, m.attention_tp)
+        want = block_h_for(heads)
+        notes = [f"{m.heads} heads / attention TP {m.attention_tp} = {heads} local heads -> block_h {want}"]
+        if baseline.get("BLOCK_H") != want:
+            notes.append(f"warning: {heads} local heads want block_h {want}, the baseline uses {baseline.get('BLOCK_H')}")
+        return notes
+
+    def stand_in(self, level: Level, device: str) -> Level:
+        caps = CPU_CAPS if device == "cpu" else GPU_CAPS
+        return self.level({**level.dims, **{k: min(level.dims[k], cap) for k, cap in caps.items()}})
+
+    def throughput(self, level: Level, us: float) -> float:
+        return level.batch / (us * 1e-6)
+
     # ---- inputs --------------------------------------------------------------
-    def make_inputs(self, level: Level, seed: int, device: str = "cuda", dtype=None, vary_lengths=False) -> dict:
+    def make_inputs(self, level: Level, seed: int, device: str = "cuda", dtype=None, vary_lengths: bool = False) -> dict:
         import torch
 
         dtype = dtype or torch.bfloat16
@@ -74,7 +197,7 @@ class MLADecodeAdapter(KernelAdapter):
         }
 
     # ---- the kernel ------------------------------------------------------------
-    def launch(self, inputs: dict, params: LaunchParams, out=None, target_ctas=None, scratch=None):
+    def launch(self, inputs: dict, params: Params, out=None, scratch=None, target_ctas=None):
         from kernels.mla_decode import mla_decode_launch
 
         return mla_decode_launch(
@@ -83,7 +206,7 @@ class MLADecodeAdapter(KernelAdapter):
             scratch=scratch,
         )  # fmt: skip
 
-    def make_scratch(self, inputs: dict, params: LaunchParams, target_ctas=None) -> dict:
+    def make_scratch(self, inputs: dict, params: Params, target_ctas=None) -> dict:
         from kernels.mla_decode import mla_decode_scratch, num_kv_splits
 
         b, h, _ = inputs["q"].shape
@@ -123,7 +246,7 @@ class MLADecodeAdapter(KernelAdapter):
         return 2 * level.batch * level.heads * level.context * (d_qk + d_v)
 
     # ---- environment and resources ---------------------------------------------
-    def derived_env(self, level: Level, params: LaunchParams, environ: dict) -> dict:
+    def derived_env(self, level: Level, params: Params, environ: dict) -> dict:
         from kernels.mla_decode import num_kv_splits, target_ctas_from_env
 
         target = target_ctas_from_env(environ)
@@ -131,7 +254,7 @@ class MLADecodeAdapter(KernelAdapter):
         splits = num_kv_splits(level.batch, head_tiles, level.context, params.BLOCK_T, target)
         return {"TARGET_CTAS": target, "num_splits": splits, "head_tiles": head_tiles}
 
-    def resources(self, params: LaunchParams, level: Level, device: DeviceSpec, compiled=None) -> Resources:
+    def resources(self, params: Params, level: Level, device: DeviceSpec, compiled=None) -> Resources:
         d_qk, d_v = SHAPES[level.shape]
         est = stage1_smem_estimate(params, d_qk, d_v)
         res = Resources(smem_estimate=est)

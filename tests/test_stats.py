@@ -17,8 +17,8 @@ of the round alike, and in the A/B whichever arm runs second in a round is 0.1% 
 effect).
 
 Lanes: a plain run of this file covers every property once (one noise model / direction of each
-simulation); the cases marked ``slow`` complete the matrix (both noise models, both directions) and run
-only when the ``-m`` expression names them: ``python -m pytest -m slow tests/test_stats.py``.
+simulation); the cases marked ``slow`` complete the matrix (both noise models, both directions) and run in
+the slow lane (``python -m pytest -m slow``; the README's ``python -m pytest -q`` runs both lanes).
 """
 
 from __future__ import annotations
@@ -68,13 +68,6 @@ N_INV = 1000
 DETECT_CV = 0.005  # per-sample noise of the detection simulations
 
 Noise = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
-
-
-@pytest.fixture(autouse=True)
-def _slow_lane_only_when_asked(request):
-    """Tests marked ``slow`` run only when the ``-m`` expression mentions ``slow`` (e.g. ``-m slow``)."""
-    if request.node.get_closest_marker("slow") and "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("long simulation: run with -m slow")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -198,16 +198,19 @@ class Recording:
 
     A slot is ``(kind, pair, role)``: ``("ab", <variant config hash>, "base" | "variant")`` for the two
     workers of one variant's A/B (each variant has a baseline worker of its own), ``("aa", "aa", "A<j>")``
-    for arm j of the A/A.  A cell maps recorded round -> sample row.
+    for arm j of the A/A.  A cell maps recorded round -> sample row.  Each file records one kernel (its
+    header says which); a Recording serves one kernel, :meth:`for_kernel` picks it.
     """
 
-    def __init__(self, files: list[Path]):
+    def __init__(self, files: list[Path], kernel: str | None = None):
         self.files = files
         self.headers: list[dict] = []
         self.cells: dict[tuple[str, str, str, str], dict[int, dict]] = {}
         self.configs: dict[str, dict] = {}
+        self.kernels: set[str] = set()
         for f in files:
             with gzip.open(f, "rt") as fh:
+                header = None
                 for line in fh:
                     row = json.loads(line)
                     kind = row.get("type")
@@ -215,13 +218,20 @@ class Recording:
                         if row.get("version", 1) < 2:
                             raise BackendError(f"{f} is a version-1 recording (one fixed allocation per worker, "
                                                "rounds wrapped around); re-record it with benchmarks/record.py")
+                        header = row
+                        self.kernels.add(row.get("kernel", ""))
+                        if kernel is not None and row.get("kernel") != kernel:
+                            break  # another kernel's recording
                         self.headers.append(row)
                         for cfg in row.get("configs", {}).values():
                             self.configs[config_hash(cfg)] = cfg
-                    elif kind == "sample":
+                    elif kind == "sample" and header is not None:
                         key = (row["kind"], row["pair"], row["role"], row["level"])
                         self.cells.setdefault(key, {})[row["round"]] = row
         if not self.headers:
+            if kernel is not None and self.kernels:
+                raise NoRecording(f"replay has no recording of kernel {kernel!r}; recorded kernels: "
+                                  f"{', '.join(sorted(self.kernels))} (record it on a GPU: benchmarks/record.py)")
             raise BackendError(f"no recordings found in {', '.join(map(str, files)) or RECORDINGS}")
 
     @property
@@ -312,24 +322,33 @@ class ReplayBackend(Backend):
         files = sorted(directory.rglob("*.jsonl.gz"))
         if not files:
             raise BackendError(f"replay backend: no recordings under {directory} (record them with benchmarks/record.py)")
+        self.files = files
         self.recording = Recording(files)
+        self._by_kernel: dict[str, Recording] = {}
         fp = self.recording.fingerprint
         self.loud = (
             f"REPLAY backend: no GPU is measured; serving samples recorded on {fp.get('gpu')} "
             f"({fp.get('sms')} SMs, torch {fp.get('torch')}, triton {fp.get('triton')})"
         )
 
+    def for_kernel(self, kernel: str) -> Recording:
+        name = get_adapter(kernel).name
+        if name not in self._by_kernel:
+            self._by_kernel[name] = Recording(self.files, name)
+        return self._by_kernel[name]
+
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
-        recorded = self.recording.headers[0].get("kernel_hash")
+        rec = self.for_kernel(kernel)
+        recorded = rec.headers[0].get("kernel_hash")
         if recorded and pythonpath is None and kernel_hash(kernel) != recorded:
             raise NoRecording(f"replay has no recording of this {kernel} source (sha {kernel_hash(kernel)}; recorded "
                               f"{recorded}): a source change must be measured on a GPU (--backend cuda)")
-        recorded_env = self.recording.headers[0].get("env", {})
+        recorded_env = rec.headers[0].get("env", {})
         for k, v in env.items():
             if recorded_env.get(k) != str(v):
                 raise NoRecording(f"replay has no recording with {k}={v!r}; the recordings ran with {k}={recorded_env.get(k)!r}")
-        slot = self.recording.slot_for(config_hash(config), config_hash(partner) if partner else None, replica, role)
-        return ReplayArm(name, kernel, config, env, self.recording, slot)
+        slot = rec.slot_for(config_hash(config), config_hash(partner) if partner else None, replica, role)
+        return ReplayArm(name, kernel, config, env, rec, slot)
 
     def copy_bandwidth(self) -> float | None:
         return self.recording.headers[0].get("copy_gbps")
@@ -418,6 +437,88 @@ def aa_round(store, exp_id, backend: Backend, arms: list[Arm], levels: list[Leve
     return gpu_s
 
 
+def stored_rounds(store, exp_id: int, tags: list[str]) -> dict[int, dict[str, list[float]]]:
+    """Rounds of an experiment already committed: round -> level -> [time of each tag] (complete rounds only)."""
+    by: dict = {}
+    for s in store.samples(exp_id):
+        by.setdefault(s["round"], {}).setdefault(s["level"], {})[s["arm"]] = s["us"]
+    return {r: {lv: [v[t] for t in tags] for lv, v in levels.items()} for r, levels in by.items()
+            if all(all(t in v for t in tags) for v in levels.values())}  # fmt: skip
+
+
+def run_aa(store, exp_id: int, backend: Backend, kernel: str, config: dict, env: dict, levels: list[Level],
+           rounds: int, n_arms: int, on_round: Callable | None = None) -> tuple[dict[str, list[list[float]]], float]:  # fmt: skip
+    """The A/A: ``n_arms`` workers of ``config`` timed at every level in every round (rounds already stored
+    for ``exp_id`` are reused: a killed run resumes).  Returns ``({level: [times of arm j]}, GPU s spent)``.
+    The graph's noise node and ``kinv noise`` both run this."""
+    done = stored_rounds(store, exp_id, [f"A{j}" for j in range(n_arms)])
+    acc: dict[str, list[list[float]]] = {lv.key: [[] for _ in range(n_arms)] for lv in levels}
+    arms: list[Arm] = []
+    gpu_s = 0.0
+    try:
+        for r in range(rounds):
+            if r in done:
+                for lv, times in done[r].items():
+                    for j, us in enumerate(times):
+                        acc[lv][j].append(us)
+                continue
+            if not arms:
+                arms = [backend.open(f"A{j}", kernel, config, env, replica=j) for j in range(n_arms)]
+                for a in arms:
+                    for lv in levels:
+                        a.setup(lv)
+            gpu_s += aa_round(store, exp_id, backend, arms, levels, r, acc, store.device(arms[0].fingerprint))
+            if on_round:
+                on_round(r)
+    finally:
+        for a in arms:
+            a.close()
+    return acc, gpu_s
+
+
+def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_cfg: dict, env: dict,
+           levels: list[Level], thresholds: dict[str, float], plan, offset_sd: dict[str, float] | None = None,
+           n_variants: int = 1, base_pythonpath: list[str] | None = None, on_open: Callable | None = None,
+           on_round: Callable | None = None, names: tuple[str, str] = ("baseline", "variant")):  # fmt: skip
+    """The sequential A/B of ``var_cfg`` against ``base_cfg`` (agent.stats.run_sequential over paired ABBA
+    rounds; committed rounds of ``exp_id`` are reused).  ``on_open(arm)`` sees every arm once it has started
+    (the env check).  Returns ``(SequentialResult, GPU s spent in this call)``.  The graph's measure node
+    and ``kinv bench --variant`` both run this."""
+    from agent import stats
+
+    done = {r: {lv: tuple(v) for lv, v in lvs.items()} for r, lvs in stored_rounds(store, exp_id, ["A", "B"]).items()}
+    arms: list[Arm] = []
+    acc = PairedRounds()
+
+    def open_arms() -> None:
+        arms.append(backend.open(names[0], kernel, base_cfg, env, pythonpath=base_pythonpath, partner=var_cfg,
+                                 role="base"))  # fmt: skip
+        arms.append(backend.open(names[1], kernel, var_cfg, env, partner=base_cfg))
+        for a in arms:
+            if on_open:
+                on_open(a)
+            for lv in levels:
+                a.setup(lv)
+
+    def sample_fn(r: int) -> dict:
+        if r in done:
+            return done[r]
+        if not arms:
+            open_arms()
+        pairs = paired_round(store, exp_id, backend, arms[0], arms[1], levels, r, acc, store.device(arms[0].fingerprint))
+        if on_round:
+            on_round(r)
+        return pairs
+
+    try:
+        res = stats.run_sequential(sample_fn, [lv.key for lv in levels], thresholds, plan, offset_sd=offset_sd,
+                                   n_variants=n_variants)  # fmt: skip
+    finally:
+        for a in arms:
+            a.close()
+    return res, acc.gpu_s
+
+
 def verdict_rows(result) -> list[dict]:
     """Rows of the verdicts table from an agent.stats.SequentialResult."""
     rows = []
@@ -451,11 +552,12 @@ def measure_config(store, exp_id, backend: Backend, kernel: str, config: dict, e
             med = statistics.median(us)
             gbps = adapter.bytes_moved(level) / (med * 1e-6) / 1e9
             m = {"level": level.key, "config": describe(config), "us": med, "gbps": gbps,
-                 "frac_copy": gbps / copy if copy else None, "tokens_per_s": level.batch / (med * 1e-6),
+                 "frac_copy": gbps / copy if copy else None, "tokens_per_s": adapter.throughput(level, med),
+                 "unit": adapter.throughput_unit, "tflops": adapter.flops(level) / (med * 1e-6) / 1e12,
                  "copy_gbps": copy, "n": samples,
                  "cv": statistics.pstdev(us) / statistics.mean(us) if len(us) > 1 else 0.0,
                  "derived_env": setup.get("derived_env", {})}  # fmt: skip
-            store.add_measurements(exp_id, [{k: v for k, v in m.items() if k not in ("cv", "derived_env")}])
+            store.add_measurements(exp_id, [{k: v for k, v in m.items() if k not in ("cv", "derived_env", "unit", "tflops")}])
             out.append(m)
             if on_level:
                 on_level(m)

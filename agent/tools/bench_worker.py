@@ -148,14 +148,14 @@ class Worker:
     def setup(self, req: dict) -> dict:
         import torch
 
-        from kernels.adapter import Level, get_adapter
+        from kernels.adapter import get_adapter
         from kernels.devices import detect
         from kernels.launch_config import config_hash, validate_config
 
         adapter = get_adapter(req["kernel"])
         self.adapter = adapter
         config = validate_config(req["config"], adapter.name)
-        level = Level(**req["level"])
+        level = adapter.level(req["level"])
         params = adapter.params_for(config, level)
         device = detect()
         env = adapter.derived_env(level, params, dict(os.environ))
@@ -183,7 +183,7 @@ class Worker:
         reply = {
             "level": level.key,
             "config_hash": config_hash(config),
-            "params": params.__dict__,
+            "params": dict(params),
             "derived_env": env,
             "correct": correct,
             "max_abs_err": max_abs,

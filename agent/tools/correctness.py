@@ -1,13 +1,14 @@
 """The correctness gate: no variant is timed before it matches the reference.
 
-For every level the kernel runs on FRESH random inputs (varying sequence
-lengths) and is compared with the adapter's float32 reference under the
-adapter's tolerance; every output must also be finite.  On a GPU the level
-runs in bf16 with its batch capped at 8 and its context at 4096 (quick); on
-CPU a small stand-in runs in the Triton interpreter in float16 (the
-interpreter's bf16 dot is wrong): batch <= 2, context <= 64, page size <= 16.
-A launch that raises (compile error, out of resources) is a failed check,
-never an exception.
+For every level the kernel runs on FRESH random inputs (irregular shapes where
+the adapter has them) and is compared with the adapter's float32 reference under
+the adapter's tolerance; every output must also be finite, and each checked
+launch writes into an output first filled with NaN.  The level actually run is
+the adapter's stand-in (``KernelAdapter.stand_in``: MLA caps batch and context
+so a check stays quick, and runs a small stand-in on CPU); on a GPU it runs in
+bf16, on CPU in the Triton interpreter in float16 (the interpreter's bf16 dot is
+wrong).  A launch that raises (compile error, out of resources) is a failed
+check, never an exception.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import inspect
 import math
 import os
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kernels.adapter import KernelAdapter, Level
@@ -23,21 +23,11 @@ from kernels.adapter import KernelAdapter, Level
 if TYPE_CHECKING:
     from agent.store import Store
 
-GPU_CAPS = {"batch": 8, "context": 4096}
-CPU_CAPS = {"batch": 2, "context": 64, "page_size": 16}
-
-
 def default_device() -> str:
     """'cuda' when a CUDA device is visible, else 'cpu'."""
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def stand_in(level: Level, device: str) -> Level:
-    """The level actually run for the check: capped to stay quick (heads and shape as given)."""
-    caps = CPU_CAPS if device == "cpu" else GPU_CAPS
-    return replace(level, **{k: min(getattr(level, k), cap) for k, cap in caps.items()})
 
 
 def _first_line(exc: BaseException) -> str:
@@ -78,7 +68,7 @@ def _poison(out) -> None:
 
 
 def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, device: str, dtype) -> dict:
-    run = stand_in(level, device)
+    run = adapter.stand_in(level, device)
     params = adapter.params_for(config, level)  # the level's own parameters (overrides by real batch)
     entry = {"level": level.key, "ran": run.key, "params": params.short(), "seed": seed,
              "max_abs_err": None, "rel_err": None, "mismatched": None, "nonfinite": None, "ok": False}  # fmt: skip
@@ -181,24 +171,25 @@ def record(store: Store, ws_id: str | None, experiment: int, result: dict) -> No
     store.event(ws_id, "correctness.failed", reason, {"experiment": experiment})
 
 
-__all__ = ["check", "default_device", "record", "stand_in"]
+__all__ = ["check", "check_isolated", "default_device", "record"]
 
 
 # --------------------------------------------------------------------------- #
 # crash isolation: the check in a child process
 # --------------------------------------------------------------------------- #
 def check_isolated(kernel: str, config: dict, levels: list[Level], *, seed: int, device: str,
-                   pythonpath: list[str] | None = None, timeout: float = 900) -> dict:  # fmt: skip
+                   pythonpath: list[str] | None = None, timeout: float = 900, env: dict | None = None) -> dict:  # fmt: skip
     """:func:`check` in a child process, so a variant that crashes (segfault, illegal address, abort)
     or hangs kills only the child; the result then says how it died.  ``pythonpath`` entries go first
-    on the child's path (a kernel source snapshot).  Never raises for a kernel failure."""
+    on the child's path (a kernel source snapshot); ``env`` is the plan's environment (the child sees
+    what the benchmark workers see).  Never raises for a kernel failure."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
     root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
+    env = {**os.environ, **{k: str(v) for k, v in (env or {}).items()}}
     env["PYTHONPATH"] = os.pathsep.join([*(pythonpath or []), root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
@@ -227,8 +218,9 @@ def _main() -> int:
     from kernels.adapter import get_adapter
 
     job = json.loads(sys.stdin.read())
-    levels = [Level(**lv) for lv in job["levels"]]
-    result = check(get_adapter(job["kernel"]), job["config"], levels, seed=job["seed"], device=job["device"])
+    adapter = get_adapter(job["kernel"])
+    levels = [adapter.level(lv) for lv in job["levels"]]
+    result = check(adapter, job["config"], levels, seed=job["seed"], device=job["device"])
     sys.stdout.write(json.dumps(result, default=str) + "\n")
     sys.stdout.flush()
     return 0

@@ -1,18 +1,12 @@
-"""Feasibility and the "why" figures of a config: shared memory, occupancy, splits, tiles.
+"""Feasibility and the "why" figures of a config: shared memory, occupancy, and whatever the adapter
+explains (MLA: splits, tiles, waves), per level.
 
-The seed's lesson lives here.  DeepSeek-V4-Flash has 64 attention heads; at
-attention TP 4 each GPU holds 64 / 4 = 16 of them, so a head tile of
-BLOCK_H = 16 covers them.  In the seed, a stale BLOCK_H = 32 assumption
-estimated 80 KB of shared memory per CTA; the correct 16 gave 60 KB (the
-seed's estimator; the calibrated model of ``kernels/mla_decode_adapter.py``
-gives smaller figures, 48.5 KB vs 32.5 KB at two stages).  So the head tile
-is derived from the model (:func:`local_heads`, :func:`block_h_for`), never
-assumed.
+The figures come from the kernel's adapter (``KernelAdapter.resources``); the derivations that feed
+them (MLA's heads / TP -> local heads -> BLOCK_H, the seed's lesson) live in the adapter too.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from kernels.adapter import KernelAdapter, Level
@@ -22,39 +16,8 @@ from kernels.launch_config import config_hash, describe
 if TYPE_CHECKING:
     from agent.store import Store
 
-BLOCK_H_BOUNDS = (16, 32, 64, 128)
-WHY_KEYS = ("tile", "mma_tile", "num_splits", "iterations_per_split", "ctas", "waves")
-
-
 class ResourceError(ValueError):
-    """A model shape or level that cannot be assessed; one line naming the value."""
-
-
-def local_heads(model_heads: int, attention_tp: int) -> int:
-    """Heads one GPU holds: ``model_heads / attention_tp`` (64 heads at TP 4 -> 16)."""
-    for name, value in (("model_heads", model_heads), ("attention_tp", attention_tp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ResourceError(f"{name}={value!r} is invalid: must be a positive integer")
-    if model_heads % attention_tp:
-        valid = [d for d in range(1, model_heads + 1) if model_heads % d == 0]
-        raise ResourceError(
-            f"{model_heads} heads do not split evenly over attention_tp={attention_tp}; "
-            f"valid attention_tp: {', '.join(map(str, valid))}"
-        )
-    return model_heads // attention_tp
-
-
-def block_h_for(local_heads: int, bounds: tuple[int, ...] = BLOCK_H_BOUNDS) -> int:
-    """The smallest head tile covering ``local_heads`` (16 -> 16, 17..32 -> 32), capped at the largest bound.
-
-    Above the cap the kernel loops over several head tiles.
-    """
-    if isinstance(local_heads, bool) or not isinstance(local_heads, int) or local_heads < 1:
-        raise ResourceError(f"local_heads={local_heads!r} is invalid: must be a positive integer")
-    if not bounds:
-        raise ResourceError("bounds is empty; give the valid BLOCK_H values, e.g. (16, 32, 64, 128)")
-    ordered = sorted(bounds)
-    return next((b for b in ordered if b >= local_heads), ordered[-1])
+    """A level or config that cannot be assessed; one line naming the value."""
 
 
 def _smem(level_res: dict) -> int:
@@ -77,9 +40,9 @@ def assess(adapter: KernelAdapter, config: dict, plan_levels: list[Level], devic
     for level in plan_levels:
         params = adapter.params_for(config, level)
         res = adapter.resources(params, level, device).to_dict()
-        levels.append({"level": level.key, "batch": level.batch, "params": asdict(params), **res})
+        levels.append({"level": level.key, "label": level.label, "params": dict(params), **res})
         occ[level.key] = {k: res["occupancy"].get(k) for k in ("ctas_per_sm", "warps_per_sm", "limited_by")}
-        why[level.key] = {k: res["why"][k] for k in WHY_KEYS if k in res["why"]}
+        why[level.key] = dict(res.get("why") or {})
         if feasible and not res["feasible"]:
             feasible, reason = False, f"{params.short()} at {level.key}: {res['reason']}"
     return {
@@ -137,4 +100,4 @@ def predicted_change(base_assessment: dict, variant_assessment: dict) -> dict:
     return out
 
 
-__all__ = ["ResourceError", "assess", "block_h_for", "local_heads", "predicted_change", "record"]
+__all__ = ["ResourceError", "assess", "predicted_change", "record"]

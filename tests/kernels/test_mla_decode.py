@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from kernels.launch_config import LaunchParams
+from kernels.mla_decode_adapter import mla_params
 from kernels.mla_decode import mla_decode, num_kv_splits
 from kernels.mla_decode_ref import mla_decode_reference
 from tests.conftest import HAS_GPU
@@ -36,7 +36,7 @@ def make(lens, heads, shape, page_size, dtype, seed=0, device=DEVICE):
     return [t.to(device) for t in (q, kv, perm.to(torch.int32), seq)] + [d_v]
 
 
-def run_case(lens, heads, shape, page_size, dtype, atol, rtol, params=LaunchParams(), num_splits=None, seed=0):
+def run_case(lens, heads, shape, page_size, dtype, atol, rtol, params=mla_params(), num_splits=None, seed=0):
     q, kv, bt, seq, d_v = make(lens, heads, shape, page_size, dtype, seed)
     out = mla_decode(q, kv, bt, seq, params, d_v=d_v, num_splits=num_splits)
     ref = mla_decode_reference(q, kv, bt, seq, d_v=d_v)
@@ -75,7 +75,7 @@ def test_head_counts(heads):
 @pytest.mark.parametrize("num_warps", [4, 8])
 @pytest.mark.parametrize("num_stages", [1, 2, 3])
 def test_every_config_of_the_3a_space(block_t, num_warps, num_stages):
-    params = LaunchParams(BLOCK_T=block_t, BLOCK_H=16, num_warps=num_warps, num_stages=num_stages)
+    params = mla_params(BLOCK_T=block_t, BLOCK_H=16, num_warps=num_warps, num_stages=num_stages)
     run_case([50, 9], 16, "v3", 16, torch.float16, 1e-2, 1e-2, params=params, num_splits=2)
 
 
@@ -100,9 +100,9 @@ def test_default_split_count_is_used_and_correct():
 def test_bad_inputs_are_refused_with_the_shape():
     q, kv, bt, seq, d_v = make([8], 16, "v3", 16, torch.float16)
     with pytest.raises(ValueError, match="row width"):
-        mla_decode(q[..., :512], kv, bt, seq, LaunchParams(), d_v=d_v)
+        mla_decode(q[..., :512], kv, bt, seq, mla_params(), d_v=d_v)
     with pytest.raises(ValueError, match="dtype"):
-        mla_decode(q.float(), kv, bt, seq, LaunchParams(), d_v=d_v)
+        mla_decode(q.float(), kv, bt, seq, mla_params(), d_v=d_v)
 
 
 # --------------------------------------------------------------------------- #
@@ -123,6 +123,6 @@ def test_gpu_bf16_shapes_pages_heads(shape, page_size, heads):
 @pytest.mark.parametrize("num_stages", [1, 2, 3])
 @pytest.mark.parametrize("shape", ["v3", "v4flash"])
 def test_gpu_bf16_every_config(block_t, num_warps, num_stages, shape):
-    params = LaunchParams(BLOCK_T=block_t, BLOCK_H=16, num_warps=num_warps, num_stages=num_stages)
+    params = mla_params(BLOCK_T=block_t, BLOCK_H=16, num_warps=num_warps, num_stages=num_stages)
     for num_splits in (1, 6, 64, 300):
         run_case([4096, 77, 2049], 16, shape, 64, torch.bfloat16, 3e-2, 3e-2, params=params, num_splits=num_splits)
