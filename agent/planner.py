@@ -108,14 +108,23 @@ def next_variant(plan: Plan, results: dict, cancelled: set[str]) -> tuple[str | 
 
 
 def level_conditional(plan: Plan, variant: Variant, levels: dict[str, str]) -> dict | None:
-    """For a mixed verdict: overrides that use the variant at its improved batch sizes only."""
-    improved = sorted(int(k.rsplit("/b", 1)[1]) for k, v in levels.items() if v == "improved")
-    if not improved:
+    """For a mixed verdict: overrides that use the variant only at the levels where it improved, conditioned on
+    the level dimensions the kernel's overrides accept (MLA: batch); None when the kernel takes no overrides."""
+    adapter = plan.adapter
+    dims = list(adapter.spec.override_dims)
+    by_key = {lv.key: lv for lv in plan.levels()}
+    improved = [by_key[k] for k, v in levels.items() if v == "improved" and k in by_key]
+    if not improved or not dims:
         return None
     cfg = plan.variant_config(variant)
-    changed = {k: cfg[k] for k in ("BLOCK_T", "BLOCK_H", "num_warps", "num_stages") if cfg[k] != plan.baseline[k]}
-    overrides = [{"batch_min": b, "batch_max": b, **changed} for b in improved]
-    return {**{k: v for k, v in plan.baseline.items()}, "overrides": overrides}
+    changed = {k: cfg[k] for k in adapter.spec.names if cfg[k] != plan.baseline[k]}
+    if not changed:
+        return None
+    overrides = [{**{f"{d}_{m}": lv.dims[d] for d in dims for m in ("min", "max")}, **changed} for lv in improved]
+    try:
+        return adapter.validate_config({**plan.baseline, "overrides": overrides})
+    except ValueError:
+        return None
 
 
 def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "copy bandwidth") -> list[dict]:
