@@ -172,8 +172,10 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             "worker (fresh inputs, outputs and scratch at a new memory placement, the graph captured again).", "",
             "| level | round band (95% of single rounds) | between-arm offset SD | widest A/A pair [95% CI] | "
             "outliers | threshold (plan) |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    for lv, n in bands.items():
-        th = n.get("threshold") or state.get("thresholds", {}).get(lv)
+    label = {x.key: x.label for x in levels}
+    for key, n in bands.items():
+        th = n.get("threshold") or state.get("thresholds", {}).get(key)
+        lv = label.get(key, key)
         out.append(f"| {lv} | ±{n['band']:.2%} | {(n.get('offset_sd') or 0):.2%} | {n['effect']:+.2%} "
                    f"[{n['ci_low']:+.2%}, {n['ci_high']:+.2%}] | {n.get('outliers') or 0} | "
                    f"{th:.1%} |" if th else f"| {lv} | ±{n['band']:.2%} | | | | |")  # fmt: skip
@@ -194,6 +196,10 @@ def render(store: Store, plan, state: dict, ctx) -> str:
         e = v["exp"]
         out += [f"## {e['variant']}: {plan.variant(e['variant']).title if e['variant'] in [x.id for x in plan.variants] else ''}",
                 "", f"Verdict: **{e['verdict'] or e['status']}** — {e['reason'] or ''}", ""]  # fmt: skip
+        if e["variant"] in [x.id for x in plan.variants]:
+            var = plan.variant(e["variant"])
+            src = f" + source patch `{var.source_patch}`" if var.source_patch else ""
+            out += [f"Config: `{describe(plan.variant_config(var))}`{src} against the baseline `{describe(plan.baseline)}`.", ""]
         if e["void_reason"]:
             out += [f"**Void:** {e['void_reason']}", ""]
         if v["verdicts"]:
@@ -277,9 +283,10 @@ def _resource_lines(res: dict) -> list[str]:
         r = first.get("resources", first)
         why = r.get("why", {})
         occ = r.get("occupancy", {})
-        lines.append(f"Resources (predicted, analytical): shared memory {r.get('smem_estimate', 0) / 1024:.1f} KB per CTA, "
-                     f"{occ.get('ctas_per_sm', '?')} CTAs/SM by {occ.get('limited_by', '?')}; tile {why.get('tile', '?')}, "
-                     f"iterations per split {why.get('iterations_per_split', '?')}.")  # fmt: skip
+        explained = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in why.items())
+        lines.append(f"Resources (predicted, analytical) at {first.get('label') or first.get('level')}: shared memory "
+                     f"{r.get('smem_estimate', 0) / 1024:.1f} KB per CTA, {occ.get('ctas_per_sm', '?')} CTAs/SM by "
+                     f"{occ.get('limited_by', '?')}" + (f"; {explained}" if explained else "") + ".")  # fmt: skip
     if pred:
         lines.append(f"Predicted change vs baseline: {json.dumps(pred, default=str)[:400]}")
     return lines + [""] if lines else []

@@ -82,18 +82,14 @@ def source_on_disk(path: Path, qualname: str) -> str:
 
 def reference_hash(adapter, root: Path | None = None) -> str:
     """Hash of the adapter's reference and metric definitions, read from disk at each call."""
-    from kernels.adapter import project_root
-
-    root = root or project_root()
+    root = root or adapter.root()
     src = "".join(source_on_disk(root / f, q) for f, q in adapter.reference_parts)
     return hashlib.sha256(src.encode()).hexdigest()[:12]
 
 
 def kernel_source_hash(adapter, root: Path | None = None) -> str:
     """Hash of the kernel's source files as they are on disk (what a source patch changes)."""
-    from kernels.adapter import project_root
-
-    root = root or project_root()
+    root = root or adapter.root()
     h = hashlib.sha256()
     for f in adapter.kernel_files:
         h.update((root / f).read_bytes())
