@@ -526,7 +526,8 @@ def build_graph(ctx: Context, checkpointer):
     g.add_edge("baseline", "noise")
     g.add_edge("noise", "pick")
     g.add_edge("declined", "pick")
-    g.add_edge("apply", "gate")
+    # apply, gate, pick, design and approval route themselves (Command(goto=...)); a static out-edge beside a
+    # Command would make LangGraph follow both (a failed patch then ran the gate anyway and wedged resume)
     g.add_edge("measure", "revert")
     g.add_edge("revert", "decide")
     g.add_edge("decide", "pick")

@@ -123,6 +123,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
     """``kinv bench``: time one config at the plan's levels, or A/B a variant against it (the same
     sequential A/B the graph runs, bench.run_ab)."""
     import json
+    import math
 
     from agent import stats
     from agent.tools import bench
@@ -168,7 +169,8 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
                           "effects": {k: e.__dict__ for k, e in res.effects.items()}}, indent=2, default=str))
     else:
         for k, e in res.effects.items():
-            console.print(f"{k:40s} {e.effect:+7.2%} [{e.ci_low:+.2%}, {e.ci_high:+.2%}] ({e.conf:.3%} CI) {e.verdict}")
+            console.print(f"{k:40s} {math.expm1(e.effect):+7.2%} [{math.expm1(e.ci_low):+.2%}, "
+                          f"{math.expm1(e.ci_high):+.2%}] ({e.conf:.3%} CI, throughput change) {e.verdict}")
         console.print(f"{describe(var_cfg)} vs {describe(cfg)}: {res.verdict} after {res.rounds} rounds "
                       f"({gpu_s:.2f} GPU s) — {res.reason}")  # fmt: skip
     return EXIT_OK, f"stored as experiment {exp} in {store.path}"

@@ -74,9 +74,12 @@ def show(console, v) -> None:
         console.print(t)
     if v.effects:
         conf = v.effects[0].conf
-        t = Table("level", "effect", f"{conf:.3%} CI" if conf else "CI", "threshold", "verdict")
+        import math
+
+        t = Table("level", "throughput change", f"{conf:.3%} CI" if conf else "CI", "threshold", "verdict")
         for r in v.effects:
-            t.add_row(r.level, f"{r.effect:+.2%}", f"[{r.ci_low:+.2%}, {r.ci_high:+.2%}]", f"{r.threshold:.1%}", r.verdict)
+            t.add_row(r.level, f"{math.expm1(r.effect):+.2%}", f"[{math.expm1(r.ci_low):+.2%}, "
+                      f"{math.expm1(r.ci_high):+.2%}]", f"{r.threshold:.1%}", r.verdict)  # fmt: skip
         console.print(t)
     led = v.ledger
     console.print(f"ledger: {led.gpu_s:.2f} GPU s, {led.rounds} rounds, {led.wall_s:.1f} s wall, {led.samples} samples")

@@ -80,7 +80,7 @@ def plot(data: dict, path: Path, adapter, levels) -> Path | None:
     unit = adapter.throughput_unit
     for v in data["variants"]:
         rows = _ordered(v["verdicts"], levels)
-        if not rows:
+        if not rows or (v["exp"]["verdict"] or "") not in _MEASURED:
             continue
         xs = list(range(len(rows)))
         if not base_done:
@@ -124,6 +124,49 @@ def results_conf(store: Store, data: dict) -> float | None:
     return None
 
 
+_MEASURED = ("accept", "reject", "mixed", "inconclusive")
+"""Verdicts that come from timing; a void, failed or unmeasured variant's rows are not data."""
+
+
+def _chg(log_ratio: float | None) -> str:
+    """A paired log-ratio as the throughput change a person reads: variant / baseline - 1."""
+    import math
+
+    if log_ratio is None or not math.isfinite(log_ratio):
+        return "—"
+    return f"{math.expm1(log_ratio):+.2%}"
+
+
+def _reason(verdict: str | None, reason: str | None) -> str:
+    """The reason without the verdict word doubled in front of it ("void — void: ...")."""
+    text = reason or ""
+    if verdict and text.lower().startswith(verdict.lower() + ":"):
+        text = text[len(verdict) + 1 :].strip()
+    return text
+
+
+def _predicted_table(pred: dict, label: dict | None = None) -> list[str]:
+    """The predicted resource change per level, as a table (shared memory, CTAs and warps per SM, limiter)."""
+    rows = [(lv, p) for lv, p in pred.items() if isinstance(p, dict)]
+    if not rows:
+        return []
+    out = ["", "Predicted change vs baseline (resource model):", "",
+           "| level | shared memory / CTA | CTAs per SM | warps per SM | limited by | feasible |",
+           "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+
+    def pair(p, k, unit=""):
+        a, b = p.get(f"{k}_base"), p.get(f"{k}_variant")
+        return "—" if a is None and b is None else f"{a}{unit} → {b}{unit}"
+
+    for lv, p in rows:
+        smem = (f"{p['smem_base'] / 1024:.1f} → {p['smem_variant'] / 1024:.1f} KB"
+                if p.get("smem_base") is not None and p.get("smem_variant") is not None else "—")  # fmt: skip
+        out.append(f"| {(label or {}).get(lv, lv)} | {smem} | {pair(p, 'ctas_per_sm')} | "
+                   f"{pair(p, 'warps_per_sm')} | {pair(p, 'limited_by')} | "
+                   f"{'yes' if p.get('feasible_variant', True) else 'NO'} |")  # fmt: skip
+    return out
+
+
 def _num(x: float | None) -> str:
     if x is None:
         return "—"
@@ -147,7 +190,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     for v in plan.variants:
         if v.id in results:
             r = results[v.id]
-            out.append(f"- **{v.id}** ({v.title}): **{r['verdict']}** — {r['reason']}")
+            out.append(f"- **{v.id}** ({v.title}): **{r['verdict']}** — {_reason(r['verdict'], r['reason'])}")
         else:
             todo = store.todo(planner.todo_id(ws, v.id)) or {}
             out.append(f"- **{v.id}** ({v.title}): {todo.get('status', 'not run')} — {todo.get('reason', '')}")
@@ -163,7 +206,8 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     # ---- backend -------------------------------------------------------------------
     be = ctx.backend
     out += ["## Where this was measured", "", f"- Backend: `{be.name}` — {be.loud}"]
-    out += [f"- Environment expected and confirmed in every worker: {plan.environment}", ""]
+    env = " ".join(f"{k}={v}" for k, v in plan.environment.items()) or "(none)"
+    out += [f"- Environment expected and confirmed in every worker: {env}", ""]
 
     # ---- noise -------------------------------------------------------------------
     s = plan.stats
@@ -195,28 +239,29 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     for v in data["variants"]:
         e = v["exp"]
         out += [f"## {e['variant']}: {plan.variant(e['variant']).title if e['variant'] in [x.id for x in plan.variants] else ''}",
-                "", f"Verdict: **{e['verdict'] or e['status']}** — {e['reason'] or ''}", ""]  # fmt: skip
+                "", f"Verdict: **{e['verdict'] or e['status']}** — {_reason(e['verdict'] or e['status'], e['reason'])}",
+                ""]  # fmt: skip
         if e["variant"] in [x.id for x in plan.variants]:
             var = plan.variant(e["variant"])
             src = f" + source patch `{var.source_patch}`" if var.source_patch else ""
             out += [f"Config: `{describe(plan.variant_config(var))}`{src} against the baseline `{describe(plan.baseline)}`.", ""]
         if e["void_reason"]:
             out += [f"**Void:** {e['void_reason']}", ""]
-        if v["verdicts"]:
+        if v["verdicts"] and (e["verdict"] or "") in _MEASURED:
             conf = v["verdicts"][0].get("conf")
             label = f"{conf:.3%} CI" if conf else "CI"
             unit = ctx.adapter.throughput_unit
-            out += [f"| level | baseline {unit} | variant {unit} | effect [{label}] | threshold | verdict |",
+            out += [f"| level | baseline {unit} | variant {unit} | throughput change [{label}] | threshold | verdict |",
                     "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
             for lv, r in _ordered(v["verdicts"], levels):
                 out.append(f"| {lv.label} | {_num(ctx.adapter.throughput(lv, r['base_us']))} ({r['base_us']:.1f} µs) | "
                            f"{_num(ctx.adapter.throughput(lv, r['variant_us']))} ({r['variant_us']:.1f} µs) | "
-                           f"{r['effect']:+.2%} [{r['ci_low']:+.2%}, {r['ci_high']:+.2%}] | {r['threshold']:.1%} | "
+                           f"{_chg(r['effect'])} [{_chg(r['ci_low'])}, {_chg(r['ci_high'])}] | {r['threshold']:.1%} | "
                            f"{r['verdict']} |")  # fmt: skip
             out += ["", f"Rounds: {e['rounds']} (ABBA-paired), GPU time {e['gpu_s'] or 0:.2f} s.", ""]
         res = v["resources"]
         if res:
-            out += _resource_lines(res)
+            out += _resource_lines(res, {x.key: x.label for x in levels})
         corr = v["correctness"]
         if corr:
             out += [f"Correctness before timing: {'passed' if corr.get('ok') else 'FAILED'} on fresh random inputs "
@@ -272,7 +317,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     return "\n".join(out)
 
 
-def _resource_lines(res: dict) -> list[str]:
+def _resource_lines(res: dict, label: dict | None = None) -> list[str]:
     lines = []
     per = res.get("levels") or res.get("per_level") or []
     pred = res.get("predicted") or {}
@@ -288,7 +333,7 @@ def _resource_lines(res: dict) -> list[str]:
                      f"{r.get('smem_estimate', 0) / 1024:.1f} KB per CTA, {occ.get('ctas_per_sm', '?')} CTAs/SM by "
                      f"{occ.get('limited_by', '?')}" + (f"; {explained}" if explained else "") + ".")  # fmt: skip
     if pred:
-        lines.append(f"Predicted change vs baseline: {json.dumps(pred, default=str)[:400]}")
+        lines += _predicted_table(pred, label)
     return lines + [""] if lines else []
 
 

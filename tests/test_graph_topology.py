@@ -1,0 +1,42 @@
+"""The investigation graph's wiring: a node that routes itself never also has a static out-edge.
+
+LangGraph follows both a node's ``Command(goto=...)`` and its static edges; ``apply -> gate`` as a static
+edge once made a failed source patch run the gate anyway, and every later ``kinv resume`` failed there.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from agent.graph import Context, build_graph, make_nodes
+from agent.models import load_plan
+from agent.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _graph(tmp_path):
+    plan, plan_hash = load_plan(ROOT / "plans" / "6a-fault-drill.yaml")
+    ctx = Context(store=Store(tmp_path / "state"), plan=plan, plan_path="plans/6a-fault-drill.yaml",
+                  plan_hash=plan_hash, backend_name="replay", approval="auto")  # fmt: skip
+    return ctx, build_graph(ctx, None)
+
+
+def test_no_node_that_returns_a_command_has_a_static_out_edge(tmp_path):
+    ctx, graph = _graph(tmp_path)
+    routing = {name for name, fn in make_nodes(ctx).items()
+               if str(inspect.signature(fn).return_annotation).startswith("Command")}  # fmt: skip
+    assert {"pick", "design", "approval", "apply", "gate"} <= routing
+    static = {(a, b) for a, b in graph.builder.edges}
+    offenders = sorted((a, b) for a, b in static if a in routing)
+    assert not offenders, f"nodes that route themselves also have static edges: {offenders}"
+
+
+def test_every_node_is_reachable_and_closeout_ends_the_graph(tmp_path):
+    _, graph = _graph(tmp_path)
+    drawn = graph.get_graph()
+    names = set(drawn.nodes)
+    assert {"setup", "baseline", "noise", "pick", "design", "approval", "apply", "gate", "measure", "revert",
+            "decide", "declined", "closeout"} <= names  # fmt: skip
+    assert any(e.source == "closeout" and e.target == "__end__" for e in drawn.edges)
