@@ -16,10 +16,12 @@ from pathlib import Path
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="kinv: kernel-optimization investigations with todo tracking, approvals and close-outs.\n\n"
                        "Example: kinv run plans/3a-attention-occupancy.yaml --approval auto")  # fmt: skip
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_PAUSED = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP: state restored, resumable
 StateOpt = typer.Option(None, "--state-dir", help="state directory (default ./state or $KINV_STATE_DIR)")
 JsonOpt = typer.Option(False, "--json", help="print the documented JSON instead of tables")
 
@@ -27,6 +29,24 @@ JsonOpt = typer.Option(False, "--json", help="print the documented JSON instead 
 class Exit(Exception):
     def __init__(self, code: int, message: str = ""):
         self.code, self.message = code, message
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("kinv")
+        except PackageNotFoundError:
+            v = "(not installed)"
+        print(f"kinv {v}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print kinv's version and exit")):  # fmt: skip
+    """kinv: kernel-optimization investigations with todo tracking, approvals and close-outs."""
 
 
 def _console():
@@ -75,12 +95,13 @@ def run(
 def resume(
     ws: str = typer.Argument(..., help="workstream id, e.g. 3a or #3a"),
     backend: str = typer.Option("auto", help="auto | cuda | replay"),
-    approval: str = typer.Option("ask", help="ask | auto-config | auto"),
+    approval: str = typer.Option(None, help="ask | auto-config | auto (default: the policy the run started with)"),
     state_dir: str = StateOpt,
 ):
-    """Continue a paused or killed workstream from its last checkpoint.
+    """Continue a paused, interrupted or killed workstream from its last checkpoint, under the approval policy
+    it was started with unless --approval says otherwise.
 
-    Example: kinv resume 3a --approval ask
+    Example: kinv resume 3a
     """
     from agent.ids import norm_ws
 
@@ -91,7 +112,7 @@ def resume(
         raise Exit(EXIT_BAD_INPUT, f"unknown workstream {norm_ws(ws)!r}; known: {known}")
     from agent.investigation import run_plan
 
-    raise Exit(*run_plan(row["plan_path"], backend, approval, state_dir, _console()))
+    raise Exit(*run_plan(row["plan_path"], backend, approval or row.get("approval") or "ask", state_dir, _console()))
 
 
 def _decide(approval_id: str, status: str, reason: str, state_dir) -> None:
@@ -126,7 +147,9 @@ def reject(
 
     Example: kinv reject 3a-V2-3 --reason "V2 needs 81 KB smem on our sm_120 fleet"
     """
-    _decide(approval_id, "rejected", reason, state_dir)
+    if not reason.strip():
+        raise Exit(EXIT_BAD_INPUT, "--reason is empty: say why the edit is rejected (it is recorded in the close-out)")
+    _decide(approval_id, "rejected", reason.strip(), state_dir)
 
 
 # --------------------------------------------------------------------------- #
@@ -371,11 +394,17 @@ def main(argv=None) -> int:
         if e.message:
             (print if e.code == EXIT_OK else _err)(e.message)
         return e.code
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return EXIT_INTERRUPTED
     except Exception as e:  # click usage errors, domain errors of the tools
         import click
 
         if isinstance(e, click.exceptions.Exit):
             return e.exit_code
+        if type(e).__name__ == "NoArgsIsHelpError" and getattr(e, "ctx", None) is not None:
+            print(e.ctx.get_help())  # `kinv` alone lists the commands
+            return EXIT_OK
         if isinstance(e, click.ClickException):
             _err(e.format_message().splitlines()[0])
             return EXIT_BAD_INPUT

@@ -12,7 +12,34 @@ from agent.graph import APPROVAL_POLICIES, Context, InvestigationError, build_gr
 from agent.models import load_plan
 from agent.store import Store
 
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_PAUSED = 0, 1, 2, 3
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_PAUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class _Interrupted(KeyboardInterrupt):
+    def __init__(self, signame: str):
+        super().__init__(signame)
+        self.signame = signame
+
+
+def _on_signals():
+    """SIGTERM and SIGHUP end a run the way Ctrl-C does (revert, mark interrupted, exit 130); returns a restorer."""
+    import signal
+
+    def raise_interrupt(signum, _frame):
+        raise _Interrupted(signal.Signals(signum).name)
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            old[sig] = signal.signal(sig, raise_interrupt)
+        except (ValueError, OSError):  # not the main thread, or not supported here
+            pass
+
+    def restore():
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+    return restore
 
 
 def _progress(console):
@@ -47,6 +74,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console) ->
     except BaseException:
         store.release_lock(ws, os.getpid())
         raise
+    restore_signals = _on_signals()
     try:
         configs.recover(store)
         row = store.workstream(ws)
@@ -89,7 +117,15 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console) ->
     except (InvestigationError, envcheck.EnvMismatch, stats.HarnessBroken, bench.BackendError) as exc:
         store.event(ws, "stopped", str(exc))
         return (EXIT_BAD_INPUT if isinstance(exc, bench.NoRecording) else EXIT_FAIL), str(exc).splitlines()[0]
+    except KeyboardInterrupt as exc:
+        how = getattr(exc, "signame", "SIGINT")
+        configs.recover(store)
+        store.update_workstream(ws, status="interrupted")
+        store.event(ws, "interrupted", f"{how}: stopped; every kernel file restored to its baseline")
+        return EXIT_INTERRUPTED, (f"interrupted ({how}): kernel files restored, {ws} marked interrupted; continue "
+                                  f"with: kinv resume {ws.lstrip('#')}")  # fmt: skip
     finally:
+        restore_signals()
         configs.recover(store)  # never leave a kernel file patched, whatever happened
         store.release_lock(kernel_lock, os.getpid())
         store.release_lock(ws, os.getpid())
@@ -113,6 +149,8 @@ def _plan_and_backend(plan_path, backend):
     from agent.models import load_plan
     from agent.tools import bench
 
+    if backend not in bench.BACKENDS:  # bad input (exit 2); get_backend's BackendError would be a failed step
+        raise ValueError(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
     plan, _ = load_plan(plan_path)
     be = bench.get_backend(backend)
     print(be.loud, flush=True)
@@ -127,12 +165,30 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
 
     from agent import stats
     from agent.tools import bench
-    from kernels.launch_config import describe, load_config
+    from kernels.launch_config import ConfigError, brief_repr, describe, load_config
 
     plan, be = _plan_and_backend(plan_path, backend)
     adapter = plan.adapter
     cfg = load_config(config_path or adapter.config_path(), adapter.name)
     cfg = {k: v for k, v in cfg.items() if k != "description"}
+    var_cfg = None
+    if variant is not None:  # bad input is refused before the store is opened (it would create the state dir)
+        patch = {}
+        for item in variant.split(","):
+            k, _, v = item.partition("=")
+            k = k.strip()
+            if k not in adapter.spec.names:
+                return EXIT_BAD_INPUT, (f"--variant item {brief_repr(item)}: {brief_repr(k)} is not a tunable of "
+                                        f"{adapter.name}; its tunables: {', '.join(adapter.spec.names)}")  # fmt: skip
+            try:
+                patch[k] = int(v)
+            except ValueError:
+                return EXIT_BAD_INPUT, (f"--variant item {brief_repr(item)} must be KEY=INT, e.g. "
+                                        f"{adapter.spec.names[-1]}=2")  # fmt: skip
+        try:
+            var_cfg = adapter.validate_config({**cfg, **patch})
+        except ConfigError as exc:
+            return EXIT_BAD_INPUT, f"--variant {brief_repr(variant)}: {exc}"
     lvls = plan.levels()
     store = Store(state_dir)
     env = dict(plan.environment)
@@ -144,18 +200,6 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
         if as_json:
             print(json.dumps(rows, indent=2))
         return EXIT_OK, f"stored as experiment {exp} in {store.path}"
-    patch = {}
-    for item in variant.split(","):
-        k, _, v = item.partition("=")
-        k = k.strip()
-        if k not in adapter.spec.names:
-            return EXIT_BAD_INPUT, (f"--variant item {item!r}: {k!r} is not a tunable of {adapter.name}; its tunables: "
-                                    f"{', '.join(adapter.spec.names)}")  # fmt: skip
-        try:
-            patch[k] = int(v)
-        except ValueError:
-            return EXIT_BAD_INPUT, f"--variant item {item!r} must be KEY=INT, e.g. {adapter.spec.names[-1]}=2"
-    var_cfg = adapter.validate_config({**cfg, **patch})
     exp = store.new_experiment(kind="ab", variant=describe(var_cfg), backend=be.name, config_json=json.dumps(var_cfg))
     thresholds = {lv.key: plan.stats.threshold_at(lv.label) for lv in lvls}
     seq = stats.SequentialPlan(quick_rounds=min(plan.stats.quick_rounds, rounds), step_rounds=plan.stats.step_rounds,

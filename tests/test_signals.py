@@ -1,0 +1,85 @@
+"""Ctrl-C, SIGTERM and SIGHUP end a run cleanly: kernel files restored, the workstream marked interrupted,
+a line saying how to resume, exit 130; `kinv resume` then finishes under the policy the run started with."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
+
+
+@pytest.fixture
+def env(tmp_path, state_dir):
+    cfg_dir = tmp_path / "configs"
+    cfg_dir.mkdir()
+    shutil.copy(ROOT / "kernels" / "configs" / "mla_decode.json", cfg_dir)
+    return dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1",
+                KINV_FORCE_NO_GPU="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")  # fmt: skip
+
+
+def _kinv(env, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def _run_until_patched(env) -> subprocess.Popen:
+    """Start #3a on replay and return once V1's patch is on disk (the worst moment to be stopped)."""
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(PLAN), "--backend", "replay",
+                             "--approval", "auto"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.time() + 240
+    seen = []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        seen.append(line)
+        if "V1: patched" in line:
+            return proc
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError("the run never reached V1's patch:\n" + "".join(seen))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_restores_the_kernel_marks_interrupted_exits_130_and_resume_finishes(env, sig):
+    cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
+    before = cfg.read_bytes()
+    proc = _run_until_patched(env)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out and "kinv resume 3a" in out
+    assert cfg.read_bytes() == before  # V1's num_warps 8 is not left on disk
+    status = json.loads(_kinv(env, "status", "--json").stdout)
+    ws = next(w for w in status["workstreams"] if w["id"] == "#3a")
+    assert ws["status"] == "interrupted"
+    r = _kinv(env, "resume", "3a", "--backend", "replay")  # no --approval: keeps 'auto', so it never pauses
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert cfg.read_bytes() == before
+    exps = {e["variant"]: e for e in json.loads(_kinv(env, "experiments", "3a", "--json").stdout)}
+    assert exps["V1"]["verdict"] == "reject" and exps["V2"]["verdict"] == "reject"
+
+
+def test_reject_needs_a_reason(env):
+    r = _kinv(env, "reject", "3a-V1-3", "--reason", "   ")
+    assert r.returncode == 2 and "--reason" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_version_help_and_no_arguments():
+    e = dict(os.environ, PYTHONPATH=str(ROOT))
+    v = subprocess.run([sys.executable, "-m", "agent.cli", "--version"], env=e, capture_output=True, text=True)
+    assert v.returncode == 0 and v.stdout.startswith("kinv ")
+    h = subprocess.run([sys.executable, "-m", "agent.cli", "-h"], env=e, capture_output=True, text=True)
+    assert h.returncode == 0 and "run" in h.stdout and "kernels" in h.stdout
+    bare = subprocess.run([sys.executable, "-m", "agent.cli"], env=e, capture_output=True, text=True)
+    assert "Commands" in bare.stdout + bare.stderr and "resume" in bare.stdout + bare.stderr
