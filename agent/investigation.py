@@ -145,7 +145,10 @@ def _paused(store: Store, aid: str, console) -> tuple[int, str]:
 
 
 # --------------------------------------------------------------------------- #
-def _plan_and_backend(plan_path, backend):
+def _plan_and_backend(plan_path, backend, as_json: bool = False):
+    """The plan and the backend; the backend's banner goes to stderr under --json (stdout is JSON only)."""
+    import sys
+
     from agent.models import load_plan
     from agent.tools import bench
 
@@ -153,7 +156,7 @@ def _plan_and_backend(plan_path, backend):
         raise ValueError(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
     plan, _ = load_plan(plan_path)
     be = bench.get_backend(backend)
-    print(be.loud, flush=True)
+    print(be.loud, flush=True, file=sys.stderr if as_json else sys.stdout)
     return plan, be
 
 
@@ -167,7 +170,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
     from agent.tools import bench
     from kernels.launch_config import ConfigError, brief_repr, describe, load_config
 
-    plan, be = _plan_and_backend(plan_path, backend)
+    plan, be = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter
     cfg = load_config(config_path or adapter.config_path(), adapter.name)
     cfg = {k: v for k, v in cfg.items() if k != "description"}
@@ -199,7 +202,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
         store.update_experiment(exp, status="done", finished=time.time())
         if as_json:
             print(json.dumps(rows, indent=2))
-        return EXIT_OK, f"stored as experiment {exp} in {store.path}"
+        return EXIT_OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
     exp = store.new_experiment(kind="ab", variant=describe(var_cfg), backend=be.name, config_json=json.dumps(var_cfg))
     thresholds = {lv.key: plan.stats.threshold_at(lv.label) for lv in lvls}
     seq = stats.SequentialPlan(quick_rounds=min(plan.stats.quick_rounds, rounds), step_rounds=plan.stats.step_rounds,
@@ -217,7 +220,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
                           f"{math.expm1(e.ci_high):+.2%}] ({e.conf:.3%} CI, throughput change) {e.verdict}")
         console.print(f"{describe(var_cfg)} vs {describe(cfg)}: {res.verdict} after {res.rounds} rounds "
                       f"({gpu_s:.2f} GPU s) — {res.reason}")  # fmt: skip
-    return EXIT_OK, f"stored as experiment {exp} in {store.path}"
+    return EXIT_OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
 
 
 def _bench_line(m: dict) -> str:
@@ -235,7 +238,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     from agent.tools import bench
     from kernels.launch_config import load_config
 
-    plan, be = _plan_and_backend(plan_path, backend)
+    plan, be = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter
     cfg = {k: v for k, v in load_config(adapter.config_path(), adapter.name).items() if k != "description"}
     lvls = plan.levels()
@@ -265,7 +268,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
         console.print(t)
     for w in stats.check_aa(bands):
         console.print(f"[yellow]warning[/yellow]: {w}")
-    return EXIT_OK, f"stored as experiment {exp} in {store.path}"
+    return EXIT_OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
 
 
 def kernels_command(as_json: bool, console) -> tuple[int, str]:

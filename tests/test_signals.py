@@ -83,3 +83,12 @@ def test_version_help_and_no_arguments():
     assert h.returncode == 0 and "run" in h.stdout and "kernels" in h.stdout
     bare = subprocess.run([sys.executable, "-m", "agent.cli"], env=e, capture_output=True, text=True)
     assert "Commands" in bare.stdout + bare.stderr and "resume" in bare.stdout + bare.stderr
+
+
+def test_json_commands_print_json_only_on_stdout(env):
+    for args in (("noise", "--backend", "replay", "--json"),
+                 ("bench", "--variant", "num_warps=8", "--backend", "replay", "--json")):  # fmt: skip
+        r = _kinv(env, *args)
+        assert r.returncode == 0, r.stderr
+        data = json.loads(r.stdout)  # nothing but the JSON: the replay banner went to stderr
+        assert data and "REPLAY" in r.stderr
