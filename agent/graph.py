@@ -165,6 +165,15 @@ def _look_conf(ctx: Context) -> float:
     return stats.look_confidence(seq, len(ctx.levels()), len(ctx.plan.variants))
 
 
+def _edit_sha(cfg: dict, src: tuple | None) -> str:
+    """Hash of exactly what a variant changes: its config and its source diff (what an approval pins)."""
+    import hashlib
+
+    from kernels.launch_config import canonical_json
+
+    return hashlib.sha256((canonical_json(cfg) + "\n" + (src[1] if src else "")).encode()).hexdigest()[:12]
+
+
 def _needs_approval(ctx: Context, cfg: dict, source_patch: bool) -> bool:
     if ctx.approval == "auto":
         return False
@@ -309,9 +318,15 @@ def make_nodes(ctx: Context):
             return Command(goto="decide", update={"exp_id": exp, "results": {**state.get("results", {}), vid: result}})
         if _needs_approval(ctx, cfg, bool(v.source_patch)):
             aid = f"{ws.lstrip('#')}-{vid}-{exp}"
-            store.add_approval(id=aid, workstream=ws, todo=planner.todo_id(ws, vid), variant=vid, kind="config",
-                               diff=diff, resources={"smem_max": var_a.get("smem_estimate_max"),
-                                                     "predicted": predicted}, hypothesis=plan.hypothesis)
+            src = _source_patch(ctx, v)
+            full_diff = diff + (("\n" if diff else "") + src[1] if src else "")
+            # what a person approves is pinned: the plan's hash and the exact edit; apply refuses anything else.
+            # A decision already recorded (a re-run of this node after a kill) is never overwritten.
+            store.add_approval(id=aid, workstream=ws, todo=planner.todo_id(ws, vid), variant=vid,
+                               kind="source" if src else "config", diff=full_diff,
+                               resources={"smem_max": var_a.get("smem_estimate_max"), "predicted": predicted},
+                               hypothesis=plan.hypothesis, title=v.title, rationale=v.rationale,
+                               plan_hash=ctx.plan_hash, patch_sha=_edit_sha(cfg, src))  # fmt: skip
             ctx.say("approval", message=f"{vid} waits for approval {aid}", approval_id=aid)
             return Command(goto="approval", update={"exp_id": exp, "approval_id": aid, "needs_approval": True,
                                                     "decision": f"{vid}: approval {aid} requested"})
@@ -336,6 +351,21 @@ def make_nodes(ctx: Context):
     def apply(state: State) -> Command[Literal["gate", "revert"]]:
         vid = state["current"]
         v = plan.variant(vid)
+        aid = state.get("approval_id") if state.get("needs_approval") else None
+        appr = store.approval(aid) if aid else None
+        if appr and appr.get("plan_hash"):
+            src = None
+            try:
+                src = _source_patch(ctx, v)
+            except configs.PatchError:
+                pass
+            now_sha = _edit_sha(plan.variant_config(v), src)
+            if appr["plan_hash"] != ctx.plan_hash or appr.get("patch_sha") != now_sha:
+                raise InvestigationError(
+                    f"approval {aid} was given for plan sha {appr['plan_hash']} and edit {appr.get('patch_sha')}; the "
+                    f"plan is now sha {ctx.plan_hash} and {vid}'s edit {now_sha}: what would run is not what was "
+                    f"approved. Restore the plan, or start over under a new version: kinv run {ctx.plan_path} "
+                    "--new-version")  # fmt: skip
         try:
             _ensure_applied(ctx, v, state["exp_id"])
         except configs.PatchError as exc:

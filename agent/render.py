@@ -91,6 +91,8 @@ def pending(console, items) -> None:
         return
     for a in items:
         console.print(f"[bold]{a.id}[/bold] {a.workstream} {a.variant} ({a.kind}) since {_t(a.created)}")
+        if a.title:
+            console.print(f"  {a.variant}: {a.title}" + (f" — {a.rationale}" if a.rationale else ""))
         if a.diff:
             console.print(Syntax(a.diff, "diff", theme="ansi_dark"))
         predicted_resources(console, a.resources)

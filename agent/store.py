@@ -130,6 +130,13 @@ def m002_variance_components(db: sqlite_utils.Database) -> None:
     db["verdicts"].add_column("offset_sd", float)
 
 
+@migration
+def m003_pinned_approvals(db: sqlite_utils.Database) -> None:
+    """Issue 11: an approval pins the plan's hash and the exact edit; it shows the variant's title and rationale."""
+    for col in ("plan_hash", "patch_sha", "title", "rationale"):
+        db["approvals"].add_column(col, str)
+
+
 # --------------------------------------------------------------------------- #
 # the store
 # --------------------------------------------------------------------------- #
@@ -380,7 +387,10 @@ class Store:
             row["resources"] = json.dumps(row["resources"])
         row.setdefault("status", "pending")
         faults.point("store.insert.approvals.before")
-        self.db["approvals"].insert({**row, "created": now()}, replace=True)
+        if self.approval(row["id"]) is not None:  # recorded once: a re-run node never overwrites a decision
+            faults.point("store.insert.approvals.after")
+            return
+        self.db["approvals"].insert({**row, "created": now()})
         faults.point("store.insert.approvals.after")
 
     def approval(self, approval_id: str) -> dict | None:

@@ -84,6 +84,10 @@ class ApprovalView(View):
     diff: str | None = Field(None, description="unified diff of the edit")
     resources: dict = Field(default_factory=dict, description="predicted resources: shared memory, registers, ...")
     hypothesis: str | None = Field(None, description="what the edit is expected to show")
+    title: str | None = Field(None, description="the variant's title")
+    rationale: str | None = Field(None, description="why the variant might help")
+    plan_hash: str | None = Field(None, description="hash of the plan the approval was asked under (pinned)")
+    patch_sha: str | None = Field(None, description="hash of the exact edit (config + source diff) approved")
     created: float | None = Field(None, description="when it was asked for, unix seconds")
 
 
