@@ -79,6 +79,8 @@ def run(
     plan: Path = typer.Argument(..., help="workstream plan (YAML), e.g. plans/3a-attention-occupancy.yaml"),
     backend: str = typer.Option("auto", help="auto | cuda | replay"),
     approval: str = typer.Option("ask", help="ask | auto-config | auto"),
+    new_version: bool = typer.Option(False, "--new-version", help="start the workstream again under this (changed) "
+                                     "plan; the earlier version stays in history"),
     state_dir: str = StateOpt,
 ):
     """Run a workstream from its plan to its close-out (resumes where it stopped).
@@ -88,7 +90,7 @@ def run(
     """
     from agent.investigation import run_plan
 
-    raise Exit(*run_plan(str(plan), backend, approval, state_dir, _console()))
+    raise Exit(*run_plan(str(plan), backend, approval, state_dir, _console(), new_version=new_version))
 
 
 @app.command()
@@ -400,15 +402,18 @@ def main(argv=None) -> int:
     except Exception as e:  # click usage errors, domain errors of the tools
         import click
 
-        if isinstance(e, click.exceptions.Exit):
+        # typer >= 0.2x raises its own vendored click's exceptions (typer.TyperException, typer.Exit,
+        # typer.Abort), which are not click's: check both, or every usage error would exit 1
+        if isinstance(e, click.exceptions.Exit | typer.Exit):
             return e.exit_code
         if type(e).__name__ == "NoArgsIsHelpError" and getattr(e, "ctx", None) is not None:
             print(e.ctx.get_help())  # `kinv` alone lists the commands
             return EXIT_OK
-        if isinstance(e, click.ClickException):
-            _err(e.format_message().splitlines()[0])
+        if isinstance(e, click.ClickException) or (isinstance(e, typer.TyperException)
+                                                   and hasattr(e, "format_message")):  # fmt: skip
+            _err((e.format_message().splitlines() or [type(e).__name__])[0])
             return EXIT_BAD_INPUT
-        if isinstance(e, click.exceptions.Abort):
+        if isinstance(e, click.exceptions.Abort | typer.Abort):
             _err("aborted")
             return EXIT_FAIL
         from agent.tools.bench import NoRecording

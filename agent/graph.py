@@ -66,6 +66,7 @@ class Context:
     backend_name: str
     approval: str
     progress: object = None  # callable(kind, **info) for the CLI's progress display
+    version: int = 1  # the plan version of the workstream (kinv run --new-version)
     _backend: bench.Backend | None = field(default=None, repr=False)
 
     @property
@@ -140,7 +141,7 @@ def _experiment(ctx: Context, item: str, variant: str, kind: str, cfg: dict) -> 
     row = ctx.store.running_experiment(ctx.plan.ws, todo, kind)
     if row is not None:
         return row["id"]
-    return ctx.store.new_experiment(workstream=ctx.plan.ws, todo=todo, variant=variant, kind=kind,
+    return ctx.store.new_experiment(workstream=ctx.plan.ws, todo=todo, variant=variant, kind=kind, version=ctx.version,
                                     backend=ctx.backend.name, config_hash=config_hash(cfg),
                                     base_config_hash=config_hash(_baseline_config(ctx)), config_json=str(cfg))
 
@@ -574,6 +575,11 @@ def open_checkpointer(store: Store):
     return SqliteSaver(conn)
 
 
-def run_config(ws: str) -> dict:
-    return {"configurable": {"thread_id": ws}, "recursion_limit": RECURSION_LIMIT}
+def thread_id(ws: str, version: int | None = 1) -> str:
+    """The checkpoint thread of a workstream's plan version (version 1 keeps the bare id)."""
+    return ws if not version or version <= 1 else f"{ws}@v{version}"
+
+
+def run_config(ws: str, version: int | None = 1) -> dict:
+    return {"configurable": {"thread_id": thread_id(ws, version)}, "recursion_limit": RECURSION_LIMIT}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from agent.graph import APPROVAL_POLICIES, Context, InvestigationError, build_graph, open_checkpointer, run_config
 from agent.models import load_plan
@@ -52,7 +53,7 @@ def _progress(console):
     return show
 
 
-def run_plan(plan_path: str, backend: str, approval: str, state_dir, console) -> tuple[int, str]:
+def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, new_version: bool = False) -> tuple[int, str]:
     from langgraph.types import Command
 
     from agent import stats
@@ -78,18 +79,33 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console) ->
     try:
         configs.recover(store)
         row = store.workstream(ws)
+        version = int((row or {}).get("version") or 1)
+        if row and row.get("plan_hash") and (row["plan_hash"] != plan_hash or new_version):
+            if not new_version:
+                return EXIT_BAD_INPUT, (
+                    f"{ws} was run from plan sha {row['plan_hash']} ({row.get('plan_path')}); {plan_path} now hashes "
+                    f"{plan_hash}: run it as a new version with `kinv run {plan_path} --new-version` (history keeps "
+                    "both), or restore the plan")  # fmt: skip
+            if row.get("report_path") and Path(row["report_path"]).is_file():
+                old = Path(row["report_path"])
+                for f in (old, old.with_suffix(".png")):
+                    if f.is_file():
+                        f.rename(f.with_name(f.name.replace("-closeout", f"-v{version}-closeout")))
+            version = store.archive_version(ws)
+            row = store.workstream(ws)
+            console.print(f"{ws}: plan version {version - 1} kept in history; starting version {version}")
         store.upsert_workstream({
             "id": ws, "parent": plan.workstream.parent, "parent_title": plan.workstream.parent_title,
             "title": plan.workstream.title, "hypothesis": plan.hypothesis, "kernel": plan.kernel,
             "plan_path": str(plan_path), "plan_hash": plan_hash, "plan_json": plan.model_dump_json(),
-            "status": row["status"] if row else "open", "backend": backend, "approval": approval,
+            "status": row["status"] if row else "open", "backend": backend, "approval": approval, "version": version,
         })  # fmt: skip
         ctx = Context(store=store, plan=plan, plan_path=str(plan_path), plan_hash=plan_hash, backend_name=backend,
-                      approval=approval, progress=_progress(console))  # fmt: skip
-        console.print(f"[bold]{ws}[/bold] {plan.workstream.title}")
+                      approval=approval, progress=_progress(console), version=version)  # fmt: skip
+        console.print(f"[bold]{ws}[/bold] {plan.workstream.title}" + (f" (plan version {version})" if version > 1 else ""))
         _ = ctx.backend  # resolves auto and says which, loudly
         graph = build_graph(ctx, open_checkpointer(store))
-        cfg = run_config(ws)
+        cfg = run_config(ws, version)
         snap = graph.get_state(cfg)
         t0 = time.time()
         # durability="sync": a step's checkpoint is on disk before the next step writes anything
@@ -146,9 +162,7 @@ def _paused(store: Store, aid: str, console) -> tuple[int, str]:
 
 # --------------------------------------------------------------------------- #
 def _plan_and_backend(plan_path, backend, as_json: bool = False):
-    """The plan and the backend; the backend's banner goes to stderr under --json (stdout is JSON only)."""
-    import sys
-
+    """The plan and the backend (its banner: :func:`_banner`, once the caller's inputs are valid)."""
     from agent.models import load_plan
     from agent.tools import bench
 
@@ -156,8 +170,15 @@ def _plan_and_backend(plan_path, backend, as_json: bool = False):
         raise ValueError(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
     plan, _ = load_plan(plan_path)
     be = bench.get_backend(backend)
-    print(be.loud, flush=True, file=sys.stderr if as_json else sys.stdout)
     return plan, be
+
+
+def _banner(be, as_json: bool) -> None:
+    """Say which backend measures; callers print it once their inputs are valid (under --json it goes to
+    stderr, where bad input must leave exactly one line: the refusal)."""
+    import sys
+
+    print(be.loud, flush=True, file=sys.stderr if as_json else sys.stdout)
 
 
 def bench_command(plan_path, config_path, variant, backend, samples, rounds, state_dir, as_json, console):
@@ -192,6 +213,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
             var_cfg = adapter.validate_config({**cfg, **patch})
         except ConfigError as exc:
             return EXIT_BAD_INPUT, f"--variant {brief_repr(variant)}: {exc}"
+    _banner(be, as_json)
     lvls = plan.levels()
     store = Store(state_dir)
     env = dict(plan.environment)
@@ -241,6 +263,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     plan, be = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter
     cfg = {k: v for k, v in load_config(adapter.config_path(), adapter.name).items() if k != "description"}
+    _banner(be, as_json)
     lvls = plan.levels()
     store = Store(state_dir)
     exp = store.new_experiment(kind="noise", variant="A/A", backend=be.name)

@@ -137,6 +137,19 @@ def m003_pinned_approvals(db: sqlite_utils.Database) -> None:
         db["approvals"].add_column(col, str)
 
 
+@migration
+def m004_plan_versions(db: sqlite_utils.Database) -> None:
+    """Issue 11: a changed plan under the same workstream id is a new version; history keeps every version."""
+    db["workstreams"].add_column("version", int)
+    db["experiments"].add_column("version", int)
+    db["plan_versions"].create(
+        {"id": int, "workstream": str, "version": int, "plan_path": str, "plan_hash": str, "plan_json": str,
+         "status": str, "report_path": str, "recommendation": str, "todos_json": str, "closed": float,
+         "archived": float},
+        pk="id",
+    )  # fmt: skip
+
+
 # --------------------------------------------------------------------------- #
 # the store
 # --------------------------------------------------------------------------- #
@@ -240,6 +253,30 @@ class Store:
 
     def workstreams(self) -> list[dict]:
         return self._rows("workstreams", order_by="created")
+
+    def archive_version(self, ws_id: str) -> int:
+        """Keep the workstream's current version in plan_versions (its plan, outcome and todos), clear its todos
+        for the next version, and return the new version number."""
+        row = self.workstream(ws_id)
+        version = int(row.get("version") or 1)
+        todos = self.todos(ws_id)
+        with self.db.conn:
+            self.db["plan_versions"].insert({
+                "workstream": ws_id, "version": version, "plan_path": row.get("plan_path"),
+                "plan_hash": row.get("plan_hash"), "plan_json": row.get("plan_json"), "status": row.get("status"),
+                "report_path": row.get("report_path"), "recommendation": row.get("recommendation"),
+                "todos_json": json.dumps(todos), "closed": row.get("closed"), "archived": now(),
+            })  # fmt: skip
+            self.db.execute("delete from todos where workstream = ?", [ws_id])
+            self.db.execute("update experiments set status = 'superseded', reason = coalesce(reason, ?) "
+                            "where workstream = ? and status = 'running'",
+                            [f"superseded by plan version {version + 1}", ws_id])  # fmt: skip
+            self._update("workstreams", ws_id, {"version": version + 1, "status": "open", "report_path": None,
+                                                "recommendation": None, "closed": None, "updated": now()})  # fmt: skip
+        return version + 1
+
+    def plan_versions(self, ws_id: str) -> list[dict]:
+        return self._rows("plan_versions", "workstream = ?", [ws_id], order_by="version")
 
     def update_workstream(self, ws_id: str, **values) -> None:
         self._update("workstreams", ws_id, {**values, "updated": now()})

@@ -755,7 +755,9 @@ def history(store: Store, ws: str) -> list[HistoryItem]:
     except sqlite3.DatabaseError as exc:
         raise Unreadable(f"cannot read the graph checkpoints {path}: {exc}") from None
     try:
-        return read_history(conn, ws_id)
+        row = store.workstream(ws_id) or {}
+        version = int(row.get("version") or 1)
+        return read_history(conn, ws_id if version <= 1 else f"{ws_id}@v{version}")
     except sqlite3.OperationalError as exc:
         if "no such table" in str(exc):  # created, but no graph has run yet
             return []

@@ -41,7 +41,7 @@ def test_a_source_patch_approval_shows_its_diff_title_and_rationale(env):
     assert "tl.dot(q, kv)" in table.stdout and "does not compile" in table.stdout
 
 
-def test_a_plan_changed_after_approval_is_refused_and_nothing_is_patched(env, tmp_path):
+def test_a_plan_changed_after_approval_is_refused_then_runs_as_a_new_version(env, tmp_path):
     plan = tmp_path / "3a.yaml"
     plan.write_text((ROOT / "plans" / "3a-attention-occupancy.yaml").read_text())
     before = (Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json").read_bytes()
@@ -50,9 +50,39 @@ def test_a_plan_changed_after_approval_is_refused_and_nothing_is_patched(env, tm
     assert kinv(env, "approve", aid).returncode == 0
     plan.write_text(plan.read_text().replace("patch: {num_warps: 8}", "patch: {num_warps: 16}"))  # edited after
     r = kinv(env, "resume", "3a", "--backend", "replay")
-    assert r.returncode == 1 and "not what was approved" in r.stderr and "--new-version" in r.stderr, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and "--new-version" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert (Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json").read_bytes() == before  # w16 never written
+    r = kinv(env, "run", str(plan), "--backend", "replay", "--approval", "auto", "--new-version")
+    assert r.returncode == 0 and "plan version 2" in r.stdout, r.stdout + r.stderr
+    from agent.store import Store
+
+    store = Store(env["KINV_STATE_DIR"])
+    old = store.plan_versions("#3a")
+    assert len(old) == 1 and old[0]["version"] == 1 and old[0]["status"] != "closed"  # version 1 kept as it was
+    assert store.workstream("#3a")["version"] == 2 and store.workstream("#3a")["status"] == "closed"
+    exps = [e for e in store.experiments("#3a") if e["variant"] == "V1"]
+    assert {e.get("version") or 1 for e in exps} == {1, 2}  # both versions' experiments are kept
+
+
+def test_a_source_patch_edited_after_approval_is_refused(env, tmp_path):
+    (tmp_path / "plans" / "patches").mkdir(parents=True)
+    for f in ("6a-fault-drill.yaml",):
+        (tmp_path / "plans" / f).write_text((ROOT / "plans" / f).read_text())
+    for f in (ROOT / "plans" / "patches").iterdir():
+        (tmp_path / "plans" / "patches" / f.name).write_text(f.read_text())
+    run = [sys.executable, "-m", "agent.cli", "run", "plans/6a-fault-drill.yaml", "--backend", "replay",
+           "--approval", "auto-config"]  # fmt: skip
+    r = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr
+    aid = json.loads(kinv(env, "pending", "--json").stdout)[0]["id"]
+    assert kinv(env, "approve", aid).returncode == 0
+    diff = tmp_path / "plans" / "patches" / "compile-fail.diff"
+    diff.write_text(diff.read_text().replace("planted: wrong operand shape", "planted: edited after approval"))
+    r = subprocess.run(run[:-2] + ["--approval", "auto-config"], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 1 and "not what was approved" in r.stderr, r.stdout + r.stderr
+    src = (ROOT / "kernels" / "mla_decode.py").read_text()
+    assert "edited after approval" not in src
 
 
 def test_a_recorded_decision_is_never_overwritten(tmp_path):
