@@ -6,6 +6,7 @@ The CLI calls these and turns their (exit code, message) into an exit.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -204,9 +205,9 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
             if k not in adapter.spec.names:
                 return EXIT_BAD_INPUT, (f"--variant item {brief_repr(item)}: {brief_repr(k)} is not a tunable of "
                                         f"{adapter.name}; its tunables: {', '.join(adapter.spec.names)}")  # fmt: skip
-            try:
-                patch[k] = int(v)
-            except ValueError:
+            if re.fullmatch(r"[0-9]{1,9}", v.strip()):  # ASCII digits only: no "٨", "0_8" or "+8"
+                patch[k] = int(v.strip())
+            else:
                 return EXIT_BAD_INPUT, (f"--variant item {brief_repr(item)} must be KEY=INT, e.g. "
                                         f"{adapter.spec.names[-1]}=2")  # fmt: skip
         try:

@@ -107,7 +107,7 @@ class StatsSettings(Strict):
     def _level_thresholds(cls, v):
         for k, t in v.items():
             if not 0 < t <= 0.5:
-                raise ValueError(f"level_thresholds.{k}: {t!r} must lie in (0, 0.5]")
+                raise ValueError(f"{k}: {t!r} must lie in (0, 0.5]")
         return v
 
     def threshold_at(self, label: str) -> float:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kernels.devices import DeviceSpec
-from kernels.launch_config import ConfigError, Params, TunableSpec, brief_repr
+from kernels.launch_config import ConfigError, Params, TunableSpec, brief_repr, one_line
 
 KERNELS_DIR = Path(__file__).resolve().parent
 ENTRY_POINT_GROUP = "kinv.kernels"
@@ -273,18 +273,29 @@ def get_adapter(name: str) -> KernelAdapter:
         ref = known[name]
     module, cls = ref.split(":")
     try:
-        obj = getattr(importlib.import_module(module), cls)
-    except ImportError as exc:
-        raise UnknownKernelError(f"kernel {brief_repr(name)}: cannot import {module}: {exc}") from None
+        mod = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - a plugin's import may raise anything (SyntaxError, RuntimeError, ...)
+        raise UnknownKernelError(f"kernel {brief_repr(name)}: cannot import {module}: {_said(exc)}") from None
+    try:
+        obj = getattr(mod, cls)
     except AttributeError:
         raise UnknownKernelError(f"kernel {brief_repr(name)}: {module} has no {cls}") from None
     if not (isinstance(obj, type) and issubclass(obj, KernelAdapter)):
         raise UnknownKernelError(f"kernel {brief_repr(name)}: {ref} is not a KernelAdapter subclass")
-    adapter = obj()
+    try:
+        adapter = obj()
+    except Exception as exc:  # noqa: BLE001 - abstract (incomplete) adapter, or its __init__ failed
+        raise UnknownKernelError(f"kernel {brief_repr(name)}: {ref} cannot be instantiated: {_said(exc)}") from None
     if not NAME.fullmatch(adapter.name or ""):
         raise UnknownKernelError(f"kernel {ref}: its adapter's name {brief_repr(adapter.name)} is not a valid name")
     _LOADED[name] = _LOADED.setdefault(adapter.name, adapter)
     return _LOADED[name]
+
+
+def _said(exc: BaseException) -> str:
+    """An exception as one short line: its first line, or its type when it says nothing."""
+    lines = str(exc).strip().splitlines()
+    return one_line(lines[0], 200) if lines else type(exc).__name__
 
 
 __all__ = [

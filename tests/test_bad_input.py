@@ -1,18 +1,21 @@
-"""Bad input, generated: plan files (`kinv run`) and config files (`kinv bench --config`).
+"""Bad input, generated: plan files (`kinv run`), config files (`kinv bench --config`) and command-line
+arguments (`kinv bench --variant/--plan/...`, `kinv noise`, `kinv run`).
 
 Every input here is bad.  Each must give exit code 2, exactly one stderr line
-``kinv: ...`` that names the file and the field (or says YAML/JSON/...), no
-traceback, no state dir, the live config copy byte-identical, and nothing under
-the repo's kernels/ changed.
+``kinv: ...`` that names the file and the field (or says YAML/JSON/...), or for an
+argument the bad value, no traceback, no state dir, the live config copy
+byte-identical, and nothing under the repo's kernels/ changed.
 
 Inputs come from hypothesis strategies that mutate the valid plan
-(plans/3a-attention-occupancy.yaml) and the valid config
-(kernels/configs/mla_decode.json), and from raw-text generators (YAML bombs,
-deep nesting, binary garbage, ...).  Categories built to be invalid by
-construction ("strict") assert that the validator refuses them; categories that
-might, by chance, produce a valid input ("filtered": e.g. a wrong-typed value
-that happens to be allowed) drop those with ``hypothesis.reject`` and count
-them.  The CLI runs in-process (fast: a bad plan fails before torch, triton
+(plans/3a-attention-occupancy.yaml, with a ``stats.level_thresholds`` added) and
+the valid config (kernels/configs/mla_decode.json), and from raw-text generators
+(YAML bombs, deep nesting, binary garbage, ...).  The kernel's tunables are its
+adapter's (``get_adapter("mla_decode").spec``); plan errors read like
+``workload.model.attention_tp: ...`` or ``variants.V1.patch: unknown key ...``.
+Categories built to be invalid by construction ("strict") assert that the
+validator refuses them; categories that might, by chance, produce a valid input
+("filtered": e.g. a wrong-typed value that happens to be allowed) drop those
+with ``hypothesis.reject`` and count them.  The CLI runs in-process (fast: a bad plan fails before torch, triton
 or the graph run); one subprocess test checks the same inputs through a real
 process.  The last test asserts that >= 1000 inputs ran and prints the
 breakdown (``pytest -rP tests/test_bad_input.py`` shows it).
@@ -40,14 +43,19 @@ from hypothesis import strategies as st
 
 from agent.cli import main
 from agent.models import MAX_PLAN_BYTES, load_plan
-from kernels.launch_config import PARAMS, load_config
+from kernels.adapter import get_adapter
+from kernels.launch_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
 CONFIG = ROOT / "kernels" / "configs" / "mla_decode.json"
+MLA = get_adapter("mla_decode")
+PARAMS = MLA.spec.names  # the kernel's tunables: BLOCK_T, BLOCK_H, num_warps, num_stages
 BASE_PLAN = yaml.safe_load(PLAN.read_text())
+BASE_PLAN["stats"]["level_thresholds"] = {"b1": 0.02}  # so that mutations reach it too
 BASE_CONFIG = json.loads(CONFIG.read_text())
 TOP_KEYS = tuple(BASE_PLAN)
+LABELS = tuple(f"b{b}" for b in BASE_PLAN["workload"]["levels"])  # the workload's level labels
 
 COUNTS: Counter = Counter()  # category -> inputs that ran through the CLI
 FILTERED: Counter = Counter()  # category -> generated inputs that were valid after all (dropped)
@@ -117,7 +125,7 @@ def is_valid(cmd: str, path: Path) -> bool:
     return True
 
 
-def expect_rejected(cmd: str, data: bytes | str, category: str, needles=(), strict: bool = False) -> None:
+def expect_rejected(cmd: str, data: bytes | str, category: str, needles=(), strict: bool = False) -> str:
     """Run the CLI on ``data`` and check the one-line, exit-2, no-writes contract."""
     if isinstance(data, str):
         data = data.encode("utf-8")
@@ -128,35 +136,48 @@ def expect_rejected(cmd: str, data: bytes | str, category: str, needles=(), stri
             FILTERED[category] += 1
             reject()
         state = d / "state"
-        saved = os.environ.get("KINV_STATE_DIR")
-        os.environ["KINV_STATE_DIR"] = str(state)
-        try:
-            if cmd == "run":
-                argv = ["run", str(f), "--backend", "replay", "--approval", "auto", "--state-dir", str(state)]
-            else:
-                argv = ["bench", "--config", str(f), "--backend", "replay", "--state-dir", str(state)]
-            rc, out, err = call_cli(argv)
-        finally:
-            if saved is None:
-                os.environ.pop("KINV_STATE_DIR", None)
-            else:
-                os.environ["KINV_STATE_DIR"] = saved
-        what = f"[{category}] input {data[:200]!r}...\nrc={rc!r}\nstderr={err[:1000]!r}\nstdout={out[-500:]!r}"
-        assert "Traceback" not in out + err, what
-        assert rc == 2, what
-        lines = err.splitlines()
-        assert len(lines) == 1 and err.endswith("\n") and err.count("\n") == 1, what
-        line = lines[0]
-        assert line.startswith("kinv: ") and len(line) > 20 and len(line) <= 800, what
-        assert line.isprintable(), what
-        assert str(f) in line, f"message does not name the file: {what}"
-        if needles:
-            assert any(n in line for n in needles), f"message names none of {needles}: {what}"
-        assert not state.exists(), f"state dir was written: {what}"
-        assert LIVE["path"].read_bytes() == LIVE["bytes"], f"live config changed: {what}"
+        if cmd == "run":
+            argv = ["run", str(f), "--backend", "replay", "--approval", "auto", "--state-dir", str(state)]
+        else:
+            argv = ["bench", "--plan", str(PLAN), "--config", str(f), "--backend", "replay", "--state-dir", str(state)]
+            argv += ["--json"] if COUNTS[category] % 2 else []  # --json: the backend's banner must not precede it
+        line = refused_cleanly(argv, state, f"[{category}] input {data[:200]!r}...", needles, str(f))
     COUNTS[category] += 1
     if COUNTS[category] % 25 == 1:
         SAMPLES.setdefault(category, []).append(line.replace(str(f), f.name))
+    return line
+
+
+def refused_cleanly(argv: list[str], state: Path, what: str, needles=(), names: str | None = None,
+                    all_needles=()) -> str:  # fmt: skip
+    """Run the CLI and check the contract: exit 2, one printable ``kinv: `` line on stderr naming ``names``
+    and one of ``needles`` (and every one of ``all_needles``), no traceback, no state dir, live config intact."""
+    saved = os.environ.get("KINV_STATE_DIR")
+    os.environ["KINV_STATE_DIR"] = str(state)
+    try:
+        rc, out, err = call_cli(argv)
+    finally:
+        if saved is None:
+            os.environ.pop("KINV_STATE_DIR", None)
+        else:
+            os.environ["KINV_STATE_DIR"] = saved
+    what = f"{what}\nargv={[a[:200] for a in argv]!r}\nrc={rc!r}\nstderr={err[:1000]!r}\nstdout={out[-500:]!r}"
+    assert "Traceback" not in out + err, what
+    assert rc == 2, what
+    lines = err.splitlines()
+    assert len(lines) == 1 and err.endswith("\n") and err.count("\n") == 1, what
+    line = lines[0]
+    assert line.startswith("kinv: ") and len(line) > 20 and len(line) <= 800, what
+    assert line.isprintable(), what
+    if names is not None:
+        assert names in line, f"message does not name {names!r}: {what}"
+    if needles:
+        assert any(n in line for n in needles), f"message names none of {needles}: {what}"
+    missing = [n for n in all_needles if n not in line]
+    assert not missing, f"message does not name {missing}: {what}"
+    assert not state.exists(), f"state dir was written: {what}"
+    assert LIVE["path"].read_bytes() == LIVE["bytes"], f"live config changed: {what}"
+    return line
 
 
 # --------------------------------------------------------------------------- #
@@ -205,8 +226,8 @@ N_VARIANTS, N_BACKLOG = len(BASE_PLAN["variants"]), len(BASE_PLAN["backlog"])
 
 # strings with a grammar (ids, names, enums): weird unicode in them must be refused
 CONSTRAINED_STRINGS = (
-    [("workstream", "id"), ("workstream", "parent"), ("kernel",), ("device",), ("model", "shape"),
-     ("environment", "TARGET_CTAS"), ("variants", 2, "requires", "variant")]
+    [("workstream", "id"), ("workstream", "parent"), ("kernel",), ("device",), ("workload", "model", "shape"),
+     ("environment", "TARGET_CTAS"), ("variants", 2, "requires", "variant"), ("variants", 0, "targets")]
     + [("variants", i, "id") for i in range(N_VARIANTS)]
     + [("backlog", i, "id") for i in range(N_BACKLOG)] + [("backlog", i, "targets") for i in range(N_BACKLOG)]
 )  # fmt: skip
@@ -221,11 +242,13 @@ REQUIRED = (
     + [("backlog", i, k) for i in range(N_BACKLOG) for k in ("id", "title", "rationale", "targets")]
     + [("variants", 2, "patch", "overrides", j, "num_warps") for j in (0, 1)]
 )  # fmt: skip
-OPTIONAL = [("device",), ("model",), ("environment",), ("bounds",), ("stats",), ("budget",), ("backlog",),
-            ("workstream", "parent"), ("workstream", "parent_title"), ("model", "heads"), ("workload", "context"),
-            ("workload", "page_size"), ("stats", "aa_rounds"), ("budget", "wall_seconds"),
-            ("variants", 0, "rationale"), ("variants", 1, "patch"), ("variants", 2, "requires"),
-            ("backlog", 3, "prior")]  # fmt: skip
+OPTIONAL = [("device",), ("environment",), ("bounds",), ("stats",), ("budget",), ("backlog",),
+            ("workstream", "parent"), ("workstream", "parent_title"), ("workload", "model"),
+            ("workload", "model", "heads"), ("workload", "model", "attention_tp"), ("workload", "model", "shape"),
+            ("workload", "context"), ("workload", "page_size"), ("stats", "threshold"),
+            ("stats", "level_thresholds"), ("stats", "aa_rounds"), ("stats", "aa_arms"), ("budget", "wall_seconds"),
+            ("variants", 0, "rationale"), ("variants", 0, "targets"), ("variants", 1, "patch"),
+            ("variants", 2, "requires"), ("backlog", 3, "prior")]  # fmt: skip
 
 # --------------------------------------------------------------------------- #
 # value strategies
@@ -287,6 +310,17 @@ def _other_type(old):
 # --------------------------------------------------------------------------- #
 # plan mutations
 # --------------------------------------------------------------------------- #
+def test_the_bases_are_valid(tmp_path):
+    """The plan and config every input mutates are valid: each refusal below is the mutation's."""
+    f = tmp_path / "base.yaml"
+    f.write_text(dump_plan(BASE_PLAN))
+    plan, _ = load_plan(f)
+    assert [lv.label for lv in plan.levels()] == list(LABELS)
+    assert plan.stats.threshold_at("b1") == 0.02
+    assert load_config(CONFIG, "mla_decode")["num_warps"] == BASE_CONFIG["num_warps"]
+    assert tuple(BASE_PLAN["baseline"]) == PARAMS
+
+
 @settings_for(180)
 @given(data=st.data())
 def test_plan_wrong_types(data):
@@ -384,11 +418,308 @@ def test_plan_path_traversal_in_source_patch(i, p):
 
 
 # --------------------------------------------------------------------------- #
+# the adapter-owned plan surface: workload.model, level thresholds, removed keys, kernel refs
+# --------------------------------------------------------------------------- #
+BAD_MODEL = {
+    "heads": [0, -1, -64, 1025, 10**6, 10**30, "64", "sixty-four", 64.0, True, None, [64], {"n": 64}, 63, 65, 2, 1],
+    "attention_tp": [0, -4, 65, 10**9, "4", 4.0, False, None, [4], 3, 5, 6, 7, 128],
+    "shape": ["v5", "V3", "v4flash ", " v3", "", "v4", "deepseek", 3, None, ["v3"], {"v3": 1}, "v4fla\u0455h",
+              "v\uff13", "v3\u200b"],
+}  # fmt: skip
+NOT_A_MODEL = ["v4flash", 64, [64, 4], None, True, "", 4.0, ["heads", 64]]
+MODEL_EXTRA = ["heads_per_gpu", "local_heads", "block_h", "BLOCK_H", "d_qk", "Heads", "heads ", "tp", "layers"]
+
+
+@settings_for(60)
+@given(data=st.data())
+def test_plan_bad_workload_model(data):
+    """workload.model is the MLA adapter's: heads, attention_tp (heads a multiple of it) and shape."""
+    plan = copy.deepcopy(BASE_PLAN)
+    model = plan["workload"]["model"]
+    kind = data.draw(st.sampled_from(["field", "field", "field", "extra", "not-a-mapping"]), label="kind")
+    if kind == "field":
+        key = data.draw(st.sampled_from(sorted(BAD_MODEL)), label="field")
+        model[key] = data.draw(st.sampled_from(BAD_MODEL[key]), label="value")
+    elif kind == "extra":
+        model[data.draw(st.sampled_from(MODEL_EXTRA), label="key")] = data.draw(any_value, label="value")
+    else:
+        plan["workload"]["model"] = data.draw(st.sampled_from(NOT_A_MODEL), label="model")
+    expect_rejected("run", dump_plan(plan), "plan: bad workload.model", ("workload.model",), strict=True)
+
+
+not_a_label = st.one_of(
+    st.sampled_from(["b2", "b0", "b-1", "B1", "b01", "b1.0", "b 1", "b1 ", " b1", "1", "8", "b", "", "batch1",
+                     "ctx4096", "v4flash/h16/p64/ctx4096/b1", "b\u0661", "b\uff11", "b1\u200b", "c1", "b128",
+                     "b4096", "threshold", "default", "*", "all"]),
+    st.text(max_size=12),
+).filter(lambda k: k not in LABELS)  # fmt: skip
+bad_threshold = st.sampled_from([0, 0.0, -0.01, -1, 0.51, 1, 1.0, 2, 100, 1e308, float("nan"), float("inf"),
+                                 float("-inf"), "0.02", "2%", True, False, None, [0.02], {"b1": 0.02}])  # fmt: skip
+
+
+@settings_for(60)
+@given(data=st.data())
+def test_plan_bad_level_thresholds(data):
+    """stats.level_thresholds is keyed by the workload's level labels (b1, b8, ...): any other key, or a
+    threshold outside (0, 0.5], is refused."""
+    plan = copy.deepcopy(BASE_PLAN)
+    lt = plan["stats"]["level_thresholds"]
+    if data.draw(st.booleans(), label="bad key"):
+        if data.draw(st.booleans(), label="drop b1"):
+            lt.clear()
+        key = data.draw(not_a_label, label="key")
+        lt[key] = data.draw(st.floats(0.001, 0.5), label="threshold")
+        needles = (repr(key),) if key.isascii() and key.isprintable() else ()
+    else:
+        lt[data.draw(st.sampled_from(LABELS), label="label")] = data.draw(bad_threshold, label="threshold")
+        needles = ()
+    line = expect_rejected("run", dump_plan(plan), "plan: bad stats.level_thresholds", ("stats.level_thresholds",))
+    assert all(n in line for n in needles), line
+
+
+REMOVED = [
+    (("stats", "min_threshold"), 0.01), (("stats", "noise_multiple"), 3.0), (("stats", "min_threshold"), 0.02),
+    (("model",), {"heads": 64, "attention_tp": 4, "shape": "v4flash"}), (("workload", "shape"), "v4flash"),
+    (("workload", "heads"), 64), (("workload", "attention_tp"), 4), (("workload", "contexts"), [4096]),
+    (("workload", "shapes"), ["v4flash"]), (("workload", "batches"), [1, 8]), (("stats", "aa_workers"), 4),
+]  # fmt: skip
+
+
+@settings_for(30)
+@given(data=st.data())
+def test_plan_removed_keys(data):
+    """Keys of the old schema (min_threshold, noise_multiple, top-level model: ...) are unknown keys now,
+    alone or in an old-layout plan (model: at the top, none in the workload)."""
+    (path, value) = data.draw(st.sampled_from(REMOVED), label="removed")
+    plan = copy.deepcopy(BASE_PLAN)
+    set_at(plan, path, value)
+    if path == ("model",) and data.draw(st.booleans(), label="old layout"):
+        del plan["workload"]["model"]
+    if data.draw(st.booleans(), label="no new stats keys"):
+        plan["stats"].pop("threshold")
+        plan["stats"].pop("level_thresholds")
+    line = expect_rejected("run", dump_plan(plan), "plan: removed key", ("unknown key",))
+    assert ".".join(path) + ": unknown key" in line, line
+
+
+ident = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True)
+BAD_KERNELS = [
+    "no.such.module:Cls", "kernels.mla_decode_adapter:NoSuch", "kernels.mla_decode_adapter:SPEC",
+    "kernels.adapter:Level", "kernels.adapter:KernelAdapter", "kernels.launch_config:TunableSpec",
+    "kernels.launch_config:brief_repr", "kernels:mla_decode", "mla_decode:", ":Cls", "kernels.mla_decode_adapter",
+    "MLA_DECODE", "mla-decode", "mla_decode ", "kernels/mla_decode.py", "kernels..x:C", "x:y:z", "mla decode",
+    "kinv_bad_plugin_syntax:Adapter", "kinv_bad_plugin_raises:Adapter", "kinv_bad_plugin_init:Adapter",
+    "kinv_bad_plugin_name:Adapter", "kinv_bad_plugin_notype:Adapter",
+]  # fmt: skip
+PLUGINS = {  # adapters of a user's package that fail in each way a plugin can
+    "kinv_bad_plugin_syntax": "def broken(:\n",
+    "kinv_bad_plugin_raises": "raise RuntimeError('the plugin cannot load\\nsecond line')\n",
+    "kinv_bad_plugin_init": ("from kernels.mla_decode_adapter import MLADecodeAdapter\n\n\n"
+                             "class Adapter(MLADecodeAdapter):\n    def __init__(self):\n"
+                             "        raise RuntimeError('no driver\\nsecond line')\n"),
+    "kinv_bad_plugin_name": ("from kernels.mla_decode_adapter import MLADecodeAdapter\n\n\n"
+                             "class Adapter(MLADecodeAdapter):\n    name = 'bad name!'\n"),
+    "kinv_bad_plugin_notype": "Adapter = 42\n",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    d = Path(tempfile.mkdtemp(prefix="kinv-bad-plugins-"))
+    for mod, text in PLUGINS.items():
+        (d / f"{mod}.py").write_text(text)
+    sys.path.insert(0, str(d))
+    try:
+        yield d
+    finally:
+        sys.path.remove(str(d))
+        for mod in PLUGINS:
+            sys.modules.pop(mod, None)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@settings_for(50)
+@given(data=st.data())
+def test_plan_bad_kernel(plugins, data):
+    """kernel: a registered name or package.module:Class of a KernelAdapter subclass; anything else, and a
+    plugin that fails to import or to instantiate, is refused on the kernel field, naming it."""
+    from kernels.adapter import registered
+
+    kernel = data.draw(st.one_of(
+        st.sampled_from(BAD_KERNELS),
+        st.builds(lambda parts, cls: "kinv_no_such_" + ".".join(parts) + ":" + cls.title(),
+                  st.lists(ident, min_size=1, max_size=3), ident),
+        ident.filter(lambda n: n not in registered()),
+    ), label="kernel")  # fmt: skip
+    plan = copy.deepcopy(BASE_PLAN)
+    plan["kernel"] = kernel
+    line = expect_rejected("run", dump_plan(plan), "plan: bad kernel", ("kernel: ",))
+    assert repr(kernel) in line or kernel in line, line
+
+
+# --------------------------------------------------------------------------- #
+# command-line arguments: kinv bench / noise / run
+# --------------------------------------------------------------------------- #
+def expect_cli_rejected(argv: list[str], category: str, all_needles=(), needles=()) -> str:
+    with scratch() as d:
+        argv = [a.replace("{tmp}", str(d)) for a in argv]
+        state = d / "state"
+        line = refused_cleanly(argv + ["--state-dir", str(state)], state, f"[{category}]", needles,
+                               all_needles=[n.replace("{tmp}", str(d)) for n in all_needles])  # fmt: skip
+    COUNTS[category] += 1
+    if COUNTS[category] % 25 == 1:
+        SAMPLES.setdefault(category, []).append(line)
+    return line
+
+
+def _parses_valid(value: str, name: str) -> bool:
+    try:
+        return int(value) in MLA.spec.tunable(name).values
+    except ValueError:
+        return False
+
+
+not_a_tunable = st.one_of(
+    st.sampled_from(["NOT_A_TUNABLE", "block_t", "BLOCK_t", "Block_T", "warps", "num_warp", "num_warps_", "stages",
+                     "kernel", "overrides", "description", "batch_min", "batch_max", "BLOCK_\u0422", "num_warps\u200b",
+                     "BLOCK_N", "BLOCK_K", "GROUP_M", "TARGET_CTAS", "", "w", "BT", "x" * 2000]),
+    ident, st.text(max_size=10),
+).filter(lambda k: k.strip() not in PARAMS and "," not in k and "=" not in k)  # fmt: skip
+
+
+def bad_value_for(name: str):
+    return st.one_of(
+        st.sampled_from(["3", "0", "-4", "-1", "7", "24", "32", "512", "1024", "99999999999999999999", "", "abc",
+                         "8.0", "0x8", "1e1", "eight", "8 8", "\u221e", "None", "true", "[8]", "8;", "2**3"]),
+        st.integers(-(10**6), 10**6).map(str), st.text(max_size=6),
+    ).filter(lambda v: "," not in v and not _parses_valid(v, name))  # fmt: skip
+
+
+@settings_for(80)
+@given(data=st.data())
+def test_cli_bench_bad_variant(data):
+    """``kinv bench --variant K=V[,K=V]``: K must be one of the kernel's tunables (the line names them all),
+    V an integer it allows; refused before anything is stored."""
+    kind = data.draw(st.sampled_from(["not a tunable", "not a tunable", "bad value", "no =", "after a good one"]))
+    good = data.draw(st.sampled_from(PARAMS), label="tunable")
+    if kind == "not a tunable":
+        key = data.draw(not_a_tunable, label="key")
+        variant = f"{key}={data.draw(st.sampled_from(['3', '8', '1', 'x']), label='value')}"
+        needles = PARAMS + ("--variant",)
+    elif kind == "bad value":
+        variant = f"{good}={data.draw(bad_value_for(good), label='value')}"
+        needles = ("--variant", good)
+    elif kind == "no =":
+        variant = data.draw(st.sampled_from([good, good + ":8", good + " 8", good + "==8"]), label="variant")
+        needles = ("--variant", good)
+    else:
+        variant = "num_warps=8," + data.draw(st.sampled_from(["NOT_A_TUNABLE=3", "", "num_stages=0", "BLOCK_T=24",
+                                                             "num_warps", "x=1"]), label="second")  # fmt: skip
+        needles = ("--variant",)
+    as_json = ["--json"] if data.draw(st.booleans(), label="--json") else []
+    expect_cli_rejected(["bench", "--plan", str(PLAN), "--backend", "replay", f"--variant={variant}", *as_json],
+                        f"cli: bench --variant ({kind})", all_needles=needles)  # fmt: skip
+
+
+def test_cli_bench_variant_not_a_tunable(monkeypatch):
+    """As a person types it (the default --plan, plans/3a-attention-occupancy.yaml, from the repo root)."""
+    monkeypatch.chdir(ROOT)
+    line = expect_cli_rejected(["bench", "--variant", "NOT_A_TUNABLE=3", "--backend", "replay"],
+                               "cli: bench --variant (not a tunable)", all_needles=("NOT_A_TUNABLE",) + PARAMS)  # fmt: skip
+    assert "mla_decode" in line, line
+
+
+BAD_PLAN_PATHS = {  # name -> (file text or None for missing, "dir" for a directory), needle
+    "missing.yaml": (None, "does not exist"),
+    "no/such/dir/plan.yaml": (None, "does not exist"),
+    "a-directory": ("dir", "directory"),
+    "old-layout.yaml": (dump_plan({**{k: v for k, v in BASE_PLAN.items() if k != "workload"},
+                                   "model": BASE_PLAN["workload"]["model"],
+                                   "workload": {k: v for k, v in BASE_PLAN["workload"].items() if k != "model"}}),
+                        "model: unknown key"),
+    "min-threshold.yaml": (dump_plan({**BASE_PLAN, "stats": {"min_threshold": 0.01}}), "stats.min_threshold"),
+    "bad-kernel.yaml": (dump_plan({**BASE_PLAN, "kernel": "no.such.module:Cls"}), "no.such.module"),
+    "empty.yaml": ("", "mapping"),
+    "binary.yaml": (b"\x89PNG\r\n\x1a\n\xff\x00", "UTF-8"),
+}  # fmt: skip
+
+
+@settings_for(40)
+@given(name=st.sampled_from(sorted(BAD_PLAN_PATHS)),
+       cmd=st.sampled_from(["bench", "bench --json", "bench --variant num_warps=8", "bench --config", "noise",
+                            "noise --json", "run", "env"]))  # fmt: skip
+def test_cli_bad_plan_path(name, cmd):
+    """``--plan`` of bench and noise (and run's argument): a missing file, a directory, a bad plan."""
+    content, needle = BAD_PLAN_PATHS[name]
+    with scratch() as d:
+        path = d / name
+        if content == "dir":
+            path.mkdir()
+        elif content is not None:
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        if cmd == "run":
+            argv = ["run", str(path), "--backend", "replay", "--approval", "auto"]
+        elif cmd == "env":
+            argv = ["env", "--plan", str(path)]
+        else:
+            argv = [*cmd.split()[:1], "--plan", str(path), "--backend", "replay", *cmd.split()[1:]]
+            if cmd == "bench --config":
+                argv[-1:] = ["--config", str(CONFIG)]
+        state = d / "state"
+        line = refused_cleanly(argv + ["--state-dir", str(state)], state, f"[cli: --plan {name}]", (needle,),
+                               names=str(path))  # fmt: skip
+    COUNTS["cli: --plan"] += 1
+    if COUNTS["cli: --plan"] % 25 == 1:
+        SAMPLES.setdefault("cli: --plan", []).append(line)
+
+
+def out_of_range(lo: int, hi: int):
+    return st.one_of(st.integers(max_value=lo - 1), st.integers(min_value=hi + 1), st.sampled_from(
+        ["abc", "1.5", "", " ", "ten", "0x10", "1e3", "--", "None", "[8]"])).map(str)  # fmt: skip
+
+
+BAD_OPTIONS = {  # argv template -> (strategy of the bad value, needle); {v} is the value
+    "bench --samples={v}": (out_of_range(1, 1000), "--samples"),
+    "bench --rounds={v}": (out_of_range(2, 1000), "--rounds"),
+    "noise --rounds={v}": (out_of_range(3, 1000), "--rounds"),
+    "noise --workers={v}": (out_of_range(2, 8), "--workers"),
+    "bench --backend={v}": (st.sampled_from(["nope", "gpu", "CUDA", "Replay", "replay ", "", "h200", "cpu"]), "--backend"),
+    "noise --backend={v}": (st.sampled_from(["nope", "gpu", "CUDA", "Replay", "", "triton"]), "--backend"),
+    "run PLAN --backend={v}": (st.sampled_from(["nope", "gpu", "CUDA", ""]), "--backend"),
+    "run PLAN --approval={v}": (st.sampled_from(["yes", "never", "AUTO", "", "auto-everything"]), "--approval"),
+    "bench --levels={v}": (st.sampled_from(["1,8", "1", "x"]), "--levels"),  # removed options
+    "bench --contexts={v}": (st.sampled_from(["4096", "x"]), "--contexts"),
+    "bench --shapes={v}": (st.sampled_from(["v3", "v4flash"]), "--shapes"),
+    "noise --levels={v}": (st.sampled_from(["1,8", "96"]), "--levels"),
+    "noise --shapes={v}": (st.sampled_from(["v3"]), "--shapes"),
+    "bench --config={v}": (st.sampled_from(["{tmp}/missing.json", "{tmp}", "{tmp}/no/such.json"]), "{tmp}"),
+    "kernels --bogus={v}": (st.sampled_from(["1", "x"]), "--bogus"),
+}  # fmt: skip
+
+
+@settings_for(90)
+@given(data=st.data())
+def test_cli_bad_options(data):
+    """Options of bench, noise and run: out of range, unknown values, removed options (--levels,
+    --contexts, --shapes), a missing --config."""
+    template = data.draw(st.sampled_from(sorted(BAD_OPTIONS)), label="template")
+    values, needle = BAD_OPTIONS[template]
+    v = data.draw(values, label="value")
+    argv = [a.replace("{v}", v).replace("PLAN", str(PLAN)) for a in template.split(" ")]
+    if argv[0] in ("bench", "noise") and "--backend" not in template:
+        argv += ["--plan", str(PLAN), "--backend", "replay"]
+    elif argv[0] == "run" and "--backend" not in template:
+        argv += ["--backend", "replay"]
+    expect_cli_rejected(argv, f"cli: {template.split('=')[0].replace('PLAN ', '')}", all_needles=(needle,))
+
+
+# --------------------------------------------------------------------------- #
 # raw plan text
 # --------------------------------------------------------------------------- #
 PLACEHOLDER = "__KINV_PLACEHOLDER__"
 RAW_NEEDLES = ("YAML", "UTF-8", "mapping", "nests", "bytes", "unknown key") + TOP_KEYS
-BOMB_SLOTS = [("hypothesis",), ("baseline",), ("environment",), ("workload", "levels"), ("bounds", "BLOCK_T"),
+BOMB_SLOTS = [("hypothesis",), ("baseline",), ("environment",), ("workload", "levels"), ("workload", "model"),
+              ("stats", "level_thresholds"), ("bounds", "BLOCK_T"),
               ("variants", 0, "patch", "overrides"), ("variants",), ("backlog",), ("workstream", "title"),
               ("x_bomb",)]  # fmt: skip
 
@@ -770,17 +1101,31 @@ def test_real_process_one_line_no_torch(tmp_path):
         "unicode.yaml": with_raw(("kernel",), '"mla_decode\\u202e\\U0001f525"'),
         "traversal.yaml": dump_plan({**BASE_PLAN, "variants": [dict(BASE_PLAN["variants"][0], source_patch="../../etc/passwd")]}),
         "dup.yaml": dump_plan(BASE_PLAN) + "kernel: mla_decode\n",
-        "bigint.yaml": with_raw(("model",), "{heads: " + "9" * 6000 + "}"),
+        "bigint.yaml": with_raw(("workload", "model"), "{heads: " + "9" * 6000 + "}"),
+        "old-model.yaml": dump_plan({**BASE_PLAN, "model": {"heads": 64, "attention_tp": 4, "shape": "v4flash"}}),
+        "kernel-ref.yaml": dump_plan({**BASE_PLAN, "kernel": "no.such.module:Cls"}),
     }  # fmt: skip
     configs = {"deep.json": '{"BLOCK_T": ' + "[" * 200_000 + "]" * 200_000 + "}", "bad.json": '{"num_warps": 3}',
                "bigint.json": '{"num_warps": ' + "9" * 10_000 + "}", "latin1.json": '{"description": "caf\xe9"}'.encode("latin-1")}  # fmt: skip
-    calls = []
+    calls, named = [], []
+    state = str(tmp_path / "state")
     for name, text in {**plans, **configs}.items():
         f = tmp_path / name
         f.write_bytes(text if isinstance(text, bytes) else text.encode())
-        state = str(tmp_path / "state")
         calls.append(["run", str(f), "--backend", "replay", "--approval", "auto", "--state-dir", state]
-                     if name.endswith(".yaml") else ["bench", "--config", str(f), "--backend", "replay", "--state-dir", state])  # fmt: skip
+                     if name.endswith(".yaml") else
+                     ["bench", "--plan", str(PLAN), "--config", str(f), "--backend", "replay", "--state-dir", state])  # fmt: skip
+        named.append(str(f))
+    for argv, name in [
+        (["bench", "--plan", str(PLAN), "--variant", "NOT_A_TUNABLE=3"], "NOT_A_TUNABLE"),
+        (["bench", "--plan", str(PLAN), "--variant", "num_warps=3", "--json"], "num_warps=3"),
+        (["bench", "--plan", str(tmp_path / "missing.yaml")], str(tmp_path / "missing.yaml")),
+        (["noise", "--plan", str(tmp_path / "missing.yaml")], str(tmp_path / "missing.yaml")),
+        (["bench", "--plan", str(PLAN), "--backend", "nope"], "nope"),
+        (["bench", "--plan", str(PLAN), "--levels", "1,8"], "--levels"),
+    ]:
+        calls.append(argv + (["--backend", "replay"] if "--backend" not in argv else []) + ["--state-dir", state])
+        named.append(name)
     code = ("import json, sys\nfrom agent.cli import main\ncodes = [main(a) for a in json.loads(sys.argv[1])]\n"
             "print('CODES', codes, 'HEAVY', [m for m in ('torch', 'triton') if m in sys.modules])")  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT), KINV_STATE_DIR=str(tmp_path / "state"))
@@ -791,10 +1136,10 @@ def test_real_process_one_line_no_torch(tmp_path):
     assert f"CODES {[2] * len(calls)} HEAVY []" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     lines = r.stderr.splitlines()
     assert len(lines) == len(calls) and all(ln.startswith("kinv: ") for ln in lines), r.stderr
-    for ln, a in zip(lines, calls):
-        assert (a[1] if a[0] == "run" else a[2]) in ln, ln
+    for ln, name in zip(lines, named):
+        assert name in ln, ln
     assert not (tmp_path / "state").exists()
-    COUNTS["real process (plan+config)"] += len(calls)
+    COUNTS["real process (plan+config+cli)"] += len(calls)
 
 
 def test_at_least_1000_bad_inputs_all_refused_cleanly():
@@ -809,7 +1154,8 @@ def test_at_least_1000_bad_inputs_all_refused_cleanly():
         )
     plan_n = sum(n for c, n in COUNTS.items() if c.startswith("plan"))
     cfg_n = sum(n for c, n in COUNTS.items() if c.startswith("config"))
-    print(f"  plans: {plan_n}, configs: {cfg_n}")
+    cli_n = sum(n for c, n in COUNTS.items() if c.startswith("cli"))
+    print(f"  plans: {plan_n}, configs: {cfg_n}, command-line arguments: {cli_n}")
     print("sample messages:")
     for cat, msgs in sorted(SAMPLES.items()):
         for m in msgs[:3]:
