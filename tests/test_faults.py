@@ -58,14 +58,20 @@ def test_fault_drill_records_each_fault_restores_the_baseline_and_closes_out(dri
     assert exps["F2"]["verdict"] == "infeasible" and "shared memory" in exps["F2"]["reason"] and "227.0 KB" in exps["F2"]["reason"]
     assert exps["F3"]["verdict"] == "incorrect" and "outside atol" in exps["F3"]["reason"]  # fast but wrong: never timed
     assert exps["F4"]["verdict"] == "crashed" and "signal 11" in exps["F4"]["reason"]
-    assert exps["F5"]["verdict"] in ("void", "not measured")  # changed the reference: no verdict may stand
+    # edits the reference: no verdict may stand. A source patch may only touch the adapter's kernel_files, so the
+    # reference edit is refused before anything runs (integrity would void it if it ever ran: see the test below)
+    assert exps["F5"]["verdict"] in ("failed", "void", "not measured") and exps["F5"]["samples"] == 0
+    assert "kernels/mla_decode_ref.py" in exps["F5"]["reason"] and "may only patch" in exps["F5"]["reason"]
     # lazy: writes nothing; its output buffer was poisoned with NaN, so no earlier result can pass for it
     assert exps["F6"]["verdict"] == "incorrect" and "not finite" in exps["F6"]["reason"]
     assert exps["V1"]["verdict"] == "accept"
-    for fid in ("F1", "F3", "F4", "F6"):
+    assert exps["F7"]["verdict"] == "failed" and "patch failed" in exps["F7"]["reason"]  # stale patch: no wedge
+    for fid in ("F1", "F3", "F4", "F5", "F6", "F7"):
         assert exps[fid]["samples"] == 0, f"{fid} was timed"
     store_dir = Path(env["KINV_STATE_DIR"])
-    assert "void: the reference changed" in (store_dir / "reports" / "6a-closeout.md").read_text()
+    closeout = (store_dir / "reports" / "6a-closeout.md").read_text()
+    assert "**F5** (edits the reference it is judged against): **failed**" in closeout
+    assert "may only patch the kernel's files" in closeout
     status = json.loads(kinv(root, env, "status", "--json").stdout)
     ws = next(w for w in status["workstreams"] if w["id"] == "#6a")
     assert ws["status"] == "closed" and not ws["pending_approvals"]

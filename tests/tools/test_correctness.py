@@ -9,30 +9,38 @@ import torch
 
 from agent.store import Store
 from agent.tools import correctness
-from kernels.adapter import Level
+from kernels.adapter import get_adapter
 from kernels.mla_decode_adapter import MLADecodeAdapter
 
+ADAPTER = get_adapter("mla_decode")
 BASE = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
-LEVEL = Level(batch=1, context=40, shape="v4flash", heads=16, page_size=16)
+
+
+def lvl(batch, context, shape="v4flash", heads=16, page_size=64):
+    """An MLA level (the adapter builds it: key and label as everywhere else)."""
+    return ADAPTER.level({"shape": shape, "heads": heads, "page_size": page_size, "context": context, "batch": batch})
+
+
+LEVEL = lvl(batch=1, context=40, shape="v4flash", heads=16, page_size=16)
 
 
 class WrongAdapter(MLADecodeAdapter):
     """Fast but wrong: a quarter too large (1% would sit inside the fp16 tolerance of 1e-2 + 1e-2 x |ref|)."""
 
-    def launch(self, inputs, params, out=None, target_ctas=None):
-        res, compiled = super().launch(inputs, params, out, target_ctas)
+    def launch(self, inputs, params, out=None, scratch=None, **mode):
+        res, compiled = super().launch(inputs, params, out=out, scratch=scratch, **mode)
         return res * 1.25, compiled
 
 
 class NaNAdapter(MLADecodeAdapter):
-    def launch(self, inputs, params, out=None, target_ctas=None):
-        res, compiled = super().launch(inputs, params, out, target_ctas)
+    def launch(self, inputs, params, out=None, scratch=None, **mode):
+        res, compiled = super().launch(inputs, params, out=out, scratch=scratch, **mode)
         res[0, 0, 0] = float("nan")
         return res, compiled
 
 
 class BrokenAdapter(MLADecodeAdapter):
-    def launch(self, inputs, params, out=None, target_ctas=None):
+    def launch(self, inputs, params, out=None, scratch=None, **mode):
         raise RuntimeError("out of resource: shared memory, Required: 204800, Hardware limit: 101376\nmore detail")
 
 
@@ -45,15 +53,15 @@ class SpyAdapter(MLADecodeAdapter):
         self.seen.append((level, inputs["q"].clone(), inputs["seq_lens"].clone(), vary_lengths, dtype))
         return inputs
 
-    def launch(self, inputs, params, out=None, target_ctas=None):  # skip the kernel: the reference is exact
+    def launch(self, inputs, params, out=None, scratch=None, **mode):  # skip the kernel: the reference is exact
         return self.reference(inputs).to(inputs["q"].dtype), None
 
 
 def test_stand_in_levels_are_small():
-    big = Level(96, 4096, "v3", 16, 64)
-    assert correctness.stand_in(big, "cpu") == Level(2, 64, "v3", 16, 16)
-    assert correctness.stand_in(big, "cuda") == Level(8, 4096, "v3", 16, 64)
-    assert correctness.stand_in(Level(1, 40, page_size=8), "cpu") == Level(1, 40, page_size=8)
+    big = lvl(96, 4096, "v3", 16, 64)
+    assert ADAPTER.stand_in(big, "cpu") == lvl(2, 64, "v3", 16, 16)
+    assert ADAPTER.stand_in(big, "cuda") == lvl(8, 4096, "v3", 16, 64)
+    assert ADAPTER.stand_in(lvl(1, 40, page_size=8), "cpu") == lvl(1, 40, page_size=8)
 
 
 def test_baseline_passes_at_a_small_level():
@@ -87,7 +95,7 @@ def test_non_finite_output_is_caught():
 
 
 def test_a_launch_that_raises_is_a_failed_check():
-    r = correctness.check(BrokenAdapter(), BASE, [LEVEL, Level(8, 64)], seed=0, device="cpu")
+    r = correctness.check(BrokenAdapter(), BASE, [LEVEL, lvl(8, 64)], seed=0, device="cpu")
     assert not r["ok"]
     assert r["reason"] == "launch failed: RuntimeError: out of resource: shared memory, Required: 204800, " \
         "Hardware limit: 101376"  # fmt: skip
@@ -96,13 +104,13 @@ def test_a_launch_that_raises_is_a_failed_check():
 
 def test_fresh_varied_inputs_per_level_and_seed(state_dir):
     spy = SpyAdapter()
-    levels = [Level(96, 4096, "v3", 16, 64), Level(8, 4096, "v3", 16, 64)]
+    levels = [lvl(96, 4096, "v3", 16, 64), lvl(8, 4096, "v3", 16, 64)]
     r1 = correctness.check(spy, BASE, levels, seed=1, device="cpu")
     r2 = correctness.check(spy, BASE, levels, seed=2, device="cpu")
     assert r1["ok"] and r2["ok"]
     assert len(spy.seen) == 4
     for level, q, lens, vary, dtype in spy.seen:
-        assert level == Level(2, 64, "v3", 16, 16) and vary and dtype == torch.float16
+        assert level == lvl(2, 64, "v3", 16, 16) and vary and dtype == torch.float16
         assert lens.max() == 64 and q.shape == (2, 16, 576)
     qs = [q for _, q, *_ in spy.seen]
     for i in range(4):
@@ -117,6 +125,6 @@ def test_fresh_varied_inputs_per_level_and_seed(state_dir):
 
 @pytest.mark.gpu
 def test_gpu_baseline_bf16():
-    r = correctness.check(MLADecodeAdapter(), BASE, [Level(1, 4096), Level(96, 4096)], seed=0)
+    r = correctness.check(MLADecodeAdapter(), BASE, [lvl(1, 4096), lvl(96, 4096)], seed=0)
     assert r["ok"], r["reason"]
     assert r["device"] == "cuda" and r["dtype"] == "bfloat16"
