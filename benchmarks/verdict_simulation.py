@@ -51,7 +51,7 @@ def recorded_residuals(directory: Path | None = None) -> dict[str, np.ndarray]:
     from agent.tools.bench import RECORDINGS, Recording
 
     directory = directory or RECORDINGS / "h200"
-    rec = Recording(sorted(directory.rglob("*.jsonl.gz")))
+    rec = Recording(sorted(directory.rglob("*.jsonl.gz")), "mla_decode")
     out = {}
     for _kind, _pair, _role, level in {k for k in rec.cells if k[0] == "aa"}:
         tag = "b" + level.rsplit("/b", 1)[1]
