@@ -354,10 +354,15 @@ def workstream(store: Store, ws: str) -> WorkstreamView:
 
 def _workstream_view(store: Store, row: dict) -> WorkstreamView:
     ws_id = row["id"]
+    pending = [_approval_view(a) for a in store.approvals(status="pending", ws_id=ws_id)]
+    fields = _pick(row, WorkstreamView)
+    if pending and fields.get("status") in (None, "open", "running"):
+        # the truth a person needs: nothing runs until someone decides
+        fields["status"] = f"waiting for approval {pending[0].id}"
     return WorkstreamView(
-        **_pick(row, WorkstreamView),
+        **fields,
         todos=[_todo_view(t) for t in store.todos(ws_id)],
-        pending_approvals=[_approval_view(a) for a in store.approvals(status="pending", ws_id=ws_id)],
+        pending_approvals=pending,
         latest_verdicts=_latest_verdicts(store.experiments(ws_id)),
     )
 

@@ -39,6 +39,8 @@ def test_a_source_patch_approval_shows_its_diff_title_and_rationale(env):
     assert item["plan_hash"] and item["patch_sha"]
     table = kinv(env, "pending")
     assert "tl.dot(q, kv)" in table.stdout and "does not compile" in table.stdout
+    ws = next(w for w in json.loads(kinv(env, "status", "--json").stdout)["workstreams"] if w["id"] == "#6a")
+    assert ws["status"] == f"waiting for approval {item['id']}"  # paused, not "running"
 
 
 def test_a_plan_changed_after_approval_is_refused_then_runs_as_a_new_version(env, tmp_path):
