@@ -200,9 +200,13 @@ def make_nodes(ctx: Context):
         live = configs.read_config(ctx.config_path, ctx.adapter.name)
         base = _baseline_config(ctx)
         if config_hash(live) != config_hash(base):
+            last = configs.last_editor(ctx.config_path)
+            other = last.get("state_dir") and last["state_dir"] != str(store.dir.resolve())
+            where = (f"kinv revert --state-dir {last['state_dir']} (it was last edited by that state dir's run, pid "
+                     f"{last.get('pid')})" if other else "kinv revert")  # fmt: skip
             raise InvestigationError(
                 f"live config {ctx.config_path} is {describe(live)} but the plan's baseline is {describe(base)}; "
-                "restore it (kinv revert) or fix the plan"
+                f"restore it ({where}) or fix the plan"
             )
         store.update_workstream(ws, baseline_hash=configs.sha(ctx.config_path), status="running")
         hashes = state.get("baseline_hashes") or {

@@ -77,6 +77,14 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
         store.release_lock(ws, os.getpid())
         raise
     restore_signals = _on_signals()
+    file_lock = configs.ConfigFileLock(plan.adapter.config_path(), store.dir)
+    try:
+        file_lock.__enter__()
+    except configs.LockedElsewhere as exc:
+        restore_signals()
+        store.release_lock(kernel_lock, os.getpid())
+        store.release_lock(ws, os.getpid())
+        return EXIT_FAIL, str(exc)
     try:
         configs.recover(store)
         row = store.workstream(ws)
@@ -144,6 +152,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
     finally:
         restore_signals()
         configs.recover(store)  # never leave a kernel file patched, whatever happened
+        file_lock.__exit__(None, None, None)
         store.release_lock(kernel_lock, os.getpid())
         store.release_lock(ws, os.getpid())
 

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,68 @@ class RevertError(RuntimeError):
 # --------------------------------------------------------------------------- #
 # hashing, rendering, diffs
 # --------------------------------------------------------------------------- #
+class LockedElsewhere(RuntimeError):
+    """Another kinv run (possibly of another state dir) holds the kernel's live config file."""
+
+
+class ConfigFileLock:
+    """An exclusive OS lock on a kernel's live config file, held for a whole run.
+
+    The live config belongs to the checkout, not to a state dir: two terminals with two state dirs on one
+    checkout must never edit it at once.  The lock lives beside the file (``.<name>.kinv-lock``; flock, so
+    it dies with its process) and records who holds it, so a refusal names the other state dir and pid, and
+    a later run can say who last edited the file.
+    """
+
+    def __init__(self, config_path: str | os.PathLike, state_dir: str | os.PathLike):
+        self.config = Path(config_path)
+        self.path = self.config.with_name(f".{self.config.stem}.kinv-lock")
+        self.state_dir = str(Path(state_dir).resolve())
+        self._fh = None
+
+    def holder(self) -> dict:
+        try:
+            return json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return {}
+
+    def __enter__(self) -> ConfigFileLock:
+        import fcntl
+        import socket
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+")  # noqa: SIM115 -- held for the run
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            h = self.holder()
+            raise LockedElsewhere(
+                f"{self.config} is being edited by the kinv run of state dir {h.get('state_dir', '?')} "
+                f"(pid {h.get('pid', '?')}); one checkout's config is edited by one run at a time: wait for it, "
+                "or stop that run") from None  # fmt: skip
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"state_dir": self.state_dir, "pid": os.getpid(), "host": socket.gethostname(),
+                             "t": time.time()}))  # fmt: skip
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import fcntl
+
+        if self._fh is not None:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
+            self._fh.close()
+            self._fh = None
+
+
+def last_editor(config_path: str | os.PathLike) -> dict:
+    """Who last held the config's lock (state dir, pid), or {}."""
+    return ConfigFileLock(config_path, ".").holder()
+
+
 def sha(path: str | os.PathLike) -> str:
     """sha256 of a file's bytes, first 16 hex digits."""
     return _sha_bytes(Path(path).read_bytes())
