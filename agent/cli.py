@@ -326,6 +326,63 @@ def show(exp_id: int = typer.Argument(..., help="experiment id (kinv experiments
 
 
 @app.command()
+def export(ws: str = typer.Argument(..., help="workstream id"), csv: bool = typer.Option(False, "--csv",
+           help="CSV instead of JSON"), state_dir: str = StateOpt):  # fmt: skip
+    """Every per-level effect of a workstream's A/B experiments: change, interval, its coverage, verdict.
+
+    Example: kinv export 3a --csv > 3a.csv
+    """
+    import json
+
+    from agent import views
+
+    rows = [r.model_dump() for r in views.export(_store(state_dir), ws)]
+    if not csv:
+        print(json.dumps(rows, indent=2))
+        return
+    import csv as csvmod
+
+    w = csvmod.DictWriter(sys.stdout, fieldnames=list(views.EffectRow.model_fields), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+
+
+@app.command()
+def compare(exp_a: int = typer.Argument(..., help="experiment id"), exp_b: int = typer.Argument(..., help="experiment id"),
+            state_dir: str = StateOpt, as_json: bool = JsonOpt):  # fmt: skip
+    """Two A/B experiments' per-level effects side by side (replay vs live, last week vs today).
+
+    Example: kinv compare 3 17
+    """
+    import json
+
+    from agent import views
+
+    rows = views.compare(_store(state_dir), exp_a, exp_b)
+    if as_json:
+        print(json.dumps([r.model_dump() for r in rows], indent=2))
+        return
+    from rich.table import Table
+
+    def cell(r):
+        if r is None or r.change is None:
+            return "—"
+        return f"{r.change:+.2%} [{r.change_low:+.2%}, {r.change_high:+.2%}] {r.verdict}"
+
+    import os.path
+
+    keys = [r.level for r in rows]
+    common = os.path.commonprefix(keys)
+    common = common[: common.rfind("/") + 1] if "/" in common else ""
+    t = Table("level", f"#{exp_a}", f"#{exp_b}", "difference", "overlap",
+              title=f"throughput change at {common}…" if common else "throughput change")  # fmt: skip
+    for r in rows:
+        t.add_row(r.level[len(common):], cell(r.a), cell(r.b), "—" if r.difference is None else f"{r.difference:+.2%}",
+                  "—" if r.overlap is None else ("yes" if r.overlap else "NO"))
+    _console().print(t)
+
+
+@app.command()
 def pending(state_dir: str = StateOpt, as_json: bool = JsonOpt):
     """Kernel edits waiting for a person, with their diffs.
 

@@ -909,3 +909,68 @@ def _interrupt_text(value: Any) -> str | None:
     if isinstance(value, dict) and "value" in value:
         value = value["value"]
     return _short(value) if value is not None else None
+
+
+# --------------------------------------------------------------------------- #
+# export and compare (per-level effects of verdicts, as a person quotes them)
+# --------------------------------------------------------------------------- #
+class EffectRow(View):
+    workstream: str | None = Field(None, description="workstream id")
+    experiment: int = Field(description="experiment id")
+    variant: str | None = Field(None, description="variant id")
+    backend: str | None = Field(None, description="cuda (measured) or replay (recorded)")
+    level: str = Field(description="workload level key")
+    rounds: int | None = Field(None, description="paired rounds behind the effect")
+    base_us: float | None = Field(None, description="baseline time, microseconds")
+    variant_us: float | None = Field(None, description="variant time, microseconds")
+    change: float | None = Field(None, description="throughput change, variant / baseline - 1")
+    change_low: float | None = Field(None, description="lower bound of the change")
+    change_high: float | None = Field(None, description="upper bound of the change")
+    conf: float | None = Field(None, description="coverage of the interval (per look, after the multiplicity rule)")
+    threshold: float | None = Field(None, description="the plan's threshold at this level")
+    verdict: str | None = Field(None, description="improved, regressed, equivalent or undecided")
+
+
+def _effect_rows(store: Store, exp: dict) -> list[EffectRow]:
+    import math
+
+    def chg(x):
+        return math.expm1(x) if x is not None and math.isfinite(x) else None
+
+    return [EffectRow(workstream=exp.get("workstream"), experiment=exp["id"], variant=exp.get("variant"),
+                      backend=exp.get("backend"), level=r["level"], rounds=r.get("n"), base_us=r.get("base_us"),
+                      variant_us=r.get("variant_us"), change=chg(r.get("effect")), change_low=chg(r.get("ci_low")),
+                      change_high=chg(r.get("ci_high")), conf=r.get("conf"), threshold=r.get("threshold"),
+                      verdict=r.get("verdict")) for r in store.verdicts(exp["id"])]  # fmt: skip
+
+
+def export(store: Store, ws: str) -> list[EffectRow]:
+    """`kinv export WS`: every per-level effect of the workstream's A/B experiments."""
+    ws_id = resolve_ws(store, ws)
+    return [row for e in store.experiments(ws_id) if e["kind"] == "ab" for row in _effect_rows(store, e)]
+
+
+class CompareRow(View):
+    level: str = Field(description="workload level key")
+    a: EffectRow | None = Field(None, description="the first experiment's effect at this level")
+    b: EffectRow | None = Field(None, description="the second experiment's effect at this level")
+    difference: float | None = Field(None, description="b's change minus a's change")
+    overlap: bool | None = Field(None, description="whether the two intervals overlap")
+    same_verdict: bool | None = Field(None, description="whether both reached the same verdict")
+
+
+def compare(store: Store, exp_a: int | str, exp_b: int | str) -> list[CompareRow]:
+    """`kinv compare A B`: two experiments' per-level effects side by side (replay vs live, last week vs today)."""
+    ea, eb = resolve_experiment(store, exp_a), resolve_experiment(store, exp_b)
+    ra = {r.level: r for r in _effect_rows(store, ea)}
+    rb = {r.level: r for r in _effect_rows(store, eb)}
+    out = []
+    for level in list(ra) + [lv for lv in rb if lv not in ra]:
+        a, b = ra.get(level), rb.get(level)
+        both = a is not None and b is not None and a.change is not None and b.change is not None
+        overlap = (both and a.change_low is not None and b.change_low is not None
+                   and a.change_low <= b.change_high and b.change_low <= a.change_high)  # fmt: skip
+        out.append(CompareRow(level=level, a=a, b=b, difference=(b.change - a.change) if both else None,
+                              overlap=bool(overlap) if both else None,
+                              same_verdict=(a.verdict == b.verdict) if a and b else None))  # fmt: skip
+    return out
