@@ -125,7 +125,10 @@ def _decide(approval_id: str, status: str, reason: str, state_dir) -> None:
         raise Exit(EXIT_BAD_INPUT, f"unknown approval {approval_id!r}; pending: {pend}")
     if row["status"] != "pending":
         raise Exit(EXIT_BAD_INPUT, f"approval {approval_id} is already {row['status']}")
-    store.decide_approval(approval_id, status, reason)
+    if not store.decide_approval(approval_id, status, reason):
+        now = store.approval(approval_id) or {}
+        raise Exit(EXIT_BAD_INPUT, f"approval {approval_id} was already {now.get('status')} (decided first elsewhere); "
+                                   "a decision is final")  # fmt: skip
     store.event(row["workstream"], "approval", f"{approval_id} {status}" + (f": {reason}" if reason else ""))
     _console().print(f"{approval_id} {status}. Continue with: kinv resume {row['workstream'].lstrip('#')}")
 
@@ -237,13 +240,34 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
 
 
 @app.command()
-def revert(state_dir: str = StateOpt):
-    """Revert every patched kernel file to its backup (what every start does anyway).
+def revert(state_dir: str = StateOpt,
+           to_plan: Path = typer.Option(None, "--to-plan", help="write PLAN's baseline config back to the kernel's "
+                                        "live config file, verified by hash; needs no state dir (kinv.db lost or "
+                                        "damaged)")):  # fmt: skip
+    """Revert every patched kernel file to its backup (what every start does anyway), or, with --to-plan,
+    restore a plan's baseline config without any state.
 
     Example: kinv revert
+    Example: kinv revert --to-plan plans/3a-attention-occupancy.yaml
     """
     from agent.tools import configs
 
+    if to_plan is not None:
+        from agent.models import load_plan
+        from kernels.launch_config import config_hash, describe
+
+        plan, _ = load_plan(to_plan)
+        path = plan.adapter.config_path()
+        base = {**plan.baseline, "kernel": plan.adapter.name}
+        with configs.ConfigFileLock(path, Path(state_dir or ".")):  # refused while any run edits it
+            now = configs.read_config(path, plan.adapter.name) if path.exists() else None
+            if now is not None and config_hash({k: v for k, v in now.items() if k != "description"}) == config_hash(base):
+                raise Exit(EXIT_OK, f"{path} already holds the baseline of {plan.ws} ({describe(base)})")
+            configs.write_config(path, base)
+            got = configs.read_config(path, plan.adapter.name)
+            if config_hash({k: v for k, v in got.items() if k != "description"}) != config_hash(base):
+                raise Exit(EXIT_FAIL, f"{path} did not verify after the write")
+        raise Exit(EXIT_OK, f"restored {path} to the baseline of {plan.ws} ({describe(base)}, hash {config_hash(base)})")
     store = _store(state_dir, create=True)
     live = [lk for lk in store.live_locks() if lk["pid"] != os.getpid()]
     if live:

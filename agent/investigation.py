@@ -106,7 +106,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
         store.upsert_workstream({
             "id": ws, "parent": plan.workstream.parent, "parent_title": plan.workstream.parent_title,
             "title": plan.workstream.title, "hypothesis": plan.hypothesis, "kernel": plan.kernel,
-            "plan_path": str(plan_path), "plan_hash": plan_hash, "plan_json": plan.model_dump_json(),
+            "plan_path": str(Path(plan_path).resolve()), "plan_hash": plan_hash, "plan_json": plan.model_dump_json(),
             "status": row["status"] if row else "open", "backend": backend, "approval": approval, "version": version,
         })  # fmt: skip
         ctx = Context(store=store, plan=plan, plan_path=str(plan_path), plan_hash=plan_hash, backend_name=backend,

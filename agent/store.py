@@ -436,8 +436,15 @@ class Store:
     def approvals(self, status: str | None = None, ws_id: str | None = None) -> list[dict]:
         return self._filtered("approvals", "created", status=status or None, workstream=ws_id or None)
 
-    def decide_approval(self, approval_id: str, status: str, reason: str = "") -> None:
-        self._update("approvals", approval_id, {"status": status, "reason": reason, "decided": now()})
+    def decide_approval(self, approval_id: str, status: str, reason: str = "") -> bool:
+        """Decide a pending approval, once: a compare-and-set on status = 'pending'.  False when it was already
+        decided (the loser of an approve/reject race, or a second decision)."""
+        faults.point("store.update.approvals.before")
+        with self.conn:
+            cur = self.conn.execute("update approvals set status = ?, reason = ?, decided = ? "
+                                    "where id = ? and status = 'pending'", [status, reason, now(), approval_id])  # fmt: skip
+        faults.point("store.update.approvals.after")
+        return cur.rowcount == 1
 
     def event(self, ws_id: str | None, kind: str, message: str, data: dict | None = None) -> None:
         self._insert("events", {"workstream": ws_id, "t": now(), "kind": kind, "message": message,

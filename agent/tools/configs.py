@@ -141,6 +141,11 @@ def config_diff(old_cfg: dict, new_cfg: dict, path: str | os.PathLike) -> str:
     return diff_text(render_config(old_cfg), render_config(new_cfg), path)
 
 
+def write_config(path: str | os.PathLike, config: dict) -> None:
+    """Write a config file atomically (rendered as kinv renders every config)."""
+    _atomic_write(Path(path), render_config(config).encode())
+
+
 def read_config(path: str | os.PathLike, kernel: str | None = None) -> dict:
     """Read and validate a config file (ConfigError names the file and the field)."""
     return load_config(path, kernel)

@@ -1,0 +1,57 @@
+"""There is always a way back to the baseline that needs no state dir; a person's decision is final."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(tmp_path, state):
+    cfg_dir = tmp_path / "configs"
+    cfg_dir.mkdir(exist_ok=True)
+    shutil.copy(ROOT / "kernels" / "configs" / "mla_decode.json", cfg_dir)
+    return dict(os.environ, KINV_STATE_DIR=str(state), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1",
+                KINV_FORCE_NO_GPU="1", PYTHONPATH=str(ROOT))  # fmt: skip
+
+
+def _kinv(env, *args):
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def test_revert_to_plan_restores_the_baseline_with_the_state_dir_gone(tmp_path, state_dir):
+    env = _env(tmp_path, state_dir)
+    cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
+    cfg.write_text(cfg.read_text().replace('"num_warps": 4', '"num_warps": 8'))  # a variant left live ...
+    shutil.rmtree(state_dir, ignore_errors=True)  # ... and kinv.db lost
+    r = _kinv(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
+    assert r.returncode == 0 and "restored" in r.stdout, r.stdout + r.stderr
+    assert json.loads(cfg.read_text())["num_warps"] == 4
+    assert not Path(state_dir).exists()  # it needed (and wrote) no state
+    again = _kinv(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
+    assert again.returncode == 0 and "already holds the baseline" in again.stdout
+
+
+def test_approve_and_reject_race_one_wins_the_other_is_told(tmp_path, state_dir):
+    env = _env(tmp_path, state_dir)
+    assert _kinv(env, "run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval", "ask").returncode == 3
+    aid = json.loads(_kinv(env, "pending", "--json").stdout)[0]["id"]
+    procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for args in (("approve", aid), ("reject", aid, "--reason", "not on this fleet"))]  # fmt: skip
+    results = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    loser = next(err for code, err in results if code == 2)
+    assert "already" in loser and "final" in loser
+    from agent.store import Store
+
+    decided = Store(state_dir).approval(aid)["status"]
+    winner = "approved" if results[0][0] == 0 else "rejected"
+    assert decided == winner  # the recorded decision is the winner's, not the last writer's
