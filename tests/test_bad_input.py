@@ -46,6 +46,8 @@ from agent.models import MAX_PLAN_BYTES, load_plan
 from kernels.adapter import get_adapter
 from kernels.launch_config import load_config
 
+pytestmark = pytest.mark.slow  # the slow lane: kills, races, fuzzing, drills (python -m pytest -m slow)
+
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
 CONFIG = ROOT / "kernels" / "configs" / "mla_decode.json"

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the slow lane: kills, races, fuzzing, drills (python -m pytest -m slow)
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "kernels" / "configs" / "mla_decode.json"
 
@@ -54,6 +56,7 @@ RECOVER = r"""
 import json, sys
 from agent.store import Store
 from agent.tools import configs
+
 store = Store(sys.argv[1])
 done = configs.recover(store)
 print(json.dumps({"done": done, "dangling": store.dangling_patches(),

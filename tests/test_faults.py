@@ -19,6 +19,8 @@ import pytest
 
 from agent.graph import _integrity
 
+pytestmark = pytest.mark.slow  # the slow lane: kills, races, fuzzing, drills (python -m pytest -m slow)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -10,6 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the slow lane: kills, races, fuzzing, drills (python -m pytest -m slow)
+
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
 
