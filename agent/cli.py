@@ -502,10 +502,42 @@ def main(argv=None) -> int:
         # kinv's bad-input errors are ValueErrors (unknown ids, kernels, devices, formats,
         # patches); a missing recording is bad input too.  Everything else is a failed step.
         bad_input = isinstance(e, ValueError | NoRecording)
-        _err(f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        line = str(e).splitlines()[0] if str(e) else type(e).__name__
         if os.environ.get("KINV_DEBUG"):
             raise
+        if bad_input or _expected_failure(e):
+            _err(line)
+        else:  # a bug: one line here, the whole traceback in a log a person can attach to an issue
+            _err(f"internal error: {type(e).__name__}: {line}; traceback in {_log_traceback(e)}")
         return EXIT_BAD_INPUT if bad_input else EXIT_FAIL
+
+
+def _expected_failure(e: BaseException) -> bool:
+    """A step that failed for a reason kinv names (a broken harness, an env mismatch, a lock held, ...)."""
+    from agent.graph import InvestigationError
+    from agent.stats import HarnessBroken
+    from agent.store import StoreError
+    from agent.tools.bench import BackendError
+    from agent.tools.configs import LockedElsewhere, RevertError
+
+    known = (InvestigationError, HarnessBroken, StoreError, BackendError, LockedElsewhere, RevertError, OSError)
+    return isinstance(e, known) or type(e).__name__ in ("EnvMismatch", "LockHeld", "Unreadable", "NotFound")
+
+
+def _log_traceback(e: BaseException) -> str:
+    import tempfile
+    import time
+    import traceback
+
+    path = Path(os.environ.get("KINV_STATE_DIR") or "state")
+    path = path / "kinv-errors.log" if path.is_dir() else Path(tempfile.gettempdir()) / "kinv-errors.log"
+    try:
+        with open(path, "a") as fh:
+            fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} kinv {' '.join(sys.argv[1:])}\n")
+            fh.write("".join(traceback.format_exception(e)))
+    except OSError:
+        return "(the log could not be written; set KINV_DEBUG=1 to see the traceback)"
+    return str(path)
 
 
 def _err(msg: str) -> None:

@@ -55,3 +55,19 @@ def test_approve_and_reject_race_one_wins_the_other_is_told(tmp_path, state_dir)
     decided = Store(state_dir).approval(aid)["status"]
     winner = "approved" if results[0][0] == 0 else "rejected"
     assert decided == winner  # the recorded decision is the winner's, not the last writer's
+
+
+def test_an_internal_failure_is_not_bad_input_one_line_and_the_traceback_in_a_log(tmp_path, state_dir):
+    import sqlite3
+
+    env = _env(tmp_path, state_dir)
+    assert _kinv(env, "run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval", "ask").returncode == 3
+    conn = sqlite3.connect(Path(state_dir) / "kinv.db")
+    conn.execute("drop table verdicts")  # damage kinv cannot explain: a bug-shaped failure
+    conn.commit()
+    conn.close()
+    r = _kinv(env, "show", "3")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "internal error" in r.stderr and "kinv-errors.log" in r.stderr
+    log = (Path(state_dir) / "kinv-errors.log").read_text()
+    assert "Traceback" in log and "no such table: verdicts" in log
