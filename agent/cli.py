@@ -512,16 +512,14 @@ def main(argv=None) -> int:
         return EXIT_BAD_INPUT if bad_input else EXIT_FAIL
 
 
-def _expected_failure(e: BaseException) -> bool:
-    """A step that failed for a reason kinv names (a broken harness, an env mismatch, a lock held, ...)."""
-    from agent.graph import InvestigationError
-    from agent.stats import HarnessBroken
-    from agent.store import StoreError
-    from agent.tools.bench import BackendError
-    from agent.tools.configs import LockedElsewhere, RevertError
+_STEP_FAILURES = {"InvestigationError", "HarnessBroken", "StoreError", "BackendError", "LockedElsewhere",
+                  "RevertError", "EnvMismatch", "LockHeld", "Unreadable", "NotFound", "OSError"}
 
-    known = (InvestigationError, HarnessBroken, StoreError, BackendError, LockedElsewhere, RevertError, OSError)
-    return isinstance(e, known) or type(e).__name__ in ("EnvMismatch", "LockHeld", "Unreadable", "NotFound")
+
+def _expected_failure(e: BaseException) -> bool:
+    """A step that failed for a reason kinv names (a broken harness, an env mismatch, a lock held, ...).
+    Matched by class name along the MRO, so a read command's error path imports nothing heavy."""
+    return any(c.__name__ in _STEP_FAILURES for c in type(e).__mro__)
 
 
 def _log_traceback(e: BaseException) -> str:

@@ -57,14 +57,19 @@ class ConfigFileLock:
     """An exclusive OS lock on a kernel's live config file, held for a whole run.
 
     The live config belongs to the checkout, not to a state dir: two terminals with two state dirs on one
-    checkout must never edit it at once.  The lock lives beside the file (``.<name>.kinv-lock``; flock, so
-    it dies with its process) and records who holds it, so a refusal names the other state dir and pid, and
-    a later run can say who last edited the file.
+    checkout must never edit it at once.  The lock is keyed by the file's real path (an flock on
+    ``$TMPDIR/kinv-locks/<name>-<hash>.lock``, so it dies with its process and adds nothing to the checkout)
+    and records who holds it, so a refusal names the other state dir and pid, and a later run can say who
+    last edited the file.
     """
 
     def __init__(self, config_path: str | os.PathLike, state_dir: str | os.PathLike):
+        import tempfile
+
         self.config = Path(config_path)
-        self.path = self.config.with_name(f".{self.config.stem}.kinv-lock")
+        key = hashlib.sha256(str(self.config.resolve()).encode()).hexdigest()[:16]
+        # one lock per config file on this machine, outside the checkout (nothing new appears beside the file)
+        self.path = Path(tempfile.gettempdir()) / "kinv-locks" / f"{self.config.stem}-{key}.lock"
         self.state_dir = str(Path(state_dir).resolve())
         self._fh = None
 
