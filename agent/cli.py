@@ -124,7 +124,7 @@ def _decide(approval_id: str, status: str, reason: str, state_dir) -> None:
         pend = ", ".join(a["id"] for a in store.approvals(status="pending")) or "none"
         raise Exit(EXIT_BAD_INPUT, f"unknown approval {approval_id!r}; pending: {pend}")
     if row["status"] != "pending":
-        raise Exit(EXIT_BAD_INPUT, f"approval {approval_id} is already {row['status']}")
+        raise Exit(EXIT_BAD_INPUT, f"approval {approval_id} is already {row['status']}; a decision is final")
     if not store.decide_approval(approval_id, status, reason):
         now = store.approval(approval_id) or {}
         raise Exit(EXIT_BAD_INPUT, f"approval {approval_id} was already {now.get('status')} (decided first elsewhere); "
