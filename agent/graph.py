@@ -157,13 +157,20 @@ def _thresholds(ctx: Context) -> dict[str, float]:
     return {lv.key: ctx.plan.stats.threshold_at(lv.label) for lv in ctx.levels()}
 
 
-def _look_conf(ctx: Context) -> float:
+def sequential_plan(plan: Plan):
+    """The plan's statistics settings as the sequential A/B runs them."""
     from agent import stats
 
-    s = ctx.plan.stats
-    seq = stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds,
-                               conf=s.conf)  # fmt: skip
-    return stats.look_confidence(seq, len(ctx.levels()), len(ctx.plan.variants))
+    s = plan.stats
+    return stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds,
+                                conf=s.conf)  # fmt: skip
+
+
+def look_conf(plan: Plan) -> float:
+    """Per-look confidence of the plan's intervals (Bonferroni over looks, levels and variants)."""
+    from agent import stats
+
+    return stats.look_confidence(sequential_plan(plan), len(plan.levels()), len(plan.variants))
 
 
 def _edit_sha(cfg: dict, src: tuple | None) -> str:
@@ -260,7 +267,7 @@ def make_nodes(ctx: Context):
                                   s.aa_arms, on_round=lambda r: ctx.say("round", phase="noise", round=r + 1,
                                                                          total=s.aa_rounds))  # fmt: skip
         thresholds = _thresholds(ctx)
-        look = _look_conf(ctx)
+        look = look_conf(plan)
         bands = [stats.aa_noise(acc[lv.key], lv.key, thresholds[lv.key], s.max_rounds, look) for lv in levels]
         store.add_noise(exp, ws, [b.__dict__ for b in bands])
         gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
@@ -398,7 +405,6 @@ def make_nodes(ctx: Context):
         return Command(goto="measure", update={"decision": f"{vid} correct"})
 
     def measure(state: State) -> dict:
-        from agent import stats
 
         vid, exp = state["current"], state["exp_id"]
         variant = plan.variant(vid)
@@ -409,8 +415,7 @@ def make_nodes(ctx: Context):
         levels = ctx.levels()
         t0 = time.time()
         s = plan.stats
-        seq = stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds,
-                                   conf=s.conf)  # fmt: skip
+        seq = sequential_plan(plan)
         try:
             seq_res, gpu_s = bench.run_ab(
                 store, exp, ctx.backend, plan.kernel, _baseline_config(ctx), live, plan.environment, levels,

@@ -278,10 +278,10 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     store = Store(state_dir)
     exp = store.new_experiment(kind="noise", variant="A/A", backend=be.name)
     acc, gpu_s = bench.run_aa(store, exp, be, plan.kernel, cfg, dict(plan.environment), lvls, rounds, arms_n)
+    from agent.graph import look_conf
+
     s = plan.stats
-    seq = stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds,
-                               conf=s.conf)  # fmt: skip
-    look = stats.look_confidence(seq, len(lvls), len(plan.variants))
+    look = look_conf(plan)
     bands = [stats.aa_noise(acc[lv.key], lv.key, s.threshold_at(lv.label), s.max_rounds, look) for lv in lvls]
     store.add_noise(exp, None, [b.__dict__ for b in bands])
     store.update_experiment(exp, status="done", rounds=rounds, gpu_s=gpu_s)

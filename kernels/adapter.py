@@ -91,6 +91,18 @@ class Resources:
         return asdict(self)
 
 
+def check_level_values(values: list[int], what: str, high: int) -> list[int]:
+    """A workload's swept values: 1 to 16 distinct integers from 1 to ``high``, returned sorted (for an
+    adapter's workload model; the error names ``what``)."""
+    if not values or len(values) > 16:
+        raise ValueError(f"give 1 to 16 {what}")
+    if any(v < 1 or v > high for v in values):
+        raise ValueError(f"each of the {what} must be from 1 to {high}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{what} must be distinct")
+    return sorted(values)
+
+
 class KernelAdapter(ABC):
     """Everything kinv needs from a kernel; one subclass per kernel.  Nothing outside an adapter names a
     tunable or a level dimension: callers use the members below and nothing else.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 
-from kernels.adapter import KernelAdapter, Level, Resources
+from kernels.adapter import KernelAdapter, Level, Resources, check_level_values
 from kernels.devices import DeviceSpec, occupancy
 from kernels.launch_config import Params, Tunable, TunableSpec
 
@@ -113,13 +113,7 @@ def _workload_model():
         @field_validator("levels")
         @classmethod
         def _levels(cls, v):
-            if not v or len(v) > 16:
-                raise ValueError("give 1 to 16 batch sizes")
-            if any(b < 1 or b > 4096 for b in v):
-                raise ValueError("each batch size must be from 1 to 4096")
-            if len(set(v)) != len(v):
-                raise ValueError("batch sizes must be distinct")
-            return sorted(v)
+            return check_level_values(v, "batch sizes", 4096)
 
     return MLAWorkload
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from kernels.adapter import KernelAdapter, Level, Resources
+from kernels.adapter import KernelAdapter, Level, Resources, check_level_values
 from kernels.devices import DeviceSpec, occupancy
 from kernels.launch_config import Params, Restriction, Tunable, TunableSpec
 
@@ -56,13 +56,7 @@ def _workload_model():
         @field_validator("levels")
         @classmethod
         def _levels(cls, v):
-            if not v or len(v) > 16:
-                raise ValueError("give 1 to 16 token counts")
-            if any(t < 1 or t > 65536 for t in v):
-                raise ValueError("each token count must be from 1 to 65536")
-            if len(set(v)) != len(v):
-                raise ValueError("token counts must be distinct")
-            return sorted(v)
+            return check_level_values(v, "token counts", 65536)
 
         @model_validator(mode="after")
         def _routes(self):

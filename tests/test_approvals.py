@@ -4,29 +4,24 @@ changed after approval is refused; a recorded decision is never overwritten by a
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.utils import replay_env, run_kinv
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def env(tmp_path, state_dir):
-    cfg_dir = tmp_path / "configs"
-    cfg_dir.mkdir()
-    shutil.copy(ROOT / "kernels" / "configs" / "mla_decode.json", cfg_dir)
-    return dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1",
-                KINV_FORCE_NO_GPU="1", PYTHONPATH=str(ROOT))  # fmt: skip
+    return replay_env(tmp_path, state_dir)
 
 
 def kinv(env, *args):
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    return run_kinv(env, *args)
 
 
 def test_a_source_patch_approval_shows_its_diff_title_and_rationale(env):

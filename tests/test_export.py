@@ -6,25 +6,18 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.utils import replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_export_csv_and_compare_agree_with_the_close_out(tmp_path, state_dir):
-    cfg_dir = tmp_path / "configs"
-    cfg_dir.mkdir()
-    shutil.copy(ROOT / "kernels" / "configs" / "mla_decode.json", cfg_dir)
-    env = dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1",
-               KINV_FORCE_NO_GPU="1", PYTHONPATH=str(ROOT))  # fmt: skip
+    env = replay_env(tmp_path, state_dir)
 
     def kinv(*args):
-        return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
+        return run_kinv(env, *args)
 
     assert kinv("run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval", "auto").returncode == 0
     out = kinv("export", "3a", "--csv")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.utils import replay_env, run_kinv
 
 pytestmark = pytest.mark.slow  # the slow lane: kills, races, fuzzing, drills (python -m pytest -m slow)
 
@@ -22,16 +23,11 @@ PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
 
 @pytest.fixture
 def env(tmp_path, state_dir):
-    cfg_dir = tmp_path / "configs"
-    cfg_dir.mkdir()
-    shutil.copy(ROOT / "kernels" / "configs" / "mla_decode.json", cfg_dir)
-    return dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1",
-                KINV_FORCE_NO_GPU="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")  # fmt: skip
+    return replay_env(tmp_path, state_dir, PYTHONUNBUFFERED="1")
 
 
 def _kinv(env, *args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return run_kinv(env, *args, timeout=timeout)
 
 
 def _run_until_patched(env) -> subprocess.Popen:

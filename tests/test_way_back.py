@@ -3,26 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.utils import replay_env, run_kinv
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env(tmp_path, state):
-    cfg_dir = tmp_path / "configs"
-    cfg_dir.mkdir(exist_ok=True)
-    shutil.copy(ROOT / "kernels" / "configs" / "mla_decode.json", cfg_dir)
-    return dict(os.environ, KINV_STATE_DIR=str(state), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1",
-                KINV_FORCE_NO_GPU="1", PYTHONPATH=str(ROOT))  # fmt: skip
+    return replay_env(tmp_path, state)
 
 
 def _kinv(env, *args):
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    return run_kinv(env, *args)
 
 
 def test_revert_to_plan_restores_the_baseline_with_the_state_dir_gone(tmp_path, state_dir):

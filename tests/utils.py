@@ -22,3 +22,28 @@ def assert_verbose_allclose(actual, expected, atol: float, rtol: float, max_prin
             f"{int(bad.sum())} of {bad.numel()} elements differ (max abs diff {diff.max().item():.3g}, "
             f"{int(nonfinite.sum())} non-finite); first: {where}"
         )
+
+
+def replay_env(tmp_path, state_dir, **extra) -> dict:
+    """Environment for a `kinv` subprocess on replay: its own state dir and a copy of the live MLA config."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cfg_dir = Path(tmp_path) / "configs"
+    cfg_dir.mkdir(exist_ok=True)
+    shutil.copy(root / "kernels" / "configs" / "mla_decode.json", cfg_dir)
+    return dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1",
+                KINV_FORCE_NO_GPU="1", PYTHONPATH=str(root), **extra)  # fmt: skip
+
+
+def run_kinv(env: dict, *args, timeout: float = 300, cwd=None):
+    """`python -m agent.cli ARGS` in a subprocess (from the project root unless ``cwd``)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    return subprocess.run([sys.executable, "-m", "agent.cli", *map(str, args)], env=env,
+                          cwd=cwd or Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
