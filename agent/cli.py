@@ -56,7 +56,7 @@ def _console():
 
 
 def _store(state_dir, create=False):
-    from agent.store import Store
+    from kinv.agent.store import Store
 
     return Store(state_dir, create=create)
 
@@ -88,7 +88,7 @@ def run(
     Example: kinv run plans/3a-attention-occupancy.yaml --backend replay --approval auto
     Exit codes: 0 closed out, 3 paused for an approval, 2 bad input, 1 failed.
     """
-    from agent.investigation import run_plan
+    from kinv.agent.investigation import run_plan
 
     raise Exit(*run_plan(str(plan), backend, approval, state_dir, _console(), new_version=new_version))
 
@@ -105,14 +105,14 @@ def resume(
 
     Example: kinv resume 3a
     """
-    from agent.ids import norm_ws
+    from kinv.agent.ids import norm_ws
 
     store = _store(state_dir)
     row = store.workstream(norm_ws(ws))
     if row is None:
         known = ", ".join(w["id"] for w in store.workstreams()) or "none"
         raise Exit(EXIT_BAD_INPUT, f"unknown workstream {norm_ws(ws)!r}; known: {known}")
-    from agent.investigation import run_plan
+    from kinv.agent.investigation import run_plan
 
     raise Exit(*run_plan(row["plan_path"], backend, approval or row.get("approval") or "ask", state_dir, _console()))
 
@@ -180,7 +180,7 @@ def bench(
     Example: kinv bench --plan plans/4a-expert-gemm-tiles.yaml --backend cuda
     Example: kinv bench --variant num_warps=8 --backend replay
     """
-    from agent.investigation import bench_command
+    from kinv.agent.investigation import bench_command
 
     raise Exit(*bench_command(plan, config, variant, backend, samples, rounds, state_dir, as_json, _console()))
 
@@ -200,7 +200,7 @@ def noise(
 
     Example: kinv noise --backend replay --rounds 16 --workers 4
     """
-    from agent.investigation import noise_command
+    from kinv.agent.investigation import noise_command
 
     raise Exit(*noise_command(plan, rounds, backend, state_dir, as_json, _console(), arms_n=workers))
 
@@ -211,7 +211,7 @@ def kernels(as_json: bool = JsonOpt):
 
     Example: kinv kernels --json
     """
-    from agent.investigation import kernels_command
+    from kinv.agent.investigation import kernels_command
 
     raise Exit(*kernels_command(as_json, _console()))
 
@@ -224,8 +224,8 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
 
     Example: kinv env --pid 12345 --plan plans/3a-attention-occupancy.yaml
     """
-    from agent.models import load_plan
-    from agent.tools import envcheck
+    from kinv.agent.models import load_plan
+    from kinv.agent.tools import envcheck
 
     p, _ = load_plan(plan)
     if pid is None:
@@ -250,11 +250,11 @@ def revert(state_dir: str = StateOpt,
     Example: kinv revert
     Example: kinv revert --to-plan plans/3a-attention-occupancy.yaml
     """
-    from agent.tools import configs
+    from kinv.agent.tools import configs
 
     if to_plan is not None:
-        from agent.models import load_plan
-        from kernels.launch_config import config_hash, describe
+        from kinv.agent.models import load_plan
+        from kinv.kernels.launch_config import config_hash, describe
 
         plan, _ = load_plan(to_plan)
         path = plan.adapter.config_path()
@@ -298,7 +298,7 @@ def status(state_dir: str = StateOpt, as_json: bool = JsonOpt):
 
     Example: kinv status --json
     """
-    from agent import render, views
+    from kinv.agent import render, views
 
     _emit(views.status(_store(state_dir)), as_json, render.status)
 
@@ -314,7 +314,7 @@ def todos(
 
     Example: kinv todos 3a --format claude
     """
-    from agent import render, views
+    from kinv.agent import render, views
 
     store = _store(state_dir)
     items = views.todos(store, views.resolve_ws(store, ws))
@@ -331,7 +331,7 @@ def experiments(ws: str = typer.Argument(..., help="workstream id"), state_dir: 
 
     Example: kinv experiments 3a
     """
-    from agent import render, views
+    from kinv.agent import render, views
 
     store = _store(state_dir)
     _emit(views.experiments(store, views.resolve_ws(store, ws)), as_json, render.experiments)
@@ -344,7 +344,7 @@ def show(exp_id: int = typer.Argument(..., help="experiment id (kinv experiments
 
     Example: kinv show 3
     """
-    from agent import render, views
+    from kinv.agent import render, views
 
     _emit(views.show(_store(state_dir), exp_id), as_json, render.show)
 
@@ -358,7 +358,7 @@ def export(ws: str = typer.Argument(..., help="workstream id"), csv: bool = type
     """
     import json
 
-    from agent import views
+    from kinv.agent import views
 
     rows = [r.model_dump() for r in views.export(_store(state_dir), ws)]
     if not csv:
@@ -380,7 +380,7 @@ def compare(exp_a: int = typer.Argument(..., help="experiment id"), exp_b: int =
     """
     import json
 
-    from agent import views
+    from kinv.agent import views
 
     rows = views.compare(_store(state_dir), exp_a, exp_b)
     if as_json:
@@ -412,7 +412,7 @@ def pending(state_dir: str = StateOpt, as_json: bool = JsonOpt):
 
     Example: kinv pending
     """
-    from agent import render, views
+    from kinv.agent import render, views
 
     _emit(views.pending(_store(state_dir)), as_json, render.pending)
 
@@ -423,7 +423,7 @@ def history(ws: str = typer.Argument(..., help="workstream id"), state_dir: str 
 
     Example: kinv history 3a
     """
-    from agent import render, views
+    from kinv.agent import render, views
 
     store = _store(state_dir)
     _emit(views.history(store, views.resolve_ws(store, ws)), as_json, render.history)
@@ -435,7 +435,7 @@ def backups(state_dir: str = StateOpt, as_json: bool = JsonOpt):
 
     Example: kinv backups
     """
-    from agent import render, views
+    from kinv.agent import render, views
 
     _emit(views.backups(_store(state_dir)), as_json, render.backups)
 
@@ -447,7 +447,7 @@ def report(ws: str = typer.Argument(..., help="workstream id"), out: Path = type
 
     Example: kinv report 3a --out closeout-3a.md
     """
-    from agent import views
+    from kinv.agent import views
 
     store = _store(state_dir)
     wsid = views.resolve_ws(store, ws)
@@ -497,7 +497,7 @@ def main(argv=None) -> int:
         if isinstance(e, click.exceptions.Abort | typer.Abort):
             _err("aborted")
             return EXIT_FAIL
-        from agent.tools.bench import NoRecording
+        from kinv.agent.tools.bench import NoRecording
 
         # kinv's bad-input errors are ValueErrors (unknown ids, kernels, devices, formats,
         # patches); a missing recording is bad input too.  Everything else is a failed step.

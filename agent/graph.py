@@ -18,13 +18,13 @@ from typing import Literal, TypedDict
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from agent import planner
-from agent.models import Plan
-from agent.store import Store
-from agent.tools import bench, configs, correctness, envcheck, resources
-from kernels.adapter import Level, get_adapter
-from kernels.devices import get_device
-from kernels.launch_config import config_hash, describe
+from kinv.agent import planner
+from kinv.agent.models import Plan
+from kinv.agent.store import Store
+from kinv.agent.tools import bench, configs, correctness, envcheck, resources
+from kinv.kernels.adapter import Level, get_adapter
+from kinv.kernels.devices import get_device
+from kinv.kernels.launch_config import config_hash, describe
 
 APPROVAL_POLICIES = ("ask", "auto-config", "auto")
 RECURSION_LIMIT = 200
@@ -159,7 +159,7 @@ def _thresholds(ctx: Context) -> dict[str, float]:
 
 def sequential_plan(plan: Plan):
     """The plan's statistics settings as the sequential A/B runs them."""
-    from agent import stats
+    from kinv.agent import stats
 
     s = plan.stats
     return stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds,
@@ -168,7 +168,7 @@ def sequential_plan(plan: Plan):
 
 def look_conf(plan: Plan) -> float:
     """Per-look confidence of the plan's intervals (Bonferroni over looks, levels and variants)."""
-    from agent import stats
+    from kinv.agent import stats
 
     return stats.look_confidence(sequential_plan(plan), len(plan.levels()), len(plan.variants))
 
@@ -177,7 +177,7 @@ def _edit_sha(cfg: dict, src: tuple | None) -> str:
     """Hash of exactly what a variant changes: its config and its source diff (what an approval pins)."""
     import hashlib
 
-    from kernels.launch_config import canonical_json
+    from kinv.kernels.launch_config import canonical_json
 
     return hashlib.sha256((canonical_json(cfg) + "\n" + (src[1] if src else "")).encode()).hexdigest()[:12]
 
@@ -255,7 +255,7 @@ def make_nodes(ctx: Context):
         return {"decision": "baseline verified"}
 
     def noise(state: State) -> dict:
-        from agent import stats
+        from kinv.agent import stats
 
         planner.start(store, ws, "noise")
         exp = state.get("noise_exp") or _experiment(ctx, "noise", "A/A", "noise", _baseline_config(ctx))
@@ -480,7 +480,7 @@ def make_nodes(ctx: Context):
         return {"decision": f"{vid} closed: {res['verdict']}"}
 
     def closeout(state: State) -> dict:
-        from agent import report
+        from kinv.agent import report
 
         planner.start(store, ws, "closeout")
         _revert_all(ctx)
@@ -525,18 +525,21 @@ def _failure_kind(result: dict) -> tuple[str, str]:
 
 
 def _snapshot(ctx: Context) -> Path:
-    """A copy of the baseline kernel package (sources only) under the state dir; the baseline arm
-    imports it while a variant's source patch is on disk."""
+    """A copy of the baseline kernel package (sources and configs) under the state dir, laid out under its
+    dotted name (``snapshots/<kernel hash>/kinv/kernels``); the baseline arm puts it first on PYTHONPATH
+    while a variant's source patch is on disk, and its worker proves that it imported the copy (the kernel
+    hash it reports must be the snapshot's name)."""
     import shutil
 
     src = ctx.adapter.package_dir()
     dest = ctx.store.dir / "snapshots" / bench.kernel_hash(ctx.plan.kernel)
-    if not (dest / src.name / "__init__.py").exists():
+    pkg = Path(*ctx.adapter.package_name().split("."))
+    if not (dest / pkg / "__init__.py").exists():
         tmp = dest.with_name(dest.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp / src.name, ignore=shutil.ignore_patterns("recordings", "__pycache__", "*.json"))
+        shutil.copytree(src, tmp / pkg, ignore=shutil.ignore_patterns("recordings", "__pycache__", "*.json"))
         if (src / "configs").is_dir():
-            shutil.copytree(src / "configs", tmp / src.name / "configs", dirs_exist_ok=True)
+            shutil.copytree(src / "configs", tmp / pkg / "configs", dirs_exist_ok=True)
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
     return dest

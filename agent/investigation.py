@@ -10,9 +10,9 @@ import re
 import time
 from pathlib import Path
 
-from agent.graph import APPROVAL_POLICIES, Context, InvestigationError, build_graph, open_checkpointer, run_config
-from agent.models import load_plan
-from agent.store import Store
+from kinv.agent.graph import APPROVAL_POLICIES, Context, InvestigationError, build_graph, open_checkpointer, run_config
+from kinv.agent.models import load_plan
+from kinv.agent.store import Store
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_PAUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -57,8 +57,8 @@ def _progress(console):
 def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, new_version: bool = False) -> tuple[int, str]:
     from langgraph.types import Command
 
-    from agent import stats
-    from agent.tools import bench, configs, envcheck
+    from kinv.agent import stats
+    from kinv.agent.tools import bench, configs, envcheck
 
     if approval not in APPROVAL_POLICIES:
         return EXIT_BAD_INPUT, f"--approval {approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}"
@@ -163,7 +163,7 @@ def _paused(store: Store, aid: str, console) -> tuple[int, str]:
     appr = store.approval(aid) or {}
     console.print(f"[bold yellow]paused[/bold yellow]: approval {aid} for {appr.get('variant')} is pending")
     console.print(appr.get("diff") or "")
-    from agent.render import predicted_resources
+    from kinv.agent.render import predicted_resources
 
     predicted_resources(console, json.loads(appr.get("resources") or "{}"))
     ws = (appr.get("workstream") or "").lstrip("#")
@@ -173,8 +173,8 @@ def _paused(store: Store, aid: str, console) -> tuple[int, str]:
 # --------------------------------------------------------------------------- #
 def _plan_and_backend(plan_path, backend, as_json: bool = False):
     """The plan and the backend (its banner: :func:`_banner`, once the caller's inputs are valid)."""
-    from agent.models import load_plan
-    from agent.tools import bench
+    from kinv.agent.models import load_plan
+    from kinv.agent.tools import bench
 
     if backend not in bench.BACKENDS:  # bad input (exit 2); get_backend's BackendError would be a failed step
         raise ValueError(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
@@ -197,9 +197,9 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
     import json
     import math
 
-    from agent import stats
-    from agent.tools import bench
-    from kernels.launch_config import ConfigError, brief_repr, describe, load_config
+    from kinv.agent import stats
+    from kinv.agent.tools import bench
+    from kinv.kernels.launch_config import ConfigError, brief_repr, describe, load_config
 
     plan, be = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter
@@ -266,9 +266,9 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     thresholds."""
     import json
 
-    from agent import stats
-    from agent.tools import bench
-    from kernels.launch_config import load_config
+    from kinv.agent import stats
+    from kinv.agent.tools import bench
+    from kinv.kernels.launch_config import load_config
 
     plan, be = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter
@@ -278,7 +278,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     store = Store(state_dir)
     exp = store.new_experiment(kind="noise", variant="A/A", backend=be.name)
     acc, gpu_s = bench.run_aa(store, exp, be, plan.kernel, cfg, dict(plan.environment), lvls, rounds, arms_n)
-    from agent.graph import look_conf
+    from kinv.agent.graph import look_conf
 
     s = plan.stats
     look = look_conf(plan)
@@ -308,7 +308,7 @@ def kernels_command(as_json: bool, console) -> tuple[int, str]:
     """``kinv kernels``: every registered kernel, its tunables and level dimensions."""
     import json
 
-    from kernels.adapter import UnknownKernelError, get_adapter, registered
+    from kinv.kernels.adapter import UnknownKernelError, get_adapter, registered
 
     rows = []
     for name, ref in sorted(registered().items()):

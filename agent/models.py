@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from agent.ids import norm_ws
-from kernels.launch_config import ConfigError, brief_repr, one_line
+from kinv.agent.ids import norm_ws
+from kinv.kernels.launch_config import ConfigError, brief_repr, one_line
 
 WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")
 ITEM_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
@@ -136,11 +136,16 @@ class Plan(Strict):
     stats: StatsSettings = Field(default_factory=StatsSettings, description="noise and decision settings")
     budget: Budget = Field(default_factory=Budget, description="GPU and wall-time budget")
     backlog: list[BacklogItem] = Field(default_factory=list, description="next candidates with their rationale")
+    expect: Literal["improvement", "no_change"] = Field(
+        "improvement", description="what the hypothesis predicts: 'improvement' (a variant beats the baseline) or "
+        "'no_change' (a null drill: every variant is equivalent, at expect_levels or at every level)")
+    expect_levels: list[str] = Field(default_factory=list, description="with expect: no_change, the level labels "
+                                     "where no change is predicted (default: every level)")
 
     @field_validator("kernel")
     @classmethod
     def _kernel(cls, v):
-        from kernels.adapter import get_adapter
+        from kinv.kernels.adapter import get_adapter
 
         get_adapter(v)  # UnknownKernelError (a ValueError) names the valid kernels
         return v
@@ -148,7 +153,7 @@ class Plan(Strict):
     @field_validator("device")
     @classmethod
     def _device(cls, v):
-        from kernels.devices import get_device
+        from kinv.kernels.devices import get_device
 
         get_device(v)
         return v
@@ -214,6 +219,12 @@ class Plan(Strict):
         if unknown:
             raise ValueError(f"stats.level_thresholds: {brief_repr(unknown[0])} is not a level of this workload; "
                              f"its levels: {', '.join(labels)}")  # fmt: skip
+        bad = [x for x in self.expect_levels if x not in labels]
+        if bad:
+            raise ValueError(f"expect_levels: {brief_repr(bad[0])} is not a level of this workload; its levels: "
+                             f"{', '.join(labels)}")  # fmt: skip
+        if self.expect_levels and self.expect != "no_change":
+            raise ValueError("expect_levels needs expect: no_change (the levels where a null drill predicts no change)")
         return self
 
     # ---- derived ------------------------------------------------------------------
@@ -223,7 +234,7 @@ class Plan(Strict):
 
     @property
     def adapter(self):
-        from kernels.adapter import get_adapter
+        from kinv.kernels.adapter import get_adapter
 
         return get_adapter(self.kernel)
 

@@ -20,8 +20,8 @@ Rules
 
 from __future__ import annotations
 
-from agent.models import Plan, Variant
-from agent.store import Store
+from kinv.agent.models import Plan, Variant
+from kinv.agent.store import Store
 
 STATUSES = ("pending", "in_progress", "completed", "cancelled")
 

@@ -7,9 +7,9 @@ import json
 import time
 from pathlib import Path
 
-from agent import planner
-from agent.store import Store
-from kernels.launch_config import describe
+from kinv.agent import planner
+from kinv.agent.store import Store
+from kinv.kernels.launch_config import describe
 
 
 def _ordered(rows: list[dict], levels) -> list[tuple]:
@@ -145,6 +145,39 @@ def _reason(verdict: str | None, reason: str | None) -> str:
     return text
 
 
+def _hypothesis_outcome(plan, results: dict, levels) -> str:
+    """One line: does the measured evidence support the plan's hypothesis?  For ``expect: improvement``,
+    a confirmed win supports it, and it is refuted only when every variant was measured and none won;
+    for ``expect: no_change`` (a null drill), it holds when every predicted level came out equivalent."""
+    measured = {v: r for v, r in results.items() if r.get("levels")}
+    unmeasured = sorted(set(results) - set(measured))
+    gap = f" ({', '.join(unmeasured)} never measured)" if unmeasured else ""
+    if not measured:
+        return "- Nothing was measured: the hypothesis is untested."
+    if plan.expect == "no_change":
+        label = {lv.key: lv.label for lv in levels}
+        where = set(plan.expect_levels) or set(label.values())
+        off = [f"{v} {label.get(k, k)} {verdict}" for v, r in measured.items() for k, verdict in r["levels"].items()
+               if label.get(k, k) in where and verdict != "equivalent"]  # fmt: skip
+        scope = ", ".join(lv for lv in label.values() if lv in where)
+        if not off:
+            return f"- The null holds: equivalent at {scope} for every measured variant{gap}."
+        if any(not x.endswith("undecided") for x in off):
+            return (f"- The null drill FAILED: {', '.join(off)} where no change was predicted: the measurement "
+                    "told a config from itself; do not trust other verdicts from this set-up.")  # fmt: skip
+        return f"- The null is not confirmed: {', '.join(off)} (not enough rounds to show equivalence){gap}."
+    accepted = [v for v, r in measured.items() if r["verdict"] == "accept"]
+    if accepted:
+        return (f"- Accepted: {', '.join(accepted)}. The baseline is restored on disk; adopting a variant is a "
+                "separate, reviewed change.")  # fmt: skip
+    undecided = [v for v, r in measured.items() if any(x == "undecided" for x in r["levels"].values())]
+    if unmeasured or undecided:
+        return (f"- No variant beat the baseline: {describe(plan.baseline)} stays. The hypothesis is not supported "
+                f"but not refuted either{gap}{'; undecided levels in ' + ', '.join(undecided) if undecided else ''}.")
+    return (f"- No variant beat the baseline: {describe(plan.baseline)} stays. The hypothesis is refuted for "
+            "this kernel shape.")
+
+
 def _predicted_table(pred: dict, label: dict | None = None) -> list[str]:
     """The predicted resource change per level, as a table (shared memory, CTAs and warps per SM, limiter)."""
     rows = [(lv, p) for lv, p in pred.items() if isinstance(p, dict)]
@@ -194,14 +227,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
         else:
             todo = store.todo(planner.todo_id(ws, v.id)) or {}
             out.append(f"- **{v.id}** ({v.title}): {todo.get('status', 'not run')} — {todo.get('reason', '')}")
-    accepted = [v for v, r in results.items() if r["verdict"] == "accept"]
-    if accepted:
-        out.append(f"- Accepted: {', '.join(accepted)}. The baseline is restored on disk; adopting a variant is a "
-                   "separate, reviewed change.")  # fmt: skip
-    else:
-        out.append(f"- No variant beat the baseline: {describe(plan.baseline)} stays. The hypothesis is "
-                   "refuted for this kernel shape." if results else "- Nothing was measured.")  # fmt: skip
-    out.append("")
+    out += [_hypothesis_outcome(plan, results, ctx.levels()), ""]
 
     # ---- backend -------------------------------------------------------------------
     be = ctx.backend
@@ -273,7 +299,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
         out += ["## Not run", ""] + [f"- {t['id']}: {t['reason']}" for t in cancelled] + [""]
 
     # ---- state restored -----------------------------------------------------------
-    from agent.tools import configs
+    from kinv.agent.tools import configs
 
     now_sha = configs.sha(ctx.config_path)
     backups = [b for b in store.backups() if b["workstream"] == ws]
@@ -285,7 +311,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
 
     # ---- recommendation -----------------------------------------------------------
     adapter = ctx.adapter
-    from kernels.devices import get_device
+    from kinv.kernels.devices import get_device
 
     roof = roofline(store, ws, adapter, levels, be.copy_bandwidth(), get_device(plan.device).matrix_tflops)
     if roof["levels"]:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent import faults
+from kinv.agent import faults
 
 if TYPE_CHECKING:
     import sqlite_utils

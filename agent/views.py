@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.ids import norm_ws
-from agent.store import Store
+from kinv.agent.ids import norm_ws
+from kinv.agent.store import Store
 
 
 class NotFound(ValueError):

@@ -115,7 +115,7 @@ class Investigation:
         self.runs = 0
 
     def kinv(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=self.env, cwd=self.code,
+        return subprocess.run([sys.executable, "-m", "kinv.agent.cli", *args], env=self.env, cwd=self.code,
                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
 
     def start(self, crash_at: int | None = None, stop_at: str | None = None) -> tuple[subprocess.Popen, Path, Path]:
@@ -129,7 +129,7 @@ class Investigation:
         if stop_at:
             env["KINV_STOP_AT"] = stop_at
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(self.plan), "--backend", "replay",
+            proc = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "run", str(self.plan), "--backend", "replay",
                                      "--approval", "auto"], env=env, cwd=self.code, stdout=out,
                                     stderr=subprocess.STDOUT)  # fmt: skip
         return proc, points, log

@@ -1,16 +1,31 @@
 #!/usr/bin/env bash
 # Everything kinv measures live on the H200, in one call (figures in benchmarks/RESULTS.md).
-# Needs the wheels of pydantic, sqlite-utils, langgraph and their needs (carried in .whl/) on the GPU image.
-# RECORD=1 also re-records the replay samples (benchmarks/record.py); PLACEMENT=1 re-runs the 6-worker test.
+# Runs from a source checkout with nothing installed (kinv/__init__.py maps kinv.agent and kinv.kernels onto
+# agent/ and kernels/). Needs the wheels of pydantic, sqlite-utils, langgraph and their needs (carried in .whl/).
+#   RECORD="mla moe"  re-records the replay samples of those kernels into $OUT (benchmarks/record.py)
+#   PLACEMENT=1  re-runs the 6-worker placement test
+#   PLANS="..."  the plans run live (default: 3a, 3c, 6a, 6b)
 set -x
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kinv-out}; mkdir -p "$OUT"
 ST=/tmp/kinv-state; rm -rf "$ST"
 [ -n "$PLACEMENT" ] && python3 benchmarks/placement_offset.py --workers 6 --rounds 12 --out "$OUT/placement_h200.json"
-[ -n "$RECORD" ] && python3 benchmarks/record.py --rounds 32 --aa-rounds 16 --aa-arms 4 --out "$OUT/mla_decode-v4flash.jsonl.gz" 2>&1 | tail -2
-for plan in 3a-attention-occupancy 3c-null-batch-aware 6a-fault-drill; do
-  /usr/bin/time -f "wall %e s" python3 -m agent.cli run plans/$plan.yaml --backend cuda --approval auto --state-dir "$ST" 2>&1 | grep -v "\] round" | tail -16
+if [[ " $RECORD " == *" mla "* ]]; then
+  python3 benchmarks/record.py --plan plans/3a-attention-occupancy.yaml --plan plans/3b-tile-shape.yaml \
+    --plan plans/3c-null-batch-aware.yaml --rounds 32 --aa-rounds 16 --aa-arms 4 \
+    --out "$OUT/mla_decode-v4flash.jsonl.gz" 2>&1 | tail -2
+fi
+if [[ " $RECORD " == *" moe "* ]]; then
+  # the expert GEMM's weights are 9.4 GB per worker: A/A and A/B in two passes (at most 6 workers resident)
+  python3 benchmarks/record.py --plan plans/4a-expert-gemm-tiles.yaml --rounds 0 --aa-rounds 16 --aa-arms 4 \
+    --out "$OUT/moe_expert_gemm-aa.jsonl.gz" 2>&1 | tail -2
+  python3 benchmarks/record.py --plan plans/4a-expert-gemm-tiles.yaml --rounds 24 --aa-rounds 16 --aa-arms 0 \
+    --out "$OUT/moe_expert_gemm-ab.jsonl.gz" 2>&1 | tail -2
+fi
+for plan in ${PLANS:-3a-attention-occupancy 3c-null-batch-aware 6a-fault-drill 6b-source-null}; do
+  /usr/bin/time -f "wall %e s" python3 -m kinv.agent.cli run plans/$plan.yaml --backend cuda --approval auto \
+    --state-dir "$ST" 2>&1 | grep -v "\] round" | tail -16
 done
-python3 -m agent.cli experiments 3a --state-dir "$ST"; python3 -m agent.cli experiments 3c --state-dir "$ST"
+for ws in 3a 3c 6a 6b; do python3 -m kinv.agent.cli experiments $ws --state-dir "$ST" 2>/dev/null; done
 cp "$ST"/reports/* "$OUT"/ 2>/dev/null; cp "$ST/kinv.db" "$OUT/kinv-h200.db"
 git status --short kernels plans

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.tools.worker_client import WorkerError, WorkerProcess  # noqa: E402
+from kinv.agent.tools.worker_client import WorkerError, WorkerProcess  # noqa: E402
 
 BATCHES = (1, 8, 32, 64, 96)
 CONTEXTS = (4096, 16384)

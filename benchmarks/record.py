@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.tools.worker_client import WorkerProcess  # noqa: E402
-from kernels.launch_config import config_hash, describe  # noqa: E402
+from kinv.agent.tools.worker_client import WorkerProcess  # noqa: E402
+from kinv.kernels.launch_config import config_hash, describe  # noqa: E402
 
 SEED0 = 1000  # round r of every arm draws its inputs from SEED0 + r (agent/tools/bench.py ROUND_SEED0)
 
@@ -38,7 +38,7 @@ SEED0 = 1000  # round r of every arm draws its inputs from SEED0 + r (agent/tool
 def from_plans(paths: list[str]):
     """(kernel ref, adapter, baseline, {variant title: config}, levels, env) from one or more plans of one
     kernel and baseline (every config-only variant; source patches are measured live, never replayed)."""
-    from agent.models import load_plan
+    from kinv.agent.models import load_plan
 
     plans = [load_plan(p)[0] for p in paths]
     first = plans[0]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.devices import detect  # noqa: E402
-from kernels.mla_decode_adapter import MLADecodeAdapter, mla_params  # noqa: E402
+from kinv.kernels.devices import detect  # noqa: E402
+from kinv.kernels.mla_decode_adapter import MLADecodeAdapter, mla_params  # noqa: E402
 
 
 def main() -> int:

@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent import stats  # noqa: E402
+from kinv.agent import stats  # noqa: E402
 
 LEVELS = ("b1", "b8", "b32", "b64", "b96")
 EFFECTS = (0.0, 0.005, -0.005, 0.01, -0.01, 0.015, -0.015, 0.02, -0.02, 0.05, -0.05)
@@ -48,7 +48,7 @@ AA_ARMS, AA_ROUNDS, N_VARIANTS, THRESHOLD = 4, 16, 3, 0.01
 
 def recorded_residuals(directory: Path | None = None) -> dict[str, np.ndarray]:
     """Per level (b1..b96): residuals of the recorded A/A arms' log times after arm and round means."""
-    from agent.tools.bench import RECORDINGS, Recording
+    from kinv.agent.tools.bench import RECORDINGS, Recording
 
     directory = directory or RECORDINGS / "h200"
     rec = Recording(sorted(directory.rglob("*.jsonl.gz")), "mla_decode")

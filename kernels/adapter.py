@@ -21,14 +21,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kernels.devices import DeviceSpec
-from kernels.launch_config import ConfigError, Params, TunableSpec, brief_repr, one_line
+from kinv.kernels.devices import DeviceSpec
+from kinv.kernels.launch_config import ConfigError, Params, TunableSpec, brief_repr, one_line
 
 KERNELS_DIR = Path(__file__).resolve().parent
 ENTRY_POINT_GROUP = "kinv.kernels"
 BUILTIN: dict[str, str] = {
-    "mla_decode": "kernels.mla_decode_adapter:MLADecodeAdapter",
-    "moe_expert_gemm": "kernels.moe_expert_gemm_adapter:MoEExpertGemmAdapter",
+    "mla_decode": "kinv.kernels.mla_decode_adapter:MLADecodeAdapter",
+    "moe_expert_gemm": "kinv.kernels.moe_expert_gemm_adapter:MoEExpertGemmAdapter",
 }
 REF = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -127,15 +127,18 @@ class KernelAdapter(ABC):
 
     # ---- where things live -----------------------------------------------------------
     def root(self) -> Path:
-        """The directory that holds the adapter's top-level package (kernel files and source patches are
-        relative to it; the baseline snapshot copies that package)."""
-        module = type(self).__module__
-        path = Path(inspect.getfile(type(self))).resolve()
-        return path.parents[len(module.split("."))  - 1]
+        """The directory that holds the adapter's package: kernel files and source patches are relative to
+        it (``kernels/mla_decode.py`` for kinv's own kernels, ``mypkg/kernel.py`` for a plugin ``mypkg``)."""
+        return self.package_dir().parent
 
     def package_dir(self) -> Path:
-        """The adapter's top-level package directory (what a baseline snapshot copies)."""
-        return self.root() / type(self).__module__.split(".")[0]
+        """The adapter's own package directory: a baseline snapshot copies it, and the baseline arm imports
+        the copy under the same dotted name (``<snapshot>/kinv/kernels``, ``<snapshot>/mypkg``)."""
+        return Path(inspect.getfile(type(self))).resolve().parent
+
+    def package_name(self) -> str:
+        """The dotted name of the adapter's package (``kinv.kernels``, ``mypkg``)."""
+        return type(self).__module__.rpartition(".")[0] or type(self).__module__
 
     def config_path(self) -> Path:
         """The live config file: ``configs/<name>.json`` beside the adapter's module; KINV_CONFIG_DIR
@@ -155,7 +158,7 @@ class KernelAdapter(ABC):
         return self.spec.validate(data, self.name)
 
     def load_config(self, path: Path | None = None) -> dict:
-        from kernels.launch_config import load_config
+        from kinv.kernels.launch_config import load_config
 
         return load_config(path or self.config_path(), self.name)
 

@@ -256,7 +256,7 @@ class TunableSpec:
 # helpers that find the spec through the config's kernel
 # --------------------------------------------------------------------------- #
 def spec_of(kernel: str) -> TunableSpec:
-    from kernels.adapter import get_adapter
+    from kinv.kernels.adapter import get_adapter
 
     return get_adapter(kernel).spec
 
@@ -267,7 +267,7 @@ def validate_config(data, kernel: str | None = None) -> dict:
     if not isinstance(name, str):
         raise ConfigError("config names no kernel: add \"kernel\": \"<name>\" (see `kinv kernels`)")
     try:
-        from kernels.adapter import get_adapter
+        from kinv.kernels.adapter import get_adapter
 
         adapter = get_adapter(name)
     except (ImportError, ValueError) as exc:

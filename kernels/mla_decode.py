@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_config import LaunchParams
+from .launch_config import LaunchParams
 
 DEFAULT_TARGET_CTAS = 512
 LOG2E = 1.4426950408889634

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import os
 
-from kernels.adapter import KernelAdapter, Level, Resources, check_level_values
-from kernels.devices import DeviceSpec, occupancy
-from kernels.launch_config import Params, Tunable, TunableSpec
+from kinv.kernels.adapter import KernelAdapter, Level, Resources, check_level_values
+from kinv.kernels.devices import DeviceSpec, occupancy
+from kinv.kernels.launch_config import Params, Tunable, TunableSpec
 
 # Model shapes: (d_qk, d_v).  K is the whole latent row, V its first d_v values.
 SHAPES: dict[str, tuple[int, int]] = {
@@ -192,7 +192,7 @@ class MLADecodeAdapter(KernelAdapter):
 
     # ---- the kernel ------------------------------------------------------------
     def launch(self, inputs: dict, params: Params, out=None, scratch=None, target_ctas=None):
-        from kernels.mla_decode import mla_decode_launch
+        from kinv.kernels.mla_decode import mla_decode_launch
 
         return mla_decode_launch(
             inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], params,
@@ -201,14 +201,14 @@ class MLADecodeAdapter(KernelAdapter):
         )  # fmt: skip
 
     def make_scratch(self, inputs: dict, params: Params, target_ctas=None) -> dict:
-        from kernels.mla_decode import mla_decode_scratch, num_kv_splits
+        from kinv.kernels.mla_decode import mla_decode_scratch, num_kv_splits
 
         b, h, _ = inputs["q"].shape
         splits = num_kv_splits(b, math.ceil(h / params.BLOCK_H), inputs["max_seq_len"], params.BLOCK_T, target_ctas)
         return mla_decode_scratch(b, h, splits, inputs["d_v"], inputs["q"].device)
 
     def reference(self, inputs: dict):
-        from kernels.mla_decode_ref import mla_decode_reference
+        from kinv.kernels.mla_decode_ref import mla_decode_reference
 
         return mla_decode_reference(
             inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], d_v=inputs["d_v"]
@@ -241,7 +241,7 @@ class MLADecodeAdapter(KernelAdapter):
 
     # ---- environment and resources ---------------------------------------------
     def derived_env(self, level: Level, params: Params, environ: dict) -> dict:
-        from kernels.mla_decode import num_kv_splits, target_ctas_from_env
+        from kinv.kernels.mla_decode import num_kv_splits, target_ctas_from_env
 
         target = target_ctas_from_env(environ)
         head_tiles = math.ceil(level.heads / params.BLOCK_H)

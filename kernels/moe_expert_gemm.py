@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_expert_gemm_ref import moe_expert_gemm_reference
+from .moe_expert_gemm_ref import moe_expert_gemm_reference
 
 __all__ = [
     "MoeAlign",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 
-from kernels.adapter import KernelAdapter, Level, Resources, check_level_values
-from kernels.devices import DeviceSpec, occupancy
-from kernels.launch_config import Params, Restriction, Tunable, TunableSpec
+from kinv.kernels.adapter import KernelAdapter, Level, Resources, check_level_values
+from kinv.kernels.devices import DeviceSpec, occupancy
+from kinv.kernels.launch_config import Params, Restriction, Tunable, TunableSpec
 
 ELT = 2  # bf16 / fp16 bytes per element, the dtypes kinv benchmarks
 
@@ -117,26 +117,26 @@ class MoEExpertGemmAdapter(KernelAdapter):
     def make_inputs(self, level: Level, seed: int, device: str = "cuda", dtype=None, vary_lengths: bool = False) -> dict:
         import torch
 
-        from kernels.moe_expert_gemm import moe_make_inputs
+        from kinv.kernels.moe_expert_gemm import moe_make_inputs
 
         dtype = dtype or torch.bfloat16
         x, w, ids = moe_make_inputs(level.tokens, level.experts, level.top_k, level.hidden, level.n, seed, device, dtype)
         return {"x": x, "w": w, "topk_ids": ids}
 
     def make_scratch(self, inputs: dict, params: Params) -> dict:
-        from kernels.moe_expert_gemm import moe_align
+        from kinv.kernels.moe_expert_gemm import moe_align
 
         # the routing metadata: computed outside the timed graph (it syncs with the host)
         return {"align": moe_align(inputs["topk_ids"], inputs["w"].shape[0], params.BLOCK_M)}
 
     def launch(self, inputs: dict, params: Params, out=None, scratch=None, **mode):
-        from kernels.moe_expert_gemm import moe_expert_gemm_launch
+        from kinv.kernels.moe_expert_gemm import moe_expert_gemm_launch
 
         align = scratch["align"] if scratch else None
         return moe_expert_gemm_launch(inputs["x"], inputs["w"], inputs["topk_ids"], params, out=out, align=align)
 
     def reference(self, inputs: dict):
-        from kernels.moe_expert_gemm_ref import moe_expert_gemm_reference
+        from kinv.kernels.moe_expert_gemm_ref import moe_expert_gemm_reference
 
         return moe_expert_gemm_reference(inputs["x"], inputs["w"], inputs["topk_ids"])
 

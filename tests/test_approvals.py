@@ -51,7 +51,7 @@ def test_a_plan_changed_after_approval_is_refused_then_runs_as_a_new_version(env
     assert (Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json").read_bytes() == before  # w16 never written
     r = kinv(env, "run", str(plan), "--backend", "replay", "--approval", "auto", "--new-version")
     assert r.returncode == 0 and "plan version 2" in r.stdout, r.stdout + r.stderr
-    from agent.store import Store
+    from kinv.agent.store import Store
 
     store = Store(env["KINV_STATE_DIR"])
     old = store.plan_versions("#3a")
@@ -67,7 +67,7 @@ def test_a_source_patch_edited_after_approval_is_refused(env, tmp_path):
         (tmp_path / "plans" / f).write_text((ROOT / "plans" / f).read_text())
     for f in (ROOT / "plans" / "patches").iterdir():
         (tmp_path / "plans" / "patches" / f.name).write_text(f.read_text())
-    run = [sys.executable, "-m", "agent.cli", "run", "plans/6a-fault-drill.yaml", "--backend", "replay",
+    run = [sys.executable, "-m", "kinv.agent.cli", "run", "plans/6a-fault-drill.yaml", "--backend", "replay",
            "--approval", "auto-config"]  # fmt: skip
     r = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 3, r.stdout + r.stderr
@@ -83,7 +83,7 @@ def test_a_source_patch_edited_after_approval_is_refused(env, tmp_path):
 
 
 def test_a_recorded_decision_is_never_overwritten(tmp_path):
-    from agent.store import Store
+    from kinv.agent.store import Store
 
     store = Store(tmp_path / "state")
     row = dict(id="3a-V1-3", workstream="#3a", todo="#3a.V1", variant="V1", kind="config", diff="d", resources={},

@@ -41,10 +41,10 @@ import yaml
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
-from agent.cli import main
-from agent.models import MAX_PLAN_BYTES, load_plan
-from kernels.adapter import get_adapter
-from kernels.launch_config import load_config
+from kinv.agent.cli import main
+from kinv.agent.models import MAX_PLAN_BYTES, load_plan
+from kinv.kernels.adapter import get_adapter
+from kinv.kernels.launch_config import load_config
 
 pytestmark = pytest.mark.slow  # the slow lane: kills, races, fuzzing, drills (python -m pytest -m slow)
 
@@ -506,9 +506,9 @@ def test_plan_removed_keys(data):
 
 ident = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True)
 BAD_KERNELS = [
-    "no.such.module:Cls", "kernels.mla_decode_adapter:NoSuch", "kernels.mla_decode_adapter:SPEC",
-    "kernels.adapter:Level", "kernels.adapter:KernelAdapter", "kernels.launch_config:TunableSpec",
-    "kernels.launch_config:brief_repr", "kernels:mla_decode", "mla_decode:", ":Cls", "kernels.mla_decode_adapter",
+    "no.such.module:Cls", "kinv.kernels.mla_decode_adapter:NoSuch", "kinv.kernels.mla_decode_adapter:SPEC",
+    "kinv.kernels.adapter:Level", "kinv.kernels.adapter:KernelAdapter", "kinv.kernels.launch_config:TunableSpec",
+    "kinv.kernels.launch_config:brief_repr", "kinv.kernels:mla_decode", "mla_decode:", ":Cls", "kinv.kernels.mla_decode_adapter",
     "MLA_DECODE", "mla-decode", "mla_decode ", "kernels/mla_decode.py", "kernels..x:C", "x:y:z", "mla decode",
     "kinv_bad_plugin_syntax:Adapter", "kinv_bad_plugin_raises:Adapter", "kinv_bad_plugin_init:Adapter",
     "kinv_bad_plugin_name:Adapter", "kinv_bad_plugin_notype:Adapter",
@@ -516,10 +516,10 @@ BAD_KERNELS = [
 PLUGINS = {  # adapters of a user's package that fail in each way a plugin can
     "kinv_bad_plugin_syntax": "def broken(:\n",
     "kinv_bad_plugin_raises": "raise RuntimeError('the plugin cannot load\\nsecond line')\n",
-    "kinv_bad_plugin_init": ("from kernels.mla_decode_adapter import MLADecodeAdapter\n\n\n"
+    "kinv_bad_plugin_init": ("from kinv.kernels.mla_decode_adapter import MLADecodeAdapter\n\n\n"
                              "class Adapter(MLADecodeAdapter):\n    def __init__(self):\n"
                              "        raise RuntimeError('no driver\\nsecond line')\n"),
-    "kinv_bad_plugin_name": ("from kernels.mla_decode_adapter import MLADecodeAdapter\n\n\n"
+    "kinv_bad_plugin_name": ("from kinv.kernels.mla_decode_adapter import MLADecodeAdapter\n\n\n"
                              "class Adapter(MLADecodeAdapter):\n    name = 'bad name!'\n"),
     "kinv_bad_plugin_notype": "Adapter = 42\n",
 }  # fmt: skip
@@ -545,7 +545,7 @@ def plugins():
 def test_plan_bad_kernel(plugins, data):
     """kernel: a registered name or package.module:Class of a KernelAdapter subclass; anything else, and a
     plugin that fails to import or to instantiate, is refused on the kernel field, naming it."""
-    from kernels.adapter import registered
+    from kinv.kernels.adapter import registered
 
     kernel = data.draw(st.one_of(
         st.sampled_from(BAD_KERNELS),
@@ -1164,3 +1164,23 @@ def test_at_least_1000_bad_inputs_all_refused_cleanly():
             print(f"  [{cat}] {m[:220]}")
     assert total >= 1000, COUNTS
     assert repo_hashes() == LIVE["repo_before"], "a bad input changed a file under kernels/"
+
+
+@settings_for(40)
+@given(data=st.data())
+def test_plan_bad_expect(data):
+    """expect is improvement or no_change; expect_levels are level labels of the workload and need no_change."""
+    plan = copy.deepcopy(BASE_PLAN)
+    kind = data.draw(st.sampled_from(["expect", "label", "without"]), label="kind")
+    if kind == "expect":
+        plan["expect"] = data.draw(st.sampled_from(["null", "equivalent", "Improvement", "", 1, None, True, ["no_change"]]),
+                                   label="expect")  # fmt: skip
+        field = "expect"
+    elif kind == "label":
+        plan["expect"] = "no_change"
+        plan["expect_levels"] = [data.draw(not_a_label, label="label")]
+        field = "expect_levels"
+    else:
+        plan["expect_levels"] = ["b1"]
+        field = "expect_levels"
+    expect_rejected("run", dump_plan(plan), f"plan: bad {field}", (field,))

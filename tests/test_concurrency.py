@@ -44,13 +44,13 @@ def env(tmp_path, state_dir):
 
 
 def kinv(env, *args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kinv.agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
 
 
 def start_run(env, tmp_path, name, **extra):
     log = open(tmp_path / f"{name}.log", "wb")  # a file, not a pipe: a stopped or busy writer never blocks on it
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(PLAN), "--backend", "replay", "--approval",
+    proc = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "run", str(PLAN), "--backend", "replay", "--approval",
                              "auto"], env={**env, **extra}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     log.close()
     return proc

@@ -35,8 +35,8 @@ CONFIG = ROOT / "kernels" / "configs" / "mla_decode.json"
 CHILD = r"""
 import json, sys
 from pathlib import Path
-from agent.store import Store
-from agent.tools import configs
+from kinv.agent.store import Store
+from kinv.agent.tools import configs
 state, target, kind = sys.argv[1:4]
 store = Store(state)
 if kind == "config":
@@ -54,8 +54,8 @@ print("DONE")
 
 RECOVER = r"""
 import json, sys
-from agent.store import Store
-from agent.tools import configs
+from kinv.agent.store import Store
+from kinv.agent.tools import configs
 
 store = Store(sys.argv[1])
 done = configs.recover(store)

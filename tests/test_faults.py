@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.graph import _integrity
+from kinv.agent.graph import _integrity
 
 pytestmark = pytest.mark.slow  # the slow lane: kills, races, fuzzing, drills (python -m pytest -m slow)
 
@@ -37,6 +37,7 @@ def drill(tmp_path, state_dir):
     root = tmp_path / "project"
     root.mkdir()
     shutil.copytree(ROOT / "kernels", root / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "kinv", root / "kinv", ignore=shutil.ignore_patterns("__pycache__"))  # kinv.kernels = the copy
     shutil.copytree(ROOT / "plans", root / "plans")
     env = dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(root / "kernels" / "configs"),
                TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1", KINV_RECORDINGS=str(ROOT / "kernels" / "recordings"),
@@ -45,7 +46,7 @@ def drill(tmp_path, state_dir):
 
 
 def kinv(root, env, *args):
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=env, cwd=root, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kinv.agent.cli", *args], env=env, cwd=root, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from agent.graph import Context, build_graph, make_nodes
-from agent.models import load_plan
-from agent.store import Store
+from kinv.agent.graph import Context, build_graph, make_nodes
+from kinv.agent.models import load_plan
+from kinv.agent.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -79,8 +79,8 @@ def matmul(a, b, p, out=None):
 '''
 
 ADAPTER = '''
-from kernels.adapter import KernelAdapter, Resources
-from kernels.launch_config import Restriction, Tunable, TunableSpec
+from kinv.kernels.adapter import KernelAdapter, Resources
+from kinv.kernels.launch_config import Restriction, Tunable, TunableSpec
 
 SPEC = TunableSpec(
     kernel="tiled_matmul",
@@ -186,9 +186,9 @@ def _recording(path: Path, env: dict) -> None:
     """A synthetic replay recording in the v2 layout (benchmarks/record.py), labelled as such."""
     code = textwrap.dedent("""
         import json, sys
-        from agent.tools import bench, bench_worker
-        from kernels.adapter import get_adapter
-        from kernels.launch_config import config_hash
+        from kinv.agent.tools import bench, bench_worker
+        from kinv.kernels.adapter import get_adapter
+        from kinv.kernels.launch_config import config_hash
         a = get_adapter("tiled_matmul")
         base = a.validate_config({"kernel": "tiled_matmul", "TILE_M": 16, "TILE_N": 16, "TILE_K": 16, "num_warps": 1})
         var = a.validate_config({**base, "TILE_N": 32})
@@ -241,12 +241,13 @@ def plugin(tmp_path_factory):
 def _env(root: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KINV_")}
     env.update(TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1", KINV_STATE_DIR=str(root / "state"),
-               KINV_RECORDINGS=str(root / "recordings"), PYTHONPATH=str(ROOT))  # fmt: skip
+               KINV_RECORDINGS=str(root / "recordings"))  # fmt: skip
+    env.pop("PYTHONPATH", None)  # the installed kinv (pip install -e .), as a user has it
     return env
 
 
 def _kinv(env, *args, cwd):
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=env, cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kinv.agent.cli", *args], env=env, cwd=cwd, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
 
 

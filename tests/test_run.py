@@ -28,7 +28,7 @@ def env(tmp_path, state_dir):
 
 
 def kinv(env, *args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kinv.agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
 
 
@@ -90,7 +90,7 @@ def test_approval_round_trip_across_processes(env):
 
 def test_killed_run_resumes_to_the_same_verdicts_and_leaves_no_patch(env):
     before = config_bytes(env)
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(PLAN), "--backend", "replay",
+    proc = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "run", str(PLAN), "--backend", "replay",
                              "--approval", "auto"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     deadline = time.time() + 120
@@ -128,7 +128,7 @@ def test_bad_plan_is_one_line_exit_2_and_writes_nothing(env, tmp_path, mutate, n
 def test_every_command_has_help_with_an_example(env):
     import typer.main
 
-    from agent.cli import app
+    from kinv.agent.cli import app
 
     group = typer.main.get_command(app)
     for name in group.list_commands(None):
@@ -137,7 +137,7 @@ def test_every_command_has_help_with_an_example(env):
 
 
 def test_read_commands_do_not_import_torch_triton_or_langgraph(env):
-    code = ("import sys; from agent.cli import main; main(['status']); "
+    code = ("import sys; from kinv.agent.cli import main; main(['status']); "
             "bad = [m for m in ('torch', 'triton', 'langgraph') if m in sys.modules]; print('HEAVY', bad)")
     r = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
     assert "HEAVY []" in r.stdout, r.stdout + r.stderr
@@ -146,3 +146,18 @@ def test_read_commands_do_not_import_torch_triton_or_langgraph(env):
 def test_missing_state_dir_says_how_to_start(env):
     r = kinv(env, "status")
     assert r.returncode != 0 and "kinv run" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_null_drill_says_the_null_holds_and_an_unwon_investigation_is_refuted_only_when_fully_measured(env):
+    """#3c predicts no change at b1 and b8 (expect: no_change): its close-out says whether the null held there,
+    not that "the hypothesis is refuted" because nothing won.  #3a, where every variant was measured or moot
+    and none won, is refuted."""
+    r = kinv(env, "run", str(ROOT / "plans" / "3c-null-batch-aware.yaml"), "--backend", "replay", "--approval", "auto")
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = (Path(env["KINV_STATE_DIR"]) / "reports" / "3c-closeout.md").read_text()
+    assert "- The null holds: equivalent at b1, b8 for every measured variant." in text
+    assert "refuted" not in text.split("## Where this was measured")[0]
+    r = kinv(env, "run", str(PLAN), "--backend", "replay", "--approval", "auto")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "The hypothesis is refuted for this kernel shape." in (Path(env["KINV_STATE_DIR"]) / "reports" /
+                                                                 "3a-closeout.md").read_text()  # fmt: skip

@@ -32,7 +32,7 @@ def _kinv(env, *args, timeout=300):
 
 def _run_until_patched(env) -> subprocess.Popen:
     """Start #3a on replay and return once V1's patch is on disk (the worst moment to be stopped)."""
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(PLAN), "--backend", "replay",
+    proc = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "run", str(PLAN), "--backend", "replay",
                              "--approval", "auto"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     deadline = time.time() + 240
@@ -75,11 +75,11 @@ def test_reject_needs_a_reason(env):
 
 def test_version_help_and_no_arguments():
     e = dict(os.environ, PYTHONPATH=str(ROOT))
-    v = subprocess.run([sys.executable, "-m", "agent.cli", "--version"], env=e, capture_output=True, text=True)
+    v = subprocess.run([sys.executable, "-m", "kinv.agent.cli", "--version"], env=e, capture_output=True, text=True)
     assert v.returncode == 0 and v.stdout.startswith("kinv ")
-    h = subprocess.run([sys.executable, "-m", "agent.cli", "-h"], env=e, capture_output=True, text=True)
+    h = subprocess.run([sys.executable, "-m", "kinv.agent.cli", "-h"], env=e, capture_output=True, text=True)
     assert h.returncode == 0 and "run" in h.stdout and "kernels" in h.stdout
-    bare = subprocess.run([sys.executable, "-m", "agent.cli"], env=e, capture_output=True, text=True)
+    bare = subprocess.run([sys.executable, "-m", "kinv.agent.cli"], env=e, capture_output=True, text=True)
     assert "Commands" in bare.stdout + bare.stderr and "resume" in bare.stdout + bare.stderr
 
 

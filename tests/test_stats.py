@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from agent.stats import (
+from kinv.agent.stats import (
     DEFAULT_THRESHOLD,
     HL_MIN_ROUNDS,
     LEVEL_VERDICTS,

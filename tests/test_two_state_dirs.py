@@ -27,7 +27,7 @@ def test_a_second_state_dir_is_refused_while_the_first_edits_the_config(tmp_path
     env_a = dict(base, KINV_STATE_DIR=str(tmp_path / "a"))
     env_b = dict(base, KINV_STATE_DIR=str(tmp_path / "b"))
     before = (cfg_dir / "mla_decode.json").read_bytes()
-    a = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(PLAN), "--backend", "replay", "--approval",
+    a = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "run", str(PLAN), "--backend", "replay", "--approval",
                           "auto"], env=env_a, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     deadline = time.time() + 240
     while time.time() < deadline:
@@ -35,7 +35,7 @@ def test_a_second_state_dir_is_refused_while_the_first_edits_the_config(tmp_path
         if "V1: patched" in line or (not line and a.poll() is not None):
             break
     assert a.poll() is None, "run A ended before V1 was patched"
-    b = subprocess.run([sys.executable, "-m", "agent.cli", "run", str(ROOT / "plans" / "3b-tile-shape.yaml"),
+    b = subprocess.run([sys.executable, "-m", "kinv.agent.cli", "run", str(ROOT / "plans" / "3b-tile-shape.yaml"),
                         "--backend", "replay", "--approval", "auto"], env=env_b, cwd=ROOT, capture_output=True,
                        text=True, timeout=120)  # fmt: skip
     assert b.returncode == 1, b.stdout + b.stderr
@@ -44,7 +44,7 @@ def test_a_second_state_dir_is_refused_while_the_first_edits_the_config(tmp_path
     a.stdout.read()
     assert a.wait(timeout=300) == 0
     assert (cfg_dir / "mla_decode.json").read_bytes() == before  # A restored it; B never touched it
-    b2 = subprocess.run([sys.executable, "-m", "agent.cli", "run", str(ROOT / "plans" / "3b-tile-shape.yaml"),
+    b2 = subprocess.run([sys.executable, "-m", "kinv.agent.cli", "run", str(ROOT / "plans" / "3b-tile-shape.yaml"),
                          "--backend", "replay", "--approval", "auto"], env=env_b, cwd=ROOT, capture_output=True,
                         text=True, timeout=300)  # fmt: skip
     assert b2.returncode == 0, b2.stdout + b2.stderr  # once A is done, B runs

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import views
-from agent.store import Store
-from agent.views import NotFound, StatusView
+from kinv.agent import views
+from kinv.agent.store import Store
+from kinv.agent.views import NotFound, StatusView
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = [f"v4flash/h16/p64/ctx4096/b{b}" for b in (1, 8, 32, 64, 96)]

@@ -38,7 +38,7 @@ def test_approve_and_reject_race_one_wins_the_other_is_told(tmp_path, state_dir)
     env = _env(tmp_path, state_dir)
     assert _kinv(env, "run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval", "ask").returncode == 3
     aid = json.loads(_kinv(env, "pending", "--json").stdout)[0]["id"]
-    procs = [subprocess.Popen([sys.executable, "-m", "agent.cli", *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
              for args in (("approve", aid), ("reject", aid, "--reason", "not on this fleet"))]  # fmt: skip
     results = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
@@ -46,7 +46,7 @@ def test_approve_and_reject_race_one_wins_the_other_is_told(tmp_path, state_dir)
     assert codes == [0, 2], results
     loser = next(err for code, err in results if code == 2)
     assert "already" in loser and "final" in loser
-    from agent.store import Store
+    from kinv.agent.store import Store
 
     decided = Store(state_dir).approval(aid)["status"]
     winner = "approved" if results[0][0] == 0 else "rejected"

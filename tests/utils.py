@@ -39,11 +39,11 @@ def replay_env(tmp_path, state_dir, **extra) -> dict:
 
 
 def run_kinv(env: dict, *args, timeout: float = 300, cwd=None):
-    """`python -m agent.cli ARGS` in a subprocess (from the project root unless ``cwd``)."""
+    """`python3 -m kinv.agent.cli ARGS` in a subprocess (from the project root unless ``cwd``)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    return subprocess.run([sys.executable, "-m", "agent.cli", *map(str, args)], env=env,
+    return subprocess.run([sys.executable, "-m", "kinv.agent.cli", *map(str, args)], env=env,
                           cwd=cwd or Path(__file__).resolve().parents[1], capture_output=True, text=True,
                           timeout=timeout)  # fmt: skip

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.tools import bench_worker
-from agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
-from kernels.adapter import KERNELS_DIR, Level, get_adapter
-from kernels.launch_config import config_hash, describe
+from kinv.agent.tools import bench_worker
+from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
+from kinv.kernels.adapter import KERNELS_DIR, Level, get_adapter
+from kinv.kernels.launch_config import config_hash, describe
 
 BACKENDS = ("auto", "cuda", "replay")
 RECORDINGS = KERNELS_DIR / "recordings"
@@ -132,6 +132,8 @@ class CudaArm(Arm):
     def __init__(self, name, kernel, config, env, pythonpath=None):
         super().__init__(name=name, kernel=kernel, config=config, env=env)
         self.worker = WorkerProcess(env={k: str(v) for k, v in env.items()}, label=name, pythonpath=pythonpath)
+        # a baseline snapshot is named by its kernel hash: the worker must have imported that very source
+        self.expect_kernel = Path(pythonpath[0]).name if pythonpath else None
         try:
             hello = self.worker.request("hello", env_keys=sorted(env))
         except (WorkerCrashed, WorkerError) as exc:
@@ -148,6 +150,9 @@ class CudaArm(Arm):
             raise VariantFailed(f"{self.name} crashed during set-up at {level.key}: {exc}") from None
         except WorkerError as exc:
             raise VariantFailed(f"{self.name} failed at {level.key}: {exc}") from None
+        if self.expect_kernel and s.get("kernel_hash") != self.expect_kernel:
+            raise VariantFailed(f"{self.name} imported kernel source {s.get('kernel_hash')}, not the baseline "
+                                f"snapshot {self.expect_kernel}: the snapshot did not shadow the live package")
         if not s["correct"]:
             raise VariantFailed(
                 f"{self.name} is incorrect at {level.key}: {s['mismatched']} elements off, rel err {s['rel_err']:.2e}"
@@ -398,7 +403,7 @@ def paired_round(store, exp_id, backend: Backend, arm_a: Arm, arm_b: Arm, levels
     (a variant that changes either is caught).  Returns ``{level: (a_us, b_us)}`` of this round,
     the shape agent.stats.run_sequential wants.
     """
-    from agent.stats import abba_order
+    from kinv.agent.stats import abba_order
 
     hashes = (harness_hash(), reference_hash(arm_a.kernel))
     rows, pairs = [], {}
@@ -484,7 +489,7 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
     rounds; committed rounds of ``exp_id`` are reused).  ``on_open(arm)`` sees every arm once it has started
     (the env check).  Returns ``(SequentialResult, GPU s spent in this call)``.  The graph's measure node
     and ``kinv bench --variant`` both run this."""
-    from agent import stats
+    from kinv.agent import stats
 
     done = {r: {lv: tuple(v) for lv, v in lvs.items()} for r, lvs in stored_rounds(store, exp_id, ["A", "B"]).items()}
     arms: list[Arm] = []

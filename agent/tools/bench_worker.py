@@ -144,9 +144,9 @@ class Worker:
     def setup(self, req: dict) -> dict:
         import torch
 
-        from kernels.adapter import get_adapter
-        from kernels.devices import detect
-        from kernels.launch_config import config_hash, validate_config
+        from kinv.kernels.adapter import get_adapter
+        from kinv.kernels.devices import detect
+        from kinv.kernels.launch_config import config_hash, validate_config
 
         adapter = get_adapter(req["kernel"])
         self.adapter = adapter

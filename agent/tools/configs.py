@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent import faults
-from kernels.launch_config import ConfigError, load_config, validate_config
+from kinv.agent import faults
+from kinv.kernels.launch_config import ConfigError, load_config, validate_config
 
 if TYPE_CHECKING:
-    from agent.store import Store
+    from kinv.agent.store import Store
 
 CONFIG_KEY_ORDER = ("kernel", "description", "BLOCK_T", "BLOCK_H", "num_warps", "num_stages", "overrides")
 TMP_MARK = ".kinv-tmp-"

@@ -18,10 +18,10 @@ import math
 import os
 from typing import TYPE_CHECKING
 
-from kernels.adapter import KernelAdapter, Level
+from kinv.kernels.adapter import KernelAdapter, Level
 
 if TYPE_CHECKING:
-    from agent.store import Store
+    from kinv.agent.store import Store
 
 def default_device() -> str:
     """'cuda' when a CUDA device is visible, else 'cpu'."""
@@ -186,9 +186,9 @@ def check_isolated(kernel: str, config: dict, levels: list[Level], *, seed: int,
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = str(Path(__file__).resolve().parents[2])
+    from kinv import IMPORT_ROOT as root
+
     env = {**os.environ, **{k: str(v) for k, v in (env or {}).items()}}
     env["PYTHONPATH"] = os.pathsep.join([*(pythonpath or []), root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if device == "cpu":
@@ -197,7 +197,7 @@ def check_isolated(kernel: str, config: dict, levels: list[Level], *, seed: int,
            "device": device}  # fmt: skip
     base = {"ok": False, "levels": [], "seed": seed, "device": device, "dtype": None}
     try:
-        proc = subprocess.run([sys.executable, "-m", "agent.tools.correctness"], input=json.dumps(job), env=env,
+        proc = subprocess.run([sys.executable, "-P", "-m", "kinv.agent.tools.correctness"], input=json.dumps(job), env=env,
                               capture_output=True, text=True, timeout=timeout)  # fmt: skip
     except subprocess.TimeoutExpired:
         return {**base, "reason": f"the check did not finish within {timeout:.0f} s (hang?)"}
@@ -215,7 +215,7 @@ def _main() -> int:
     import json
     import sys
 
-    from kernels.adapter import get_adapter
+    from kinv.kernels.adapter import get_adapter
 
     job = json.loads(sys.stdin.read())
     adapter = get_adapter(job["kernel"])

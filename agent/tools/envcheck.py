@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agent.store import Store
+    from kinv.agent.store import Store
 
 
 EMPTY_RETRIES = 25

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kernels.adapter import KernelAdapter, Level
-from kernels.devices import DeviceSpec
-from kernels.launch_config import config_hash, describe
+from kinv.kernels.adapter import KernelAdapter, Level
+from kinv.kernels.devices import DeviceSpec
+from kinv.kernels.launch_config import config_hash, describe
 
 if TYPE_CHECKING:
-    from agent.store import Store
+    from kinv.agent.store import Store
 
 class ResourceError(ValueError):
     """A level or config that cannot be assessed; one line naming the value."""

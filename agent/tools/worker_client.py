@@ -15,7 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from kinv import IMPORT_ROOT
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (or the installed kinv/): the worker's cwd
 
 
 class WorkerCrashed(RuntimeError):
@@ -32,12 +34,14 @@ class WorkerProcess:
         self.label = label
         full_env = {k: v for k, v in os.environ.items()}
         full_env.update(env or {})
-        paths = [*(pythonpath or []), str(ROOT), full_env.get("PYTHONPATH", "")]
+        paths = [*(pythonpath or []), IMPORT_ROOT, full_env.get("PYTHONPATH", "")]
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.started = time.time()
+        # -P: the cwd (a checkout holding the live, possibly patched, package) must not come before a
+        # baseline snapshot on PYTHONPATH
         self.proc = subprocess.Popen(
-            [python or sys.executable, "-m", "agent.tools.bench_worker"],
+            [python or sys.executable, "-P", "-m", "kinv.agent.tools.bench_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, env=full_env, cwd=str(ROOT),
         )  # fmt: skip

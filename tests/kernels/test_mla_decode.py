@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from kernels.mla_decode import mla_decode, num_kv_splits
-from kernels.mla_decode_adapter import mla_params
-from kernels.mla_decode_ref import mla_decode_reference
+from kinv.kernels.mla_decode import mla_decode, num_kv_splits
+from kinv.kernels.mla_decode_adapter import mla_params
+from kinv.kernels.mla_decode_ref import mla_decode_reference
 from tests.conftest import HAS_GPU
 from tests.utils import assert_verbose_allclose
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels.moe_expert_gemm import (
+from kinv.kernels.moe_expert_gemm import (
     expected_active_experts,
     max_aligned_blocks,
     moe_align,
@@ -24,7 +24,7 @@ from kernels.moe_expert_gemm import (
     moe_flops,
     moe_make_inputs,
 )
-from kernels.moe_expert_gemm_ref import moe_expert_gemm_reference
+from kinv.kernels.moe_expert_gemm_ref import moe_expert_gemm_reference
 from tests.conftest import HAS_GPU
 from tests.utils import assert_verbose_allclose
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.store import Store
-from agent.tools import configs
-from agent.tools.configs import PatchError, RevertError
+from kinv.agent.store import Store
+from kinv.agent.tools import configs
+from kinv.agent.tools.configs import PatchError, RevertError
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_CONFIG = ROOT / "kernels" / "configs" / "mla_decode.json"
@@ -112,8 +112,8 @@ def test_recover_after_a_crash_mid_patch(store, cfg_path, state_dir):
     before = cfg_path.read_bytes()
     script = textwrap.dedent(f"""
         import os, sys
-        from agent.store import Store
-        from agent.tools import configs
+        from kinv.agent.store import Store
+        from kinv.agent.tools import configs
         real = os.replace
         def crash(src, dst):
             real(src, dst)

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from agent.store import Store
-from agent.tools import correctness
-from kernels.adapter import get_adapter
-from kernels.mla_decode_adapter import MLADecodeAdapter
+from kinv.agent.store import Store
+from kinv.agent.tools import correctness
+from kinv.kernels.adapter import get_adapter
+from kinv.kernels.mla_decode_adapter import MLADecodeAdapter
 
 ADAPTER = get_adapter("mla_decode")
 BASE = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from agent.store import Store
-from agent.tools import envcheck
-from agent.tools.envcheck import EnvCheckError, EnvMismatch, Mismatch
+from kinv.agent.store import Store
+from kinv.agent.tools import envcheck
+from kinv.agent.tools.envcheck import EnvCheckError, EnvMismatch, Mismatch
 
 WS = "#3a"
 EXPECTED = {"TARGET_CTAS": "512"}

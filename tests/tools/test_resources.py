@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.models import load_plan
-from agent.store import Store
-from agent.tools import resources
-from kernels.adapter import get_adapter
-from kernels.devices import get_device
-from kernels.mla_decode_adapter import block_h_for, local_heads
+from kinv.agent.models import load_plan
+from kinv.agent.store import Store
+from kinv.agent.tools import resources
+from kinv.kernels.adapter import get_adapter
+from kinv.kernels.devices import get_device
+from kinv.kernels.mla_decode_adapter import block_h_for, local_heads
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
