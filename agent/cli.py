@@ -386,22 +386,21 @@ def compare(exp_a: int = typer.Argument(..., help="experiment id"), exp_b: int =
     if as_json:
         print(json.dumps([r.model_dump() for r in rows], indent=2))
         return
-    from rich.table import Table
 
     def cell(r):
         if r is None or r.change is None:
             return "—"
         return f"{r.change:+.2%} [{r.change_low:+.2%}, {r.change_high:+.2%}] {r.verdict}"
 
-    import os.path
+    from kinv.agent.stats import level_names
 
-    keys = [r.level for r in rows]
-    common = os.path.commonprefix(keys)
-    common = common[: common.rfind("/") + 1] if "/" in common else ""
-    t = Table("level", f"#{exp_a}", f"#{exp_b}", "difference", "overlap",
-              title=f"throughput change at {common}…" if common else "throughput change")  # fmt: skip
+    common, short = level_names(r.level for r in rows)
+    from kinv.agent.render import table
+
+    t = table("level", f"#{exp_a}", f"#{exp_b}", "difference", "overlap",
+              title=f"throughput change at {common}" if common else "throughput change")  # fmt: skip
     for r in rows:
-        t.add_row(r.level[len(common):], cell(r.a), cell(r.b), "—" if r.difference is None else f"{r.difference:+.2%}",
+        t.add_row(short[r.level], cell(r.a), cell(r.b), "—" if r.difference is None else f"{r.difference:+.2%}",
                   "—" if r.overlap is None else ("yes" if r.overlap else "NO"))
     _console().print(t)
 

@@ -46,8 +46,9 @@ def _on_signals():
 
 def _progress(console):
     def show(kind, **info):
-        if kind == "round":
-            console.print(f"  [{info['phase']}] round {info['round']}/{info['total']}", end="\r")
+        if kind == "round":  # a TTY redraws one line; a pipe or a log gets plain lines, no carriage returns
+            line = f"  [{info['phase']}] round {info['round']}/{info['total']}"
+            console.print(line, end="\r" if console.is_terminal else "\n")
         elif info.get("message"):
             console.print(f"• {info['message']}")
 
@@ -229,8 +230,11 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
     env = dict(plan.environment)
     if variant is None:
         exp = store.new_experiment(kind="bench", variant="config", backend=be.name, config_json=json.dumps(cfg))
+        common, short = stats.level_names(lv.key for lv in lvls)
+        if not as_json:
+            console.print(f"{describe(cfg)}{' at ' + common if common else ''}: median of {samples} samples per level")
         rows = bench.measure_config(store, exp, be, plan.kernel, cfg, env, lvls, samples,
-                                    on_level=None if as_json else lambda m: console.print(_bench_line(m)))
+                                    on_level=None if as_json else lambda m: console.print(_bench_line(m, short)))
         store.update_experiment(exp, status="done", finished=time.time())
         if as_json:
             print(json.dumps(rows, indent=2))
@@ -247,18 +251,21 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
         print(json.dumps({"verdict": res.verdict, "reason": res.reason, "rounds": res.rounds, "gpu_s": gpu_s,
                           "effects": {k: e.__dict__ for k, e in res.effects.items()}}, indent=2, default=str))
     else:
+        common, short = stats.level_names(res.effects)
+        if common:
+            console.print(f"levels {common}: throughput change [{next(iter(res.effects.values())).conf:.3%} CI]")
         for k, e in res.effects.items():
-            console.print(f"{k:40s} {math.expm1(e.effect):+7.2%} [{math.expm1(e.ci_low):+.2%}, "
-                          f"{math.expm1(e.ci_high):+.2%}] ({e.conf:.3%} CI, throughput change) {e.verdict}")
+            console.print(f"{short[k]:>8s} {math.expm1(e.effect):+7.2%} [{math.expm1(e.ci_low):+.2%}, "
+                          f"{math.expm1(e.ci_high):+.2%}] {e.verdict}")
         console.print(f"{describe(var_cfg)} vs {describe(cfg)}: {res.verdict} after {res.rounds} rounds "
                       f"({gpu_s:.2f} GPU s) — {res.reason}")  # fmt: skip
     return EXIT_OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
 
 
-def _bench_line(m: dict) -> str:
+def _bench_line(m: dict, short: dict) -> str:
     frac = f"{m['frac_copy']:.0%}" if m.get("frac_copy") else "n/a"
-    return (f"{m['level']:40s} {m['us']:9.1f} µs {m['gbps']:7.0f} GB/s {frac:>5s} of copy "
-            f"{m['tokens_per_s']:12,.2f} {m.get('unit', '')}  {m['config']}")  # fmt: skip
+    return (f"{short.get(m['level'], m['level']):>8s} {m['us']:9.1f} µs {m['gbps']:7.0f} GB/s {frac:>4s} of copy "
+            f"{m['tokens_per_s']:13,.0f} {m.get('unit', '')}")  # fmt: skip
 
 
 def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_n: int = 4):
@@ -288,14 +295,15 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     if as_json:
         print(json.dumps([b.__dict__ for b in bands], indent=2))
     else:
-        from rich.table import Table
 
-        t = Table(title=f"A/A noise, {arms_n} workers x {rounds} rounds ({be.name})")
-        for c in ("level", "round band (95%)", "arm offset SD", "widest pair [95% CI]", "outliers", "threshold",
-                  "inside it"):
-            t.add_column(c)
+        common, short = stats.level_names(b.level for b in bands)
+        from kinv.agent.render import table
+
+        t = table("level", "round band", "offset SD", "widest pair [95% CI]", "out", "thr.", "ok",
+                  title=f"A/A noise, {arms_n} workers x {rounds} rounds ({be.name})"
+                  + (f"\nlevels {common}" if common else ""))  # fmt: skip
         for b in bands:
-            t.add_row(b.level, f"±{b.band:.2%}", f"{b.offset_sd:.2%}",
+            t.add_row(short[b.level], f"±{b.band:.2%}", f"{b.offset_sd:.2%}",
                       f"{b.effect:+.2%} [{b.ci_low:+.2%}, {b.ci_high:+.2%}]", str(b.outliers), f"{b.threshold:.1%}",
                       "yes" if b.equivalent else "NO")  # fmt: skip
         console.print(t)

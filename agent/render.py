@@ -6,10 +6,25 @@ import time
 
 from rich.syntax import Syntax
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 MARK = {"completed": "[green]✓[/green]", "in_progress": "[yellow]▶[/yellow]", "pending": "·",
         "cancelled": "[dim]✗[/dim]"}  # fmt: skip
+
+
+def table(*columns: str, title: str | None = None) -> Table:
+    """kinv's tables: a light frame (header rule only, no side borders) so that every table of a plan's
+    levels and variants reads at 80 columns."""
+    from rich import box
+
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
+    for c in columns:  # numbers and intervals never wrap; prose columns do
+        t.add_column(c, no_wrap=c not in PROSE, overflow="fold" if c in PROSE else "ellipsis")
+    return t
+
+
+PROSE = {"content", "reason", "decision", "file", "variant"}
 
 
 def _t(ts) -> str:
@@ -24,15 +39,21 @@ def status(console, view) -> None:
         head = f"[bold]{ws.id}[/bold] {ws.title} — {ws.status}"
         if ws.parent:
             head += f"  (part of {ws.parent}: {ws.parent_title or ''})"
-        tree = Tree(head)
-        for t in ws.todos:
-            reason = f" — {t.reason}" if t.reason else ""
-            tree.add(f"{MARK.get(t.status, '?')} {t.id} {t.content} [dim]{t.status}{reason}[/dim]")
+        label = Text.from_markup(head, overflow="ellipsis")
+        label.no_wrap = True
+        tree = Tree(label)
+        for t in ws.todos:  # one line per todo, cut with an ellipsis (kinv todos WS shows them whole)
+            line = Text.from_markup(f"{MARK.get(t.status, '?')} ", overflow="ellipsis")
+            line.no_wrap = True
+            line.append(f"{t.id} {t.content} ")
+            line.append(f"{t.status}{' — ' + t.reason if t.reason else ''}", style="dim")
+            tree.add(line)
         console.print(tree)
         for a in ws.pending_approvals:
             console.print(f"  [bold yellow]waiting for you[/bold yellow]: {a.id} ({a.variant}) → kinv approve {a.id}")
         for v in ws.latest_verdicts:
-            console.print(f"  verdict {v.variant}: {v.verdict} — {v.reason or ''}  (kinv show {v.experiment})")
+            console.print(f"  verdict {v.variant}: {v.verdict} (kinv show {v.experiment}) — {v.reason or ''}",
+                          overflow="ellipsis", no_wrap=True, markup=False)  # fmt: skip
         if ws.recommendation:
             console.print(f"  next: {ws.recommendation}")
         if ws.report_path:
@@ -40,16 +61,18 @@ def status(console, view) -> None:
 
 
 def todos(console, items) -> None:
-    t = Table("id", "status", "content", "reason")
+    t = table("id", "status", "content", "reason")
     for i in items:
         t.add_row(i.id, i.status, i.content, i.reason or "")
     console.print(t)
 
 
 def experiments(console, items) -> None:
-    t = Table("id", "variant", "kind", "backend", "status", "verdict", "rounds", "GPU s", "samples")
+    backends = {e.backend for e in items if e.backend}
+    t = table("id", "variant", "kind", "status", "verdict", "rounds", "GPU s", "samples",
+              title=f"backend: {', '.join(sorted(backends))}" if backends else None)  # fmt: skip
     for e in items:
-        t.add_row(str(e.id), e.variant or "", e.kind or "", e.backend or "", e.status or "", e.verdict or "",
+        t.add_row(str(e.id), e.variant or "", e.kind or "", e.status or "", e.verdict or "",
                   str(e.rounds or ""), f"{e.gpu_s or 0:.2f}", str(e.samples))  # fmt: skip
     console.print(t)
 
@@ -66,19 +89,24 @@ def show(console, v) -> None:
     if v.correctness:
         console.print(f"correctness: {'passed' if v.correctness.get('ok') else 'FAILED'} "
                       f"({v.correctness.get('device')}, {v.correctness.get('dtype')}) {v.correctness.get('reason') or ''}")
+    from kinv.agent.stats import level_names
+
+    common, short = level_names([s.level for s in v.sample_summary] + [r.level for r in v.effects])
+    title = f"levels {common}" if common else None
     if v.sample_summary:
-        t = Table("level", "arm", "n", "median µs", "min", "max", "CV")
+        t = table("level", "arm", "n", "median µs", "min", "max", "CV", title=title)
         for s in v.sample_summary:
-            t.add_row(s.level, s.arm, str(s.n), f"{s.median_us:.2f}", f"{s.min_us:.2f}", f"{s.max_us:.2f}",
+            t.add_row(short[s.level], s.arm, str(s.n), f"{s.median_us:.2f}", f"{s.min_us:.2f}", f"{s.max_us:.2f}",
                       f"{s.cv:.2%}")
         console.print(t)
     if v.effects:
         conf = v.effects[0].conf
         import math
 
-        t = Table("level", "throughput change", f"{conf:.3%} CI" if conf else "CI", "threshold", "verdict")
+        t = table("level", "throughput change", f"{conf:.3%} CI" if conf else "CI", "threshold", "verdict",
+                  title=title)  # fmt: skip
         for r in v.effects:
-            t.add_row(r.level, f"{math.expm1(r.effect):+.2%}", f"[{math.expm1(r.ci_low):+.2%}, "
+            t.add_row(short[r.level], f"{math.expm1(r.effect):+.2%}", f"[{math.expm1(r.ci_low):+.2%}, "
                       f"{math.expm1(r.ci_high):+.2%}]", f"{r.threshold:.1%}", r.verdict)  # fmt: skip
         console.print(t)
     led = v.ledger
@@ -110,14 +138,14 @@ def predicted_resources(console, resources: dict) -> None:
 
 
 def history(console, items) -> None:
-    t = Table("step", "node", "time", "decision")
+    t = table("step", "node", "time", "decision")
     for h in items:
         t.add_row(str(h.step), h.node or "", h.time or "", h.decision or "")
     console.print(t)
 
 
 def backups(console, items) -> None:
-    t = Table("id", "workstream", "file", "backup", "sha")
+    t = table("id", "workstream", "file", "backup", "sha")
     for b in items:
         t.add_row(str(b.id), b.workstream or "", b.path, b.backup_path, b.sha)
     console.print(t)

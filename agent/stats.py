@@ -607,8 +607,28 @@ def sequential_decision(effects: dict[str, Effect], rounds_done: int, plan: Sequ
     return "stop"
 
 
-def _levels_text(effects: Iterable[Effect]) -> str:
-    return ", ".join(f"{e.level} ({_pct(e.effect)})" for e in effects)
+def level_names(keys: Iterable[str]) -> tuple[str, dict[str, str]]:
+    """``(common, {key: short})``: the ``/``-separated segments every level key shares (the varying ones
+    shown as ``*``), and each key's varying segments, so a table puts the common part in its title and keeps
+    its rows narrow: ``b1``, ``b8`` for ``v4flash/h16/p64/ctx4096/b1``, ...; ``t1``, ``t8`` for
+    ``t1/e32/k8/h7168/n4096``, ...  With one key, or keys of different shapes, the last segment varies."""
+    keys = list(dict.fromkeys(keys))
+    if not keys:
+        return "", {}
+    parts = [k.split("/") for k in keys]
+    width = len(parts[0])
+    if len(keys) > 1 and all(len(p) == width for p in parts):
+        vary = [i for i in range(width) if len({p[i] for p in parts}) > 1]
+    else:
+        vary = [width - 1] if all(p[:-1] == parts[0][:-1] for p in parts) else list(range(width))
+    if len(vary) == width:
+        return "", {k: k for k in keys}
+    common = "/".join("*" if i in vary else seg for i, seg in enumerate(parts[0]))
+    return common, {k: "/".join(p[i] for i in vary) for k, p in zip(keys, parts)}
+
+
+def _levels_text(effects: Iterable[Effect], short: dict[str, str] | None = None) -> str:
+    return ", ".join(f"{(short or {}).get(e.level, e.level)} ({_pct(e.effect)})" for e in effects)
 
 
 def variant_verdict(effects: dict[str, Effect], budget_exhausted: bool) -> tuple[str, str]:
@@ -631,23 +651,24 @@ def variant_verdict(effects: dict[str, Effect], budget_exhausted: bool) -> tuple
     unknown = [e.level for e in effects.values() if e.verdict not in LEVEL_VERDICTS]
     if unknown:
         raise ValueError(f"unknown level verdicts at {unknown}")
+    short = level_names(effects)[1]  # reasons name levels by what varies (b1, b8, ...)
     imp, reg, eq, und = by["improved"], by["regressed"], by["equivalent"], by["undecided"]
     if imp and reg:
         return "mixed", (
-            f"improved at {_levels_text(imp)} but regressed at {_levels_text(reg)}: "
+            f"improved at {_levels_text(imp, short)} but regressed at {_levels_text(reg, short)}: "
             "candidate for a level-conditional config"
         )
     if reg:
-        return "reject", f"regressed at {_levels_text(reg)}, improved nowhere"
+        return "reject", f"regressed at {_levels_text(reg, short)}, improved nowhere"
     if len(eq) == len(effects):
         return "reject", "equivalent at every level: no gain beyond the noise band"
     if imp and not und:
-        rest = f"; equivalent at {', '.join(e.level for e in eq)}" if eq else ""
-        return "accept", f"improved at {_levels_text(imp)}{rest}; regressed nowhere"
+        rest = f"; equivalent at {', '.join(short[e.level] for e in eq)}" if eq else ""
+        return "accept", f"improved at {_levels_text(imp, short)}{rest}; regressed nowhere"
     when = "after the full budget" if budget_exhausted else "so far (more rounds needed)"
-    und_text = f"undecided at {_levels_text(und)} {when}"
+    und_text = f"undecided at {_levels_text(und, short)} {when}"
     if imp:
-        return "inconclusive", f"improved at {_levels_text(imp)} but {und_text}: a regression is not ruled out"
+        return "inconclusive", f"improved at {_levels_text(imp, short)} but {und_text}: a regression is not ruled out"
     return "inconclusive", und_text + ", no level improved or regressed"
 
 
