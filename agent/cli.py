@@ -219,7 +219,7 @@ def kernels(as_json: bool = JsonOpt):
 @app.command()
 def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/environ"),
         plan: Path = typer.Option(Path("plans/3a-attention-occupancy.yaml"), help="plan whose environment is expected"),
-        state_dir: str = StateOpt):  # fmt: skip
+        state_dir: str = StateOpt, as_json: bool = JsonOpt):  # fmt: skip
     """Check the plan's expected environment (e.g. TARGET_CTAS=512) against a live process.
 
     Example: kinv env --pid 12345 --plan plans/3a-attention-occupancy.yaml
@@ -231,11 +231,19 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
     if pid is None:
         seen = {k: os.environ.get(k) for k in p.environment}
         mism = envcheck.compare(p.environment, seen)
+        if as_json:
+            print(json.dumps({"source": "shell", "expected": p.environment, "seen": seen, "ok": not mism,
+                              "mismatch": [m.var for m in mism]}, indent=2))  # fmt: skip
+            raise Exit(EXIT_FAIL if mism else EXIT_OK, "")
         for m in mism:
             _console().print(f"{m.var}: expected {m.expected!r}, this shell has {m.seen!r}")
         raise Exit(EXIT_FAIL if mism else EXIT_OK, "" if mism else f"this shell matches {p.environment}")
     store = _store(state_dir, create=True)
     envcheck.check_pid(store, p.ws, pid, p.environment)
+    if as_json:
+        print(json.dumps({"source": f"pid {pid}", "expected": p.environment, "seen": p.environment, "ok": True,
+                          "mismatch": []}, indent=2))  # fmt: skip
+        return
     _console().print(f"pid {pid} sees {p.environment}: ok")
 
 
@@ -320,8 +328,8 @@ def todos(
     items = views.todos(store, views.resolve_ws(store, ws))
     if fmt == "kinv":
         _emit(items, as_json, render.todos)
-    else:
-        print(json.dumps(views.export_todos(items, fmt), indent=2))
+    else:  # wrapped as both tools' todo writers take it: {"todos": [...]}
+        print(json.dumps({"todos": views.export_todos(items, fmt)}, indent=2))
 
 
 @app.command()
@@ -441,7 +449,7 @@ def backups(state_dir: str = StateOpt, as_json: bool = JsonOpt):
 
 @app.command()
 def report(ws: str = typer.Argument(..., help="workstream id"), out: Path = typer.Option(None, help="copy to PATH"),
-           state_dir: str = StateOpt):  # fmt: skip
+           state_dir: str = StateOpt, as_json: bool = JsonOpt):  # fmt: skip
     """Print (or copy to --out) a workstream's close-out.
 
     Example: kinv report 3a --out closeout-3a.md
@@ -454,6 +462,9 @@ def report(ws: str = typer.Argument(..., help="workstream id"), out: Path = type
     if not row.get("report_path") or not Path(row["report_path"]).exists():
         raise Exit(EXIT_FAIL, f"{wsid} has no close-out yet (status {row['status']}); run: kinv resume {wsid.lstrip('#')}")
     text = Path(row["report_path"]).read_text()
+    if as_json:  # the same content: the workstream, every experiment with its per-level effects, the Markdown
+        _emit(views.report(store, wsid, text), True, None)
+        return
     if out:
         import shutil
 

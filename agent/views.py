@@ -14,6 +14,7 @@ or triton).  Imports: standard library, pydantic, agent.store, agent.models.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import statistics
 import struct
@@ -22,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from kinv.agent.ids import norm_ws
 from kinv.agent.store import Store
@@ -71,6 +72,22 @@ class VerdictView(View):
     conf: float | None = Field(None, description="real coverage of [ci_low, ci_high]: the per-look confidence after "
                                "the multiplicity correction")
     offset_sd: float | None = Field(None, description="between-arm offset SD from the A/A, inside the interval")
+
+    # the number every text view prints: the throughput change variant/baseline - 1, with its interval
+    @computed_field(description="throughput change, variant / baseline - 1 (what every table prints)")
+    @property
+    def change(self) -> float | None:
+        return None if self.effect is None else math.expm1(self.effect)
+
+    @computed_field(description="lower bound of the throughput change")
+    @property
+    def change_low(self) -> float | None:
+        return None if self.ci_low is None else math.expm1(self.ci_low)
+
+    @computed_field(description="upper bound of the throughput change")
+    @property
+    def change_high(self) -> float | None:
+        return None if self.ci_high is None else math.expm1(self.ci_high)
 
 
 class ApprovalView(View):
@@ -180,6 +197,15 @@ class ShowView(View):
     effects: list[VerdictView] = Field(default_factory=list, description="per-level effect and verdict")
     noise: list[NoiseView] = Field(default_factory=list, description="noise bands, for an A/A experiment")
     ledger: Ledger = Field(description="cost: GPU seconds, rounds, wall seconds, samples")
+
+
+class ReportView(View):
+    """``kinv report --json``: the close-out's content as data (the Markdown is included as written)."""
+
+    workstream: WorkstreamView
+    experiments: list[ShowView]
+    close_out: str
+    markdown: str
 
 
 class HistoryItem(View):
@@ -451,6 +477,12 @@ _DONE = {"completed", "complete", "done", "accepted", "accept", "rejected", "rej
          "closed", "finished"}  # fmt: skip
 _CANCELLED = {"cancelled", "canceled", "moot", "skipped", "dropped", "abandoned"}
 _ACTIVE = {"in_progress", "running", "active", "started", "measuring", "awaiting_approval", "waiting"}
+
+
+def report(store: Store, ws: str, markdown: str) -> ReportView:
+    wsv = workstream(store, ws)
+    exps = [show(store, e.id) for e in experiments(store, ws)]
+    return ReportView(workstream=wsv, experiments=exps, close_out=str(wsv.report_path or ""), markdown=markdown)
 
 
 def _status3(status: str | None) -> str:

@@ -30,10 +30,11 @@ def _search_path(own: list[str]) -> list[str]:
         if not os.path.isdir(d) or d in portions:
             continue
         portions.append(d)
-        # a source checkout: agent/ and kernels/ sit beside kinv/, not inside it
+        # a source checkout: agent/ and kernels/ sit beside kinv/, not inside it (a copy of the project may
+        # hold only kernels/: its kinv.kernels is the copy's, and kinv.agent comes from a later portion)
         parent = os.path.dirname(d)
         if (os.path.isfile(os.path.join(d, "__init__.py")) and not os.path.isdir(os.path.join(d, "agent"))
-                and os.path.isfile(os.path.join(parent, "agent", "__init__.py"))):
+                and any(os.path.isfile(os.path.join(parent, sub, "__init__.py")) for sub in ("agent", "kernels"))):
             portions.append(parent)
     return portions
 

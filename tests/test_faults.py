@@ -56,6 +56,9 @@ def test_fault_drill_records_each_fault_restores_the_baseline_and_closes_out(dri
     r = kinv(root, env, "run", "plans/6a-fault-drill.yaml", "--backend", "replay", "--approval", "auto")
     assert r.returncode == 0, r.stdout + r.stderr
     assert tree_hash(root / "kernels") == before  # kernel sources and config byte-identical
+    # every patch and backup was of the copy's files, never of the checkout the copy was made from
+    files = {b["path"] for b in json.loads(kinv(root, env, "backups", "--json").stdout)}
+    assert files and all(f.startswith(str(root)) for f in files), files
     exps = {e["variant"]: e for e in json.loads(kinv(root, env, "experiments", "6a", "--json").stdout)}
     assert exps["F1"]["verdict"] == "failed" and "compile" in exps["F1"]["reason"]
     assert exps["F2"]["verdict"] == "infeasible" and "shared memory" in exps["F2"]["reason"] and "227.0 KB" in exps["F2"]["reason"]

@@ -490,3 +490,24 @@ def test_every_table_reads_at_80_columns_with_the_varying_part_of_the_level_in_e
     # reasons name levels by what varies
     exps = {e["variant"]: e for e in json.loads(run_kinv(env, "experiments", "3a", "--json").stdout)}
     assert exps["V1"]["reason"].startswith("reject: regressed at b1 (") or "regressed at b1 (" in exps["V1"]["reason"]
+
+
+def test_report_env_and_todo_exports_give_json_of_the_same_content(tmp_path, state_dir):
+    """`report --json` carries every experiment's per-level change (the number the close-out prints) and the
+    Markdown; `env --json` says what was expected and seen; todo exports come wrapped as {"todos": [...]}."""
+    from tests.utils import replay_env, run_kinv
+
+    env = replay_env(tmp_path, state_dir)
+    assert run_kinv(env, "run", "plans/3b-tile-shape.yaml", "--backend", "replay", "--approval", "auto").returncode == 0
+    rep = json.loads(run_kinv(env, "report", "3b", "--json").stdout)
+    v1 = next(e for e in rep["experiments"] if e["experiment"]["variant"] == "V1")
+    b1 = next(e for e in v1["effects"] if e["level"].endswith("/b1"))
+    assert f"{b1['change']:+.2%}" in rep["markdown"]  # the JSON and the close-out give the same number
+    assert math.isclose(b1["change"], math.expm1(b1["effect"])) and b1["change_low"] < b1["change"] < b1["change_high"]
+    assert rep["workstream"]["id"] == "#3b" and rep["close_out"].endswith("3b-closeout.md")
+    e = json.loads(run_kinv({**env, "TARGET_CTAS": "256"}, "env", "--plan", "plans/3b-tile-shape.yaml", "--json").stdout)
+    assert e == {"source": "shell", "expected": {"TARGET_CTAS": "512"}, "seen": {"TARGET_CTAS": "256"}, "ok": False,
+                 "mismatch": ["TARGET_CTAS"]}  # fmt: skip
+    for fmt in ("opencode", "claude"):
+        todos = json.loads(run_kinv(env, "todos", "3b", "--format", fmt).stdout)
+        assert list(todos) == ["todos"] and {t["content"] for t in todos["todos"]} >= {"V1: BLOCK_T 32"}
