@@ -248,6 +248,48 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
 
 
 @app.command()
+def adopt(ws: str = typer.Argument(..., help="workstream id, e.g. 3b"),
+          variant: str = typer.Argument(..., help="the variant to adopt, e.g. V1"),
+          yes: bool = typer.Option(False, "--yes", help="write it (without: show the diff and message only)"),
+          state_dir: str = StateOpt, as_json: bool = JsonOpt):  # fmt: skip
+    """Adopt a measured winner: its config (a mixed one's per-level overrides, or its source patch) written to
+    the live kernel file as a journaled change, with a commit message that cites the close-out.
+
+    Example: kinv adopt 3b V1 ; kinv adopt 3b V1 --yes
+    """
+    from kinv.agent import views
+    from kinv.agent.tools import adopt as adopt_tool
+    from kinv.agent.tools import configs
+
+    store = _store(state_dir)
+    wsid = views.resolve_ws(store, ws)
+    a = adopt_tool.prepare(store, wsid, variant.strip())
+    if not yes:
+        if as_json:
+            print(adopt_tool.as_json(a))
+            return
+        con = _console()
+        con.print(f"[bold]adopt {wsid} {a.variant}[/bold] into {a.path} ({a.kind}); nothing is written yet")
+        con.print(a.diff, markup=False, highlight=False)
+        con.print("commit message:", style="bold")
+        con.print(a.message, markup=False, highlight=False)
+        raise Exit(EXIT_OK, f"review it, then write it: kinv adopt {wsid.lstrip('#')} {a.variant} --yes")
+    kernel_lock = f"kernel:{store.workstream(wsid)['kernel']}"
+    store.acquire_lock(kernel_lock, os.getpid())  # not while a run of this kernel is live
+    try:
+        with configs.ConfigFileLock(a.path, store.dir):
+            done = adopt_tool.apply(store, a)
+    finally:
+        store.release_lock(kernel_lock, os.getpid())
+    if as_json:
+        print(json.dumps({**done, "written": True}, indent=2))
+        return
+    _console().print(a.diff, markup=False, highlight=False)
+    raise Exit(EXIT_OK, f"adopted {wsid} {a.variant} into {done['path']} (journaled as patch #{done['patch']}; "
+                        f"backup kept). Commit it: git commit -F {done['message_file']} {done['path']}")
+
+
+@app.command()
 def revert(state_dir: str = StateOpt,
            to_plan: Path = typer.Option(None, "--to-plan", help="write PLAN's baseline config back to the kernel's "
                                         "live config file, verified by hash; needs no state dir (kinv.db lost or "

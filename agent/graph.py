@@ -102,13 +102,13 @@ def _baseline_config(ctx: Context) -> dict:
     return {**ctx.plan.baseline, "kernel": ctx.adapter.name}
 
 
-def _source_patch(ctx: Context, variant) -> tuple[Path, str] | None:
+def source_patch_of(adapter, variant) -> tuple[Path, str] | None:
     """(target file, diff text) of a variant's source patch.  The diff is found beside the plan's project
     (the current directory) or under the adapter's root; it may only target one of the adapter's
     ``kernel_files``, which are relative to the adapter's root."""
     if not variant.source_patch:
         return None
-    root = ctx.adapter.root()
+    root = adapter.root()
     diff_path = next((d / variant.source_patch for d in (Path.cwd(), root) if (d / variant.source_patch).is_file()),
                      None)  # fmt: skip
     if diff_path is None:
@@ -116,10 +116,14 @@ def _source_patch(ctx: Context, variant) -> tuple[Path, str] | None:
     diff = diff_path.read_text()
     target = next((ln[4:].strip() for ln in diff.splitlines() if ln.startswith("+++ ")), "")
     target = target[2:] if target.startswith("b/") else target
-    if target not in ctx.adapter.kernel_files:
+    if target not in adapter.kernel_files:
         raise configs.PatchError(f"source_patch {variant.source_patch} targets {target!r}; a variant may only patch "
-                                 f"the kernel's files: {', '.join(ctx.adapter.kernel_files)}")  # fmt: skip
+                                 f"the kernel's files: {', '.join(adapter.kernel_files)}")  # fmt: skip
     return root / target, diff
+
+
+def _source_patch(ctx: Context, variant) -> tuple[Path, str] | None:
+    return source_patch_of(ctx.adapter, variant)
 
 
 def _ensure_applied(ctx: Context, variant, exp_id: int) -> None:

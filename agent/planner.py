@@ -127,14 +127,16 @@ def level_conditional(plan: Plan, variant: Variant, levels: dict[str, str]) -> d
         return None
 
 
-def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "copy bandwidth") -> list[dict]:
+def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "copy bandwidth",
+              measured_by: str = "") -> list[dict]:
     """Rank the backlog: prior plausibility times what this investigation's evidence says.
 
     * occupancy items: refuted (x0.1) when every occupancy variant regressed or showed
       no gain; boosted (x1.5) when one was accepted;
     * roofline-gap items: scaled by the measured headroom (1 - the best fraction of the roofline bound that
       applies at each level: copy bandwidth or the matrix peak);
-    * tile-shape items: boosted (x1.3) when occupancy was refuted (the remaining kernel lever);
+    * tile-shape items: boosted (x1.3) when occupancy was refuted (the remaining kernel lever), and (x1.5)
+      when a tile-shape variant won here (the lever works: its neighbours are next);
     * work elsewhere: boosted (x1.5) when every kernel variant here was rejected.
     """
     occupancy_ids = [v.id for v in plan.variants if v.targets == "occupancy"]
@@ -142,6 +144,9 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
     occ_refuted = bool(occ) and all(r.get("verdict") in ("reject", "incorrect", "infeasible") for r in occ)
     occ_won = any(r.get("verdict") == "accept" for r in occ)
     all_rejected = bool(results) and all(r.get("verdict") != "accept" for r in results.values())
+    tile_won = [v.id for v in plan.variants if v.targets == "tile_shape" and v.id in results
+                and results[v.id].get("verdict") in ("accept", "mixed")]  # fmt: skip
+    incumbent = measured_by or "the baseline"
     ranked = []
     for item in plan.backlog:
         score, why = item.prior, [f"prior {item.prior:.2f}"]
@@ -155,7 +160,10 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
                 why.append("an occupancy variant was accepted")
         elif item.targets == "roofline_gap" and headroom is not None:
             score *= 0.5 + headroom
-            why.append(f"baseline leaves {headroom:.0%} of its roofline ({bound}) unused")
+            why.append(f"{incumbent} leaves {headroom:.0%} of its roofline ({bound}) unused")
+        elif item.targets == "tile_shape" and tile_won:
+            score *= 1.5
+            why.append(f"a tile-shape variant won here ({', '.join(tile_won)}): its neighbours are next")
         elif item.targets == "tile_shape" and occ_refuted:
             score *= 1.3
             why.append("the kernel lever left after occupancy was refuted")

@@ -4,6 +4,7 @@ the recommendation and the ledger, plus a PNG plot of throughput by level."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -42,10 +43,16 @@ def roofline(store: Store, ws: str, adapter, levels, copy_gbps: float | None, ma
     """
     data = collect(store, ws)
     base_us: dict[str, float] = {}
+    best: dict[str, tuple[float, str]] = {}  # the fastest measured config per level: a confirmed win, else baseline
     for v in data["variants"]:
         for row in v["verdicts"]:
             if row["base_us"]:
                 base_us.setdefault(row["level"], row["base_us"])
+            won = v["exp"]["verdict"] in ("accept", "mixed") and row["verdict"] == "improved"
+            if won and row["variant_us"] and row["variant_us"] < best.get(row["level"], (math.inf, ""))[0]:
+                best[row["level"]] = (row["variant_us"], v["exp"]["variant"])
+    for k, us in base_us.items():
+        best.setdefault(k, (us, "baseline"))
     out: dict = {"levels": {}, "headroom": None, "bound": "unknown"}
     ridge = matrix_tflops * 1e12 / (copy_gbps * 1e9) if copy_gbps and matrix_tflops else None
     for lv in levels:
@@ -56,9 +63,9 @@ def roofline(store: Store, ws: str, adapter, levels, copy_gbps: float | None, ma
             continue
         bound = "compute" if comp is not None and (mem is None or comp > mem) else "memory"
         floor = max(x for x in (mem, comp) if x is not None)
-        us = base_us.get(lv.key)
+        us, who = best.get(lv.key, (None, None))
         out["levels"][lv.key] = {"label": lv.label, "bound": bound, "intensity": f / b if b else None,
-                                 "fraction": floor / (us * 1e-6) if us else None}  # fmt: skip
+                                 "fraction": floor / (us * 1e-6) if us else None, "config": who}  # fmt: skip
     fr = [x["fraction"] for x in out["levels"].values() if x["fraction"]]
     if fr:
         out["headroom"] = max(0.0, 1.0 - max(fr))
@@ -316,11 +323,14 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     roof = roofline(store, ws, adapter, levels, be.copy_bandwidth(), get_device(plan.device).matrix_tflops)
     if roof["levels"]:
         per = ", ".join(f"{x['label']} {x['bound']}-bound"
-                        + (f" at {x['fraction']:.0%}" if x["fraction"] else "") for x in roof["levels"].values())
+                        + (f" at {x['fraction']:.0%} ({x['config']})" if x["fraction"] else "")
+                        for x in roof["levels"].values())  # fmt: skip
         ridge = f" (ridge point {roof['ridge']:.0f} FLOP/byte)" if roof.get("ridge") else ""
         out += ["## Roofline", "", f"Bound at each level by arithmetic intensity{ridge}: {per} of its bound "
-                "(the baseline's measured time against max(bytes / copy bandwidth, FLOPs / matrix peak)).", ""]
-    ranked = planner.recommend(plan, results, roof["headroom"], roof["bound"])
+                "(the fastest measured config at that level, a confirmed win or else the baseline, against "
+                "max(bytes / copy bandwidth, FLOPs / matrix peak)).", ""]  # fmt: skip
+    winners = sorted({x["config"] for x in roof["levels"].values() if x.get("config") not in (None, "baseline")})
+    ranked = planner.recommend(plan, results, roof["headroom"], roof["bound"], measured_by=", ".join(winners))
     if ranked:
         top = ranked[0]
         out += ["## Recommendation", "", f"Next: **{top['id']} — {top['title']}**. {top['rationale']}", "",
