@@ -76,44 +76,92 @@ def roofline(store: Store, ws: str, adapter, levels, copy_gbps: float | None, ma
     return out
 
 
-def plot(data: dict, path: Path, adapter, levels) -> Path | None:
+def plot(data: dict, path: Path, adapter, levels, title: str = "") -> Path | None:
+    """Write :func:`figure` to ``path`` (PNG); None when no variant was measured."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(data, adapter, levels, title)
+    if fig is None:
+        return None
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def figure(data: dict, adapter, levels, title: str = ""):
+    """The close-out's figure: a forest plot of every measured variant's throughput change per level with its
+    interval against the plan's threshold band (left), beside throughput by level (right).  The change axis
+    is linear within a few thresholds and logarithmic beyond, so a 1% effect stays visible beside a 50% one.
+    Variants never measured (voided, failed, rejected by a person) are not drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    base_done = False
-    unit = adapter.throughput_unit
-    for v in data["variants"]:
-        rows = _ordered(v["verdicts"], levels)
-        if not rows or (v["exp"]["verdict"] or "") not in _MEASURED:
-            continue
-        xs = list(range(len(rows)))
-        if not base_done:
-            ax.plot(xs, [adapter.throughput(lv, r["base_us"]) for lv, r in rows], "k-o", label="baseline")
-            ax.set_xticks(xs, [lv.label for lv, _ in rows])
-            base_done = True
-        ys = [adapter.throughput(lv, r["variant_us"]) for lv, r in rows]
-        # interval of the throughput ratio applied to the baseline throughput
-        lo = [adapter.throughput(lv, r["base_us"]) * _exp(r["ci_low"]) for lv, r in rows]
-        hi = [adapter.throughput(lv, r["base_us"]) * _exp(r["ci_high"]) for lv, r in rows]
-        err = [[max(0, y - a) for y, a in zip(ys, lo)], [max(0, b - y) for y, b in zip(ys, hi)]]
-        ax.errorbar(xs, ys, yerr=err, marker="s", capsize=3, label=f"{v['exp']['variant']} ({v['exp']['verdict']})")
-    if not base_done:
-        plt.close(fig)
+    measured = [(v, _ordered(v["verdicts"], levels)) for v in data["variants"]
+                if (v["exp"]["verdict"] or "") in _MEASURED]  # fmt: skip
+    measured = [(v, rows) for v, rows in measured if rows]
+    if not measured:
         return None
-    ax.set_yscale("log")
-    ax.set_xlabel("level")
-    ax.set_ylabel(f"{adapter.name} throughput ({unit})")
-    conf = next((r.get("conf") for v in data["variants"] for r in v["verdicts"] if r.get("conf")), None)
-    ax.set_title(f"Throughput by level, {conf:.3%} intervals" if conf else "Throughput by level")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    shown = [lv for lv in levels if any(lv.key == r[0].key for _, rows in measured for r in rows)]
+    pos = {lv.key: i for i, lv in enumerate(shown)}
+    fig, (fx, tx) = plt.subplots(1, 2, figsize=(11, 1.6 + 0.55 * len(shown) * max(1, len(measured)) ** 0.5),
+                                 gridspec_kw={"width_ratios": [3, 2]})  # fmt: skip
+    # ---- forest: change and interval per level and variant, against the threshold band ----
+    k = len(measured)
+    thr_max = 0.0
+    for i, lv in enumerate(shown):
+        thr = next((r["threshold"] for _, rows in measured for lv2, r in rows if lv2.key == lv.key and r["threshold"]),
+                   0.01)  # fmt: skip
+        thr_max = max(thr_max, thr)
+        fx.fill_betweenx([i - 0.45, i + 0.45], -100 * thr, 100 * thr, color="0.88", lw=0)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for j, (v, rows) in enumerate(measured):
+        off = (j - (k - 1) / 2) * (0.7 / max(k, 1))
+        ys = [pos[lv.key] + off for lv, _ in rows]
+        xs = [100 * _exp_m1(r["effect"]) for _, r in rows]
+        lo = [100 * _exp_m1(r["ci_low"]) for _, r in rows]
+        hi = [100 * _exp_m1(r["ci_high"]) for _, r in rows]
+        c = colors[j % len(colors)]
+        fx.errorbar(xs, ys, xerr=[[x - a for x, a in zip(xs, lo)], [b - x for x, b in zip(xs, hi)]], fmt="o",
+                    color=c, capsize=3, ms=4, label=f"{v['exp']['variant']} ({v['exp']['verdict']})")  # fmt: skip
+    fx.axvline(0, color="k", lw=0.8)
+    lin = max(2.0, 300 * thr_max)
+    fx.set_xscale("symlog", linthresh=lin)
+    lo_x, hi_x = fx.get_xlim()
+    ticks = [t for t in (-50, -20, -10, -5, -2, -1, 0, 1, 2, 5, 10, 20, 50, 100, 200)
+             if lo_x <= t <= hi_x and (abs(t) <= lin or abs(t) >= 2 * lin or t in (-10, 10))]  # fmt: skip
+    fx.set_xticks(ticks, [f"{t:+g}%" if t else "0" for t in ticks])
+    fx.minorticks_off()
+    fx.set_yticks(range(len(shown)), [lv.label for lv in shown])
+    fx.set_ylim(len(shown) - 0.5, -0.5)
+    conf = next((r.get("conf") for v, _ in measured for r in v["verdicts"] if r.get("conf")), None)
+    fx.set_xlabel(f"throughput change, % ({conf:.3%} interval; grey: ±threshold)" if conf else "throughput change, %")
+    fx.grid(axis="x", alpha=0.3)
+    fx.legend(fontsize=7, loc="best")
+    # ---- throughput by level ----
+    unit = adapter.throughput_unit
+    _, rows0 = measured[0]
+    xs = [pos[lv.key] for lv, _ in rows0]
+    tx.plot([adapter.throughput(lv, r["base_us"]) for lv, r in rows0], xs, "k-o", ms=4, label="baseline")
+    for j, (v, rows) in enumerate(measured):
+        tx.plot([adapter.throughput(lv, r["variant_us"]) for lv, r in rows], [pos[lv.key] for lv, _ in rows], "s--",
+                color=colors[j % len(colors)], ms=4, label=v["exp"]["variant"])  # fmt: skip
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    tx.xaxis.set_major_locator(MaxNLocator(5))
+    tx.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x >= 1000 else f"{x:g}"))
+    tx.set_yticks(range(len(shown)), [lv.label for lv in shown])
+    tx.set_ylim(len(shown) - 0.5, -0.5)
+    tx.set_xlabel(f"throughput ({unit})")
+    tx.grid(alpha=0.3)
+    fig.suptitle(title or f"{adapter.name}: throughput change by level", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def _exp_m1(x: float) -> float:
+    return math.expm1(x)
 
 
 def _exp(x: float) -> float:
@@ -378,7 +426,10 @@ def write_closeout(store: Store, plan, state: dict, ctx, out_dir: Path | None = 
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = plan.ws.lstrip("#") + "-closeout"
     md = render(store, plan, state, ctx)
-    png = plot(collect(store, plan.ws), out_dir / f"{stem}.png", ctx.adapter, ctx.levels())
+    be = ctx.backend
+    mark = "REPLAY of H200 recordings" if be.name == "replay" else f"live, {be.name}"
+    png = plot(collect(store, plan.ws), out_dir / f"{stem}.png", ctx.adapter, ctx.levels(),
+               title=f"{plan.ws} {plan.workstream.title} [{mark}]")  # fmt: skip
     if png:
         md += f"\n![throughput by level]({png.name})\n"
     path = out_dir / f"{stem}.md"
