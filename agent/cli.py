@@ -290,6 +290,30 @@ def adopt(ws: str = typer.Argument(..., help="workstream id, e.g. 3b"),
 
 
 @app.command()
+def doctor(state_dir: str = StateOpt, as_json: bool = JsonOpt):
+    """What is wrong with a state dir and the kernels' live configs, and the command that mends each; reads only.
+
+    Example: kinv doctor
+    """
+    from kinv.agent.store import state_dir as resolve
+    from kinv.agent.tools import doctor as doc
+
+    found = doc.diagnose(resolve(state_dir))
+    bad = any(f.status == "bad" for f in found)
+    if as_json:
+        print(json.dumps(doc.as_dicts(found), indent=2))
+        raise Exit(EXIT_FAIL if bad else EXIT_OK, "")
+    from kinv.agent.render import table
+
+    t = table("check", "", "finding", "fix", title=f"kinv doctor: {resolve(state_dir)}")
+    mark = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "bad": "[red]BAD[/red]"}
+    for f in found:
+        t.add_row(f.check, mark[f.status], f.detail, f.fix)
+    _console().print(t)
+    raise Exit(EXIT_FAIL if bad else EXIT_OK, "")
+
+
+@app.command()
 def revert(state_dir: str = StateOpt,
            to_plan: Path = typer.Option(None, "--to-plan", help="write PLAN's baseline config back to the kernel's "
                                         "live config file, verified by hash; needs no state dir (kinv.db lost or "
@@ -468,7 +492,7 @@ def pending(state_dir: str = StateOpt, as_json: bool = JsonOpt):
 
 @app.command()
 def history(ws: str = typer.Argument(..., help="workstream id"), state_dir: str = StateOpt, as_json: bool = JsonOpt):
-    """The graph's checkpoints for a workstream: node, time, decision.
+    """The graph nodes that ran for a workstream: step, node, time, outcome, decision.
 
     Example: kinv history 3a
     """
@@ -583,7 +607,7 @@ def _log_traceback(e: BaseException) -> str:
     path = path / "kinv-errors.log" if path.is_dir() else Path(tempfile.gettempdir()) / "kinv-errors.log"
     try:
         with open(path, "a") as fh:
-            fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} kinv {' '.join(sys.argv[1:])}\n")
+            fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime())} kinv {' '.join(sys.argv[1:])}\n")
             fh.write("".join(traceback.format_exception(e)))
     except OSError:
         return "(the log could not be written; set KINV_DEBUG=1 to see the traceback)"

@@ -18,7 +18,7 @@ from typing import Literal, TypedDict
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from kinv.agent import planner
+from kinv.agent import faults, planner
 from kinv.agent.models import Plan
 from kinv.agent.store import Store
 from kinv.agent.tools import bench, configs, correctness, envcheck, resources
@@ -86,6 +86,34 @@ class Context:
 
     def levels(self) -> list[Level]:
         return self.plan.levels()
+
+    def heartbeat(self, what: str, every: float = 10.0):
+        """A context manager for a long step (a correctness check compiling in the interpreter, a worker's
+        first compile): says the step started, then a line every ``every`` seconds while it runs."""
+        import contextlib
+        import threading
+
+        @contextlib.contextmanager
+        def beat():
+            done = threading.Event()
+            t0 = time.time()
+            if self.progress:
+                self.progress("step", message=f"{what} ...")
+
+            def tick():
+                while not done.wait(every):
+                    if self.progress:
+                        self.progress("heartbeat", message=f"{what}: still running ({time.time() - t0:.0f} s)")
+
+            th = threading.Thread(target=tick, daemon=True, name="kinv-heartbeat")
+            th.start()
+            try:
+                yield
+            finally:
+                done.set()
+                th.join(timeout=1)
+
+        return beat()
 
     def say(self, kind: str, **info) -> None:
         msg = info.get("message")
@@ -232,6 +260,10 @@ def make_nodes(ctx: Context):
                 "decision": "baseline on disk matches the plan"}  # fmt: skip
 
     def baseline(state: State) -> dict:
+        done = store.done_experiment(ws, planner.todo_id(ws, "baseline"), "baseline", ctx.version)
+        if done is not None:  # committed before a kill, never checkpointed: verified already, not again
+            ctx.say("baseline", message=f"baseline already verified (experiment {done['id']}); not repeated")
+            return {"decision": "baseline verified"}
         planner.start(store, ws, "baseline")
         levels = ctx.levels()
         notes = ctx.adapter.workload_notes(plan.workload_spec, plan.baseline)
@@ -242,8 +274,9 @@ def make_nodes(ctx: Context):
         exp = _experiment(ctx, "baseline", "baseline", "baseline", _baseline_config(ctx))
         assessment = resources.assess(ctx.adapter, _baseline_config(ctx), levels, get_device(plan.device))
         resources.record(store, ws, exp, assessment)
-        result = correctness.check_isolated(plan.kernel, _baseline_config(ctx), levels, seed=_seed(),
-                                            device=_corr_device(ctx), env=plan.environment)  # fmt: skip
+        with ctx.heartbeat(f"baseline: correctness check at {len(levels)} levels ({_corr_device(ctx)})"):
+            result = correctness.check_isolated(plan.kernel, _baseline_config(ctx), levels, seed=_seed(),
+                                                device=_corr_device(ctx), env=plan.environment)  # fmt: skip
         correctness.record(store, ws, exp, result)
         if not result["ok"]:
             raise InvestigationError(f"the baseline itself is incorrect: {result['reason']}")
@@ -256,13 +289,17 @@ def make_nodes(ctx: Context):
         planner.finish(store, ws, "baseline", "completed",
                        f"{derived + '; ' if derived else ''}env {plan.environment} confirmed; correct")  # fmt: skip
         ctx.say("baseline", message=f"baseline verified: {derived + ', ' if derived else ''}env confirmed, correct")
+        faults.point("node.baseline.committed")  # a kill here re-runs the node: it must find its experiment done
         return {"decision": "baseline verified"}
 
     def noise(state: State) -> dict:
         from kinv.agent import stats
 
         planner.start(store, ws, "noise")
-        exp = state.get("noise_exp") or _experiment(ctx, "noise", "A/A", "noise", _baseline_config(ctx))
+        done = store.done_experiment(ws, planner.todo_id(ws, "noise"), "noise", ctx.version)
+        # a committed A/A (a kill came before the checkpoint) is re-read from its rounds, never measured twice
+        exp = state.get("noise_exp") or (done and done["id"]) or _experiment(ctx, "noise", "A/A", "noise",
+                                                                              _baseline_config(ctx))  # fmt: skip
         levels = ctx.levels()
         base = _baseline_config(ctx)
         s = plan.stats
@@ -290,6 +327,7 @@ def make_nodes(ctx: Context):
                   + (f"; {len(warnings)} level(s) too noisy to decide at their threshold" if warnings else ""))  # fmt: skip
         planner.finish(store, ws, "noise", "completed", reason)
         ctx.say("noise", message=reason, bands=band)
+        faults.point("node.noise.committed")  # a kill here re-runs the node: it re-reads its rounds, times none
         return {"noise_exp": exp, "bands": band, "offsets": offsets, "thresholds": thresholds,
                 "gpu_s": state.get("gpu_s", 0) + gpu_s, "decision": reason}  # fmt: skip
 
@@ -331,6 +369,7 @@ def make_nodes(ctx: Context):
             result = {"verdict": "infeasible", "reason": f"infeasible on {plan.device}: {var_a['reason']}",
                       "levels": {}, "exp_id": exp}  # fmt: skip
             store.update_experiment(exp, status="rejected", verdict="infeasible", reason=result["reason"])
+            ctx.say("infeasible", message=f"{vid}: {result['reason']} (never patched, never timed)")
             return Command(goto="decide", update={"exp_id": exp, "results": {**state.get("results", {}), vid: result}})
         if _needs_approval(ctx, cfg, bool(v.source_patch)):
             aid = f"{ws.lstrip('#')}-{vid}-{exp}"
@@ -397,8 +436,9 @@ def make_nodes(ctx: Context):
         vid = state["current"]
         _ensure_applied(ctx, plan.variant(vid), state["exp_id"])
         live = configs.read_config(ctx.config_path, ctx.adapter.name)
-        result = correctness.check_isolated(plan.kernel, live, ctx.levels(), seed=_seed(), device=_corr_device(ctx),
-                                            env=plan.environment)  # fmt: skip
+        with ctx.heartbeat(f"{vid}: correctness check at {len(ctx.levels())} levels ({_corr_device(ctx)})"):
+            result = correctness.check_isolated(plan.kernel, live, ctx.levels(), seed=_seed(),
+                                                device=_corr_device(ctx), env=plan.environment)  # fmt: skip
         correctness.record(store, ws, state["exp_id"], result)
         if not result["ok"]:
             kind, why = _failure_kind(result)
@@ -563,11 +603,44 @@ def _corr_device(ctx: Context) -> str:
 # --------------------------------------------------------------------------- #
 # assembly
 # --------------------------------------------------------------------------- #
+def recorded(ctx: Context, name: str, fn):
+    """``fn`` as a graph node whose every run is written to kinv.db's history (node, decision, outcome):
+    ``kinv history`` reads that, never LangGraph's private checkpoint tables."""
+    import functools
+
+    from langgraph.errors import GraphInterrupt
+
+    @functools.wraps(fn)  # keeps the return annotation: LangGraph reads a Command node's destinations from it
+    def node(state: State):
+        t0 = time.time()
+        try:
+            out = fn(state)
+        except GraphInterrupt:
+            ctx.store.add_node_run(ctx.plan.ws, ctx.version, name, t0, _waiting(ctx), "paused")
+            raise
+        except BaseException as exc:
+            ctx.store.add_node_run(ctx.plan.ws, ctx.version, name, t0, f"{type(exc).__name__}: {exc}"[:300], "error")
+            raise
+        update = out.update if isinstance(out, Command) else out
+        decision = (update or {}).get("decision") if isinstance(update, dict) else None
+        goto = out.goto if isinstance(out, Command) else None
+        ctx.store.add_node_run(ctx.plan.ws, ctx.version, name, t0, decision and str(decision)[:300],
+                               f"-> {goto}" if isinstance(goto, str) and goto else "ok")  # fmt: skip
+        return out
+
+    return node
+
+
+def _waiting(ctx: Context) -> str:
+    pending = ctx.store.approvals(status="pending", ws_id=ctx.plan.ws)
+    return f"waiting for approval {pending[-1]['id']}" if pending else "interrupted"
+
+
 def build_graph(ctx: Context, checkpointer):
     nodes = make_nodes(ctx)
     g = StateGraph(State)
     for name, fn in nodes.items():
-        g.add_node(name, fn)
+        g.add_node(name, recorded(ctx, name, fn))
     g.add_edge(START, "setup")
     g.add_edge("setup", "baseline")
     g.add_edge("baseline", "noise")

@@ -134,6 +134,14 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
             console.print(f"resuming {ws} at {', '.join(pending) or 'its last checkpoint'}")
             result = graph.invoke(None, cfg, durability="sync")
         else:
+            ran = [e for e in store.experiments(ws) if int(e.get("version") or 1) == version]
+            if ran and row and row.get("status") == "closed" and row.get("report_path"):
+                return EXIT_OK, f"{ws} is already closed out: {row['report_path']}"
+            if ran:  # kinv.db has this version's work, the checkpoints do not: never start over silently
+                return EXIT_FAIL, (f"the graph checkpoints of {ws} are missing from {store.checkpoints_path} although "
+                                   f"kinv.db holds {len(ran)} of its experiments (status {row['status'] if row else '?'}"
+                                   f"): kinv cannot resume where it stopped. Start over as a new version (the old one "
+                                   f"stays in history): kinv run {plan_path} --new-version")  # fmt: skip
             result = graph.invoke({"ws": ws}, cfg, durability="sync")
         if "__interrupt__" in result:
             return _paused(store, result.get("approval_id") or graph.get_state(cfg).values.get("approval_id"),

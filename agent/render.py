@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
@@ -24,17 +22,25 @@ def table(*columns: str, title: str | None = None) -> Table:
     return t
 
 
-PROSE = {"content", "reason", "decision", "file", "variant"}
+PROSE = {"content", "reason", "decision", "file", "variant", "outcome", "finding", "fix"}
 
 
 def _t(ts) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else ""
+    from kinv.agent.ids import stamp
+
+    return stamp(ts)
 
 
 def status(console, view) -> None:
-    if not view.workstreams:
+    if not view.workstreams and not view.adhoc:
         console.print(f"no workstreams in {view.state_dir}; start one: kinv run plans/3a-attention-occupancy.yaml")
         return
+    if view.adhoc:
+        adhoc = table("id", "kind", "config", "backend", "status", "verdict", "rounds", "samples",
+                      title="ad-hoc experiments (kinv bench, kinv noise): kinv show ID")  # fmt: skip
+        for e in view.adhoc:
+            adhoc.add_row(str(e.id), e.kind or "", e.variant or "", e.backend or "", e.status or "", e.verdict or "",
+                      str(e.rounds or ""), str(e.samples))  # fmt: skip
     for ws in view.workstreams:
         head = f"[bold]{ws.id}[/bold] {ws.title} — {ws.status}"
         if ws.parent:
@@ -58,6 +64,8 @@ def status(console, view) -> None:
             console.print(f"  next: {ws.recommendation}")
         if ws.report_path:
             console.print(f"  close-out: {ws.report_path}")
+    if view.adhoc:
+        console.print(adhoc)
 
 
 def todos(console, items) -> None:
@@ -138,9 +146,12 @@ def predicted_resources(console, resources: dict) -> None:
 
 
 def history(console, items) -> None:
-    t = table("step", "node", "time", "decision")
-    for h in items:
-        t.add_row(str(h.step), h.node or "", h.time or "", h.decision or "")
+    if not items:
+        console.print("no graph node has run for this workstream yet")
+        return
+    t = table("step", "node", "time (UTC)", "outcome", "decision")
+    for i in items:
+        t.add_row(str(i.step), i.node, i.time.removesuffix("Z"), i.outcome, i.decision or "")
     console.print(t)
 
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from kinv.agent import planner
+from kinv.agent.ids import stamp
 from kinv.agent.store import Store
 from kinv.kernels.launch_config import describe
 
@@ -397,7 +398,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     out += ["## Ledger", "", f"- GPU time in samples: {gpu:.2f} s ({'recorded' if be.name == 'replay' else 'measured'}); "
             f"rounds: {rounds}; samples stored: {n_samples}; budget {plan.budget.gpu_seconds:.0f} GPU s"
             f"{' — spent, close-out written anyway' if state.get('budget_exhausted') else ''}.",
-            f"- Plan: `{ctx.plan_path}` (sha {ctx.plan_hash}); written {time.strftime('%Y-%m-%d %H:%M:%S')}.", ""]  # fmt: skip
+            f"- Plan: `{ctx.plan_path}` (sha {ctx.plan_hash}); written {stamp(time.time())}.", ""]  # fmt: skip
     return "\n".join(out)
 
 

@@ -150,6 +150,17 @@ def m004_plan_versions(db: sqlite_utils.Database) -> None:
     )  # fmt: skip
 
 
+@migration
+def m005_node_runs(db: sqlite_utils.Database) -> None:
+    """Issue 11: every graph node run is recorded in kinv.db (``kinv history`` reads it, not LangGraph's tables)."""
+    db["node_runs"].create(
+        {"id": int, "workstream": str, "version": int, "node": str, "step": int, "started": float, "finished": float,
+         "decision": str, "outcome": str, "pid": int},
+        pk="id",
+    )  # fmt: skip
+    db["node_runs"].create_index(["workstream", "version"])
+
+
 # --------------------------------------------------------------------------- #
 # the store
 # --------------------------------------------------------------------------- #
@@ -332,6 +343,13 @@ class Store:
                           [ws_id, todo, kind], order_by="id desc")  # fmt: skip
         return rows[0] if rows else None
 
+    def done_experiment(self, ws_id: str, todo: str, kind: str, version: int) -> dict | None:
+        """The newest finished experiment of a todo in this plan version: a node re-run after a kill between its
+        commit and the graph's checkpoint reuses it instead of measuring again."""
+        rows = self._rows("experiments", "workstream = ? and todo = ? and kind = ? and status = 'done' and "
+                          "coalesce(version, 1) = ?", [ws_id, todo, kind, version], order_by="id desc")  # fmt: skip
+        return rows[0] if rows else None
+
     def experiment(self, exp_id: int) -> dict | None:
         return self._one("experiments", exp_id)
 
@@ -407,6 +425,19 @@ class Store:
     def dangling_patches(self) -> list[dict]:
         """Patches whose file may differ from the baseline: intent or applied, never reverted."""
         return self._rows("patches", "state in ('intent', 'applied')", order_by="id")
+
+    # ---- graph history -------------------------------------------------------------
+    def add_node_run(self, ws_id: str, version: int, node: str, started: float, decision: str | None,
+                     outcome: str) -> int:  # fmt: skip
+        """One graph node's run: its decision (what it concluded) and outcome (ok, the next node, paused, error)."""
+        step = 1 + (self.conn.execute("select count(*) from node_runs where workstream = ? and version = ?",
+                                      [ws_id, version]).fetchone()[0])  # fmt: skip
+        return self._insert("node_runs", {"workstream": ws_id, "version": version, "node": node, "step": step,
+                                          "started": started, "finished": now(), "decision": decision,
+                                          "outcome": outcome, "pid": os.getpid()}, fault="history.node_run")  # fmt: skip
+
+    def node_runs(self, ws_id: str, version: int | None = None) -> list[dict]:
+        return self._filtered("node_runs", "id", workstream=ws_id, version=version)
 
     # ---- env checks, approvals, events -------------------------------------------
     def add_env_check(self, **row) -> int:

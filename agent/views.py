@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 import statistics
-import struct
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kinv.agent.ids import norm_ws
+from kinv.agent.ids import norm_ws, stamp
 from kinv.agent.store import Store
 
 
@@ -74,20 +70,16 @@ class VerdictView(View):
     offset_sd: float | None = Field(None, description="between-arm offset SD from the A/A, inside the interval")
 
     # the number every text view prints: the throughput change variant/baseline - 1, with its interval
-    @computed_field(description="throughput change, variant / baseline - 1 (what every table prints)")
-    @property
-    def change(self) -> float | None:
-        return None if self.effect is None else math.expm1(self.effect)
+    change: float | None = Field(None, description="throughput change, variant / baseline - 1 (what every table "
+                                 "prints); derived from effect")
+    change_low: float | None = Field(None, description="lower bound of the throughput change")
+    change_high: float | None = Field(None, description="upper bound of the throughput change")
 
-    @computed_field(description="lower bound of the throughput change")
-    @property
-    def change_low(self) -> float | None:
-        return None if self.ci_low is None else math.expm1(self.ci_low)
-
-    @computed_field(description="upper bound of the throughput change")
-    @property
-    def change_high(self) -> float | None:
-        return None if self.ci_high is None else math.expm1(self.ci_high)
+    @model_validator(mode="after")
+    def _changes(self):
+        for name, src in (("change", self.effect), ("change_low", self.ci_low), ("change_high", self.ci_high)):
+            object.__setattr__(self, name, None if src is None else math.expm1(src))
+        return self
 
 
 class ApprovalView(View):
@@ -131,11 +123,6 @@ class WorkstreamView(View):
     latest_verdicts: list[VariantVerdict] = Field(default_factory=list, description="latest verdict per variant")
 
 
-class StatusView(View):
-    state_dir: str = Field(description="the state dir read")
-    workstreams: list[WorkstreamView] = Field(default_factory=list, description="every workstream, oldest first")
-
-
 class ExperimentView(View):
     id: int = Field(description="experiment id (`kinv show ID`)")
     workstream: str | None = Field(None, description="workstream id")
@@ -151,6 +138,13 @@ class ExperimentView(View):
     gpu_s: float | None = Field(None, description="GPU seconds spent")
     wall_s: float | None = Field(None, description="wall seconds spent")
     samples: int = Field(0, description="stored samples")
+
+
+class StatusView(View):
+    state_dir: str = Field(description="the state dir read")
+    workstreams: list[WorkstreamView] = Field(default_factory=list, description="every workstream, oldest first")
+    adhoc: list[ExperimentView] = Field(default_factory=list, description="experiments outside any workstream "
+                                        "(kinv bench, kinv noise), oldest first")
 
 
 class SampleSummary(View):
@@ -209,11 +203,12 @@ class ReportView(View):
 
 
 class HistoryItem(View):
-    checkpoint_id: str = Field(description="LangGraph checkpoint id the node's result was saved in")
-    node: str = Field(description="graph node(s) that ran; '(update)' for a manual state update")
-    step: int = Field(description="LangGraph step of that checkpoint")
-    time: str = Field(description="when the checkpoint was written, ISO 8601 UTC")
-    decision: str | None = Field(None, description="the node's decision / verdict / route, or why it is paused")
+    step: int = Field(description="1, 2, ... in the order the nodes ran (re-runs after a resume count again)")
+    node: str = Field(description="graph node that ran")
+    time: str = Field(description="when it finished, UTC (YYYY-MM-DD HH:MM:SSZ)")
+    decision: str | None = Field(None, description="what the node concluded (its decision), or why it paused or failed")
+    outcome: str = Field(description="ok, '-> NODE' (where it routed), paused or error")
+    seconds: float = Field(description="how long the node ran")
 
 
 class BackupView(View):
@@ -395,7 +390,9 @@ def _workstream_view(store: Store, row: dict) -> WorkstreamView:
 
 def status(store: Store) -> StatusView:
     """`kinv status`: every workstream, its todos, pending approvals and latest verdicts."""
-    return StatusView(state_dir=str(store.dir), workstreams=[_workstream_view(store, w) for w in store.workstreams()])
+    adhoc = [_experiment_view(e, store.sample_count(e["id"])) for e in store.experiments() if not e["workstream"]]
+    return StatusView(state_dir=str(store.dir), workstreams=[_workstream_view(store, w) for w in store.workstreams()],
+                      adhoc=adhoc)  # fmt: skip
 
 
 def todos(store: Store, ws: str) -> list[TodoView]:
@@ -574,373 +571,20 @@ def export_todos(todos: Iterable[TodoView | dict], fmt: str = "kinv") -> list[di
 
 
 # --------------------------------------------------------------------------- #
-# history: LangGraph's checkpoints.db, read without langgraph
+# history: kinv.db's record of every graph node run
 # --------------------------------------------------------------------------- #
-DECISION_KEYS = ("decision", "verdict", "route")
-"""State keys whose writes make a history item's ``decision``."""
-_SPECIAL = ("__interrupt__", "__error__", "__pregel_tasks")
-_UUID_EPOCH_100NS = 0x01B21DD213814000  # 100-ns intervals from 1582-10-15 to 1970-01-01
-_MAX_TEXT = 160
-
-
-class _Ext:
-    """A msgpack extension value (LangGraph packs objects as ext: [module, name, args, ...])."""
-
-    def __init__(self, code: int, data: bytes):
-        self.code, self.data = code, data
-
-    def value(self) -> Any:
-        try:
-            inner = unpackb(self.data)
-        except (ValueError, IndexError, struct.error, UnicodeDecodeError):
-            return f"<ext {self.code}>"
-        if self.code == 7:  # a delta snapshot: the value itself
-            return inner
-        if isinstance(inner, list) and len(inner) >= 3 and all(isinstance(x, str) for x in inner[:2]):
-            return inner[2]  # constructor / pydantic payload
-        return inner
-
-
-_FIXED = {0xCA: ">f", 0xCB: ">d", 0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q", 0xD0: ">b", 0xD1: ">h",
-          0xD2: ">i", 0xD3: ">q"}  # fmt: skip
-_SIZED = {0xC4: ">B", 0xC5: ">H", 0xC6: ">I", 0xD9: ">B", 0xDA: ">H", 0xDB: ">I"}
-_EXT = {0xC7: ">B", 0xC8: ">H", 0xC9: ">I"}
-
-
-def _unpack(b: bytes, i: int) -> tuple[Any, int]:
-    t = b[i]
-    i += 1
-    if t <= 0x7F:
-        return t, i
-    if t >= 0xE0:
-        return t - 0x100, i
-    if t <= 0x8F:
-        return _unpack_map(b, i, t & 0x0F)
-    if t <= 0x9F:
-        return _unpack_array(b, i, t & 0x0F)
-    if t <= 0xBF:
-        n = t & 0x1F
-        return _text(b, i, n), i + n
-    if t == 0xC0:
-        return None, i
-    if t in (0xC2, 0xC3):
-        return t == 0xC3, i
-    if t in _FIXED:
-        return struct.unpack_from(_FIXED[t], b, i)[0], i + struct.calcsize(_FIXED[t])
-    if t in _SIZED:
-        n = struct.unpack_from(_SIZED[t], b, i)[0]
-        i += struct.calcsize(_SIZED[t])
-        return (_text(b, i, n) if t >= 0xD9 else bytes(b[i : i + n])), i + n
-    if 0xD4 <= t <= 0xD8:  # fixext 1, 2, 4, 8, 16
-        n = 1 << (t - 0xD4)
-        return _Ext(struct.unpack_from(">b", b, i)[0], bytes(b[i + 1 : i + 1 + n])), i + 1 + n
-    if t in _EXT:
-        n = struct.unpack_from(_EXT[t], b, i)[0]
-        i += struct.calcsize(_EXT[t])
-        return _Ext(struct.unpack_from(">b", b, i)[0], bytes(b[i + 1 : i + 1 + n])), i + 1 + n
-    if t in (0xDC, 0xDD):
-        f = ">H" if t == 0xDC else ">I"
-        return _unpack_array(b, i + struct.calcsize(f), struct.unpack_from(f, b, i)[0])
-    if t in (0xDE, 0xDF):
-        f = ">H" if t == 0xDE else ">I"
-        return _unpack_map(b, i + struct.calcsize(f), struct.unpack_from(f, b, i)[0])
-    raise ValueError(f"not msgpack: byte 0x{t:02x} at offset {i - 1}")
-
-
-def _text(b: bytes, i: int, n: int) -> str:
-    if i + n > len(b):
-        raise IndexError("truncated msgpack string")
-    return bytes(b[i : i + n]).decode("utf-8")
-
-
-def _unpack_array(b: bytes, i: int, n: int) -> tuple[list, int]:
-    out = []
-    for _ in range(n):
-        v, i = _unpack(b, i)
-        out.append(v)
-    return out, i
-
-
-def _unpack_map(b: bytes, i: int, n: int) -> tuple[dict, int]:
-    out = {}
-    for _ in range(n):
-        k, i = _unpack(b, i)
-        v, i = _unpack(b, i)
-        out[k if isinstance(k, str | int | float | bool | None) else repr(k)] = v
-    return out, i
-
-
-def unpackb(data: bytes) -> Any:
-    """Decode one msgpack value (the subset LangGraph writes; ext values come back as :class:`_Ext`)."""
-    return _unpack(memoryview(data) if not isinstance(data, bytes) else data, 0)[0]
-
-
-def _plain(v: Any) -> Any:
-    """msgpack value -> JSON-able value (ext objects by their payload)."""
-    if isinstance(v, _Ext):
-        return _plain(v.value())
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_plain(x) for x in v]
-    if isinstance(v, bytes):
-        return f"<{len(v)} bytes>"
-    return v
-
-
-def _short(v: Any) -> str:
-    s = v if isinstance(v, str) else json.dumps(_plain(v), default=str, separators=(", ", ": "))
-    s = " ".join(s.split())
-    return s if len(s) <= _MAX_TEXT else s[: _MAX_TEXT - 1] + "…"
-
-
-def _write_value(typ: str | None, blob: bytes | None) -> Any:
-    if blob is None or typ in (None, "null", "empty"):
-        return None
-    try:
-        if typ == "msgpack":
-            return _plain(unpackb(blob))
-        if typ == "json":
-            return json.loads(blob)
-        if typ == "str":
-            return bytes(blob).decode("utf-8")
-    except (ValueError, IndexError, struct.error, UnicodeDecodeError):
-        return None
-    return None  # bytes, pickle, encrypted: not shown
-
-
-def _uuid6_time(checkpoint_id: str) -> datetime | None:
-    try:
-        h = checkpoint_id.replace("-", "")
-        if len(h) != 32 or h[12] != "6":
-            return None
-        ts = (int(h[:12], 16) << 12) | int(h[13:16], 16)
-        return datetime.fromtimestamp((ts - _UUID_EPOCH_100NS) / 1e7, tz=UTC)
-    except ValueError:
-        return None
-
-
-def _checkpoint_time(head: bytes | None, checkpoint_id: str) -> str:
-    """The checkpoint's 'ts' from the first bytes of its msgpack blob; else the UUIDv6 time of its id."""
-    if head:
-        try:
-            b = bytes(head)
-            t = b[0]
-            n = t & 0x0F if 0x80 <= t <= 0x8F else None
-            i = 1
-            for _ in range(n or 0):
-                k, i = _unpack(b, i)
-                v, i = _unpack(b, i)
-                if k == "ts" and isinstance(v, str):
-                    return datetime.fromisoformat(v).astimezone(UTC).isoformat()
-        except (ValueError, IndexError, struct.error, UnicodeDecodeError):
-            pass
-    dt = _uuid6_time(checkpoint_id)
-    return dt.isoformat() if dt else ""
-
-
-def _decision(writes: dict[str, Any]) -> str | None:
-    """'decision' text from a task's writes; 'verdict: …' / 'route: …' added when present."""
-    parts = []
-    for k in DECISION_KEYS:
-        if writes.get(k) is not None:
-            parts.append(_short(writes[k]) if k == "decision" else f"{k}: {_short(writes[k])}")
-    return "; ".join(parts) or None
-
-
-def _connect_ro(path: Path) -> sqlite3.Connection:
-    uri = path.resolve().as_uri()
-    try:
-        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True)
-        conn.execute("select 1 from sqlite_master limit 1").fetchall()
-        return conn
-    except sqlite3.OperationalError:  # e.g. a WAL file in a directory we cannot write: read the main file as is
-        return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True)
-
-
-def checkpoint_threads(path: Path) -> list[str]:
-    """Thread ids (workstream ids) present in a checkpoints.db; [] when there is none or it cannot be read."""
-    if not path.is_file():
-        return []
-    try:
-        conn = _connect_ro(path)
-    except sqlite3.DatabaseError:
-        return []
-    try:
-        return [r[0] for r in conn.execute("select distinct thread_id from checkpoints order by thread_id")]
-    except sqlite3.DatabaseError:
-        return []
-    finally:
-        conn.close()
-
-
 def history(store: Store, ws: str) -> list[HistoryItem]:
-    """`kinv history WS`: the graph nodes that ran for the workstream, in order, from LangGraph's checkpoints.
-
-    One item per checkpoint written by a node (the plumbing 'input' checkpoint of each invocation is skipped),
-    plus, when the run is paused or failed, a last item for the node that is waiting (decision 'interrupted: …'
-    or 'error: …').  Read-only; an absent checkpoints.db gives [].
-    """
-    path = Path(store.checkpoints_path)
+    """`kinv history WS`: the graph nodes that ran for the workstream's current plan version, in order, with
+    what each concluded; a node that paused (waiting for approval) or failed says so.  Every node writes its
+    row as it finishes (agent.graph.recorded), so this never reads LangGraph's private tables."""
     ws_id = norm_ws(str(ws))
-    if store.workstream(ws_id) is None and ws_id not in checkpoint_threads(path):
+    row = store.workstream(ws_id)
+    if row is None:
         resolve_ws(store, ws_id)  # raises NotFound naming the known workstreams
-    if not path.is_file():
-        return []
-    try:
-        conn = _connect_ro(path)
-    except sqlite3.DatabaseError as exc:
-        raise Unreadable(f"cannot read the graph checkpoints {path}: {exc}") from None
-    try:
-        row = store.workstream(ws_id) or {}
-        version = int(row.get("version") or 1)
-        return read_history(conn, ws_id if version <= 1 else f"{ws_id}@v{version}")
-    except sqlite3.OperationalError as exc:
-        if "no such table" in str(exc):  # created, but no graph has run yet
-            return []
-        raise Unreadable(f"cannot read the graph checkpoints {path}: {exc}") from None
-    except sqlite3.DatabaseError as exc:
-        raise Unreadable(f"cannot read the graph checkpoints {path}: {exc}") from None
-    finally:
-        conn.close()
-
-
-def read_history(conn: sqlite3.Connection, thread_id: str) -> list[HistoryItem]:
-    """History items of one thread of a LangGraph SqliteSaver database (root namespace only)."""
-    cps = conn.execute(
-        "select checkpoint_id, parent_checkpoint_id, metadata, substr(checkpoint, 1, 160) from checkpoints "
-        "where thread_id = ? and checkpoint_ns = '' order by checkpoint_id", [thread_id]).fetchall()  # fmt: skip
-    if not cps:
-        return []
-    keys = DECISION_KEYS + _SPECIAL
-    marks = ", ".join("?" * len(keys))
-    writes: dict[str, dict[str, dict]] = {}  # checkpoint id -> task id -> {"path", "values"}
-    for cid, task_id, task_path, channel, typ, value in conn.execute(
-        f"select checkpoint_id, task_id, task_path, channel, type, case when channel in ({marks}) then value end "
-        "from writes where thread_id = ? and checkpoint_ns = '' order by checkpoint_id, task_path, task_id, idx",
-        [*keys, thread_id],
-    ):  # fmt: skip
-        if not task_path:  # the resume value of a Command(resume=...), not a task
-            continue
-        task = writes.setdefault(cid, {}).setdefault(
-            task_id, {"path": task_path, "values": {}, "sends": [], "channels": set()}
-        )
-        task["channels"].add(channel)
-        if channel in keys:
-            v = _write_value(typ, value)
-            if channel == "__pregel_tasks":
-                task["sends"].append(v)
-            elif channel not in task["values"]:
-                task["values"][channel] = v
-
-    def sends_of(cid: str | None) -> list[str]:
-        """Target nodes of the Send packets written before checkpoint ``cid`` (for push-task names)."""
-        out = []
-        for task in (writes.get(cid) or {}).values():
-            for s in task["sends"]:
-                out.append(s[0] if isinstance(s, list) and s and isinstance(s[0], str) else "send")
-        return out
-
-    parent_of = {c[0]: c[1] for c in cps}
-
-    def task_name(task: dict, cid: str) -> str:
-        parts = task["path"].lstrip("~").split(", ")
-        if parts[0] == "__pregel_pull" and len(parts) > 1:
-            return parts[1]
-        if parts[0] == "__pregel_push" and len(parts) > 1 and parts[1].isdigit():
-            targets = sends_of(parent_of.get(cid))
-            idx = int(parts[1])
-            return targets[idx] if idx < len(targets) else "send"
-        return "(update)" if parts[0] == "__interrupt__" else parts[0] or "?"
-
-    def names(tasks: Iterable[tuple[str, dict]], cid: str) -> list[tuple[str, dict]]:
-        return [(task_name(t, cid), t) for _, t in tasks]
-
-    items: list[HistoryItem] = []
-    for cid, parent, meta_raw, head in cps:
-        meta = _meta(meta_raw)
-        step = meta["step"] if isinstance(meta.get("step"), int) else 0
-        when = _checkpoint_time(head, cid)
-        old = meta.get("writes")
-        if isinstance(old, dict) and old:  # older LangGraph: the writes live in the metadata
-            nodes = list(old)
-            decisions = [(n, _decision(v) if isinstance(v, dict) else None) for n, v in old.items()]
-        elif parent is not None and parent in writes:
-            done = [(n, t) for n, t in names(writes[parent].items(), parent) if _completed(t)]
-            if not done and meta.get("source") != "update":
-                continue
-            nodes = [n for n, _ in done] or ["(update)"]
-            decisions = [(n, _decision(t["values"])) for n, t in done]
-        else:
-            if meta.get("source") == "input":
-                continue
-            nodes, decisions = [f"({meta.get('source') or '?'})"], []
-        items.append(HistoryItem(checkpoint_id=cid, node=_join(nodes), step=step, time=when,
-                                 decision=_join_decisions(decisions)))  # fmt: skip
-
-    last_id, _, last_meta, last_head = cps[-1]
-    paused = []
-    for name, task in names((writes.get(last_id) or {}).items(), last_id):
-        vals = task["values"]
-        if _completed(task):
-            continue
-        if "__interrupt__" in vals:
-            what = _interrupt_text(vals["__interrupt__"])
-            paused.append((name, f"interrupted: {what}" if what else "interrupted: waiting for resume"))
-        elif "__error__" in vals:
-            paused.append((name, f"error: {_short(vals['__error__'])}"))
-    if paused:
-        meta = _meta(last_meta)
-        step = meta.get("step") if isinstance(meta.get("step"), int) else 0
-        items.append(HistoryItem(checkpoint_id=last_id, node=_join([n for n, _ in paused]), step=step + 1,
-                                 time=_checkpoint_time(last_head, last_id),
-                                 decision=_join_decisions(paused)))  # fmt: skip
-    return items
-
-
-def _completed(task: dict) -> bool:
-    """A task that finished (not one that only raised an interrupt or an error, and was not re-run since)."""
-    channels = task["channels"]
-    return not ({"__interrupt__", "__error__"} & channels) or bool(channels - {"__interrupt__", "__error__"})
-
-
-def _meta(raw: Any) -> dict:
-    if raw is None:
-        return {}
-    try:
-        m = json.loads(raw)
-    except (TypeError, ValueError, UnicodeDecodeError):
-        try:
-            m = _plain(unpackb(bytes(raw)))
-        except (ValueError, IndexError, struct.error, UnicodeDecodeError, TypeError):
-            return {}
-    return m if isinstance(m, dict) else {}
-
-
-def _join(nodes: list[str]) -> str:
-    """['w', 'w', 'b'] -> 'w ×2, b'."""
-    counts: dict[str, int] = {}
-    for n in nodes:
-        counts[n] = counts.get(n, 0) + 1
-    return ", ".join(n if c == 1 else f"{n} ×{c}" for n, c in counts.items()) or "?"
-
-
-def _join_decisions(decisions: list[tuple[str, str | None]]) -> str | None:
-    found = [(n, d) for n, d in decisions if d]
-    if not found:
-        return None
-    if len(found) == 1:
-        return found[0][1]
-    return "; ".join(f"{n}: {d}" for n, d in found)
-
-
-def _interrupt_text(value: Any) -> str | None:
-    """The value an interrupt() was raised with ([{'value': ..., 'id': ...}] after decoding)."""
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    if isinstance(value, dict) and "value" in value:
-        value = value["value"]
-    return _short(value) if value is not None else None
+    version = int(row.get("version") or 1)
+    return [HistoryItem(step=r["step"], node=r["node"], time=stamp(r["finished"]), decision=r["decision"],
+                        outcome=r["outcome"], seconds=round((r["finished"] or 0) - (r["started"] or 0), 3))
+            for r in store.node_runs(ws_id, version)]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- #

@@ -74,8 +74,9 @@ class CrashInvariantError(AssertionError):
 
 
 def snapshot(dst: Path) -> Path:
-    """A copy of the code the runs execute (agent/, kernels/ with its recordings)."""
-    for pkg in ("agent", "kernels"):
+    """A copy of the code the runs execute (kinv/, agent/, kernels/ with its recordings): kinv/ too, or the
+    runs would import the installed kinv instead of the copy."""
+    for pkg in ("kinv", "agent", "kernels"):
         shutil.copytree(ROOT / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return dst
 

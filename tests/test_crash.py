@@ -194,3 +194,25 @@ def test_restart_resumes_when_a_step_checkpoint_was_lost(tmp_path):
         .fetchone()[0]
     )
     assert samples == 2 * 2 * 8  # the A/A rounds were not measured again (2 arms x 2 levels x 8 rounds)
+
+
+@pytest.mark.parametrize("point", ["node.baseline.committed", "node.noise.committed"])
+def test_a_kill_after_baseline_or_noise_committed_but_before_the_checkpoint_measures_nothing_twice(tmp_path, point):
+    """Issue 12.5: the baseline and noise nodes find their committed experiment after a kill that came before the
+    graph's checkpoint; one baseline and one A/A experiment, the A/A's samples once, the same verdicts."""
+    harness = _harness()
+    plan = harness.tiny_plan(tmp_path / "plan.yaml")
+    inv = harness.Investigation(tmp_path / "inv", plan)
+    proc, _, log = inv.start(stop_at=point)
+    assert harness.wait_stop_or_exit(proc)[0] == "stopped", log.read_text()
+    os.kill(proc.pid, signal.SIGKILL)
+    os.waitpid(proc.pid, 0)
+    proc, _, log = inv.start()
+    assert harness.wait_stop_or_exit(proc) == ("exited", 0), log.read_text()
+    db = sqlite3.connect(inv.state / "kinv.db")
+    kinds = [k for (k,) in db.execute("select kind from experiments where kind in ('baseline', 'noise')")]
+    assert sorted(kinds) == ["baseline", "noise"], kinds
+    samples = db.execute("select count(*) from samples s join experiments e on e.id = s.experiment "
+                         "where e.kind = 'noise'").fetchone()[0]  # fmt: skip
+    assert samples == 2 * 2 * 8
+    assert inv.config.read_bytes() == inv.baseline and not inv.dangling()

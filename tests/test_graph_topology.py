@@ -40,3 +40,29 @@ def test_every_node_is_reachable_and_closeout_ends_the_graph(tmp_path):
     assert {"setup", "baseline", "noise", "pick", "design", "approval", "apply", "gate", "measure", "revert",
             "decide", "declined", "closeout"} <= names  # fmt: skip
     assert any(e.source == "closeout" and e.target == "__end__" for e in drawn.edges)
+
+
+def test_a_long_step_is_announced_and_beats_until_it_ends(tmp_path):
+    """A correctness check can take minutes in the interpreter: it is announced when it starts, and a line comes
+    every few seconds while it runs, and none after it ended."""
+    import time
+
+    ctx, _ = _graph(tmp_path)
+    said: list[tuple[str, str]] = []
+    ctx.progress = lambda kind, **info: said.append((kind, info.get("message", "")))
+    with ctx.heartbeat("V1: correctness check at 5 levels (cpu)", every=0.05):
+        time.sleep(0.3)
+    n = len(said)
+    time.sleep(0.2)
+    assert said[0] == ("step", "V1: correctness check at 5 levels (cpu) ...")
+    beats = [m for k, m in said if k == "heartbeat"]
+    assert len(beats) >= 3 and all("still running" in m for m in beats)
+    assert len(said) == n  # the beat stops with the step
+
+
+def test_the_recorded_nodes_keep_their_routing_annotations(tmp_path):
+    """Every node runs through the history recorder; LangGraph still sees each routing node's destinations."""
+    _, graph = _graph(tmp_path)
+    drawn = graph.get_graph()
+    edges = {(e.source, e.target) for e in drawn.edges}
+    assert ("gate", "measure") in edges and ("gate", "revert") in edges and ("pick", "closeout") in edges

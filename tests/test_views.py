@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
-import sqlite3
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -329,129 +329,35 @@ def test_export_unknown_format(store, demo):
 
 
 # --------------------------------------------------------------------------- #
-# history: a real LangGraph checkpoint file
+# history: kinv.db's node runs
 # --------------------------------------------------------------------------- #
-def _run_graph(path: Path, thread: str, *, interrupt_at_gate: bool = False) -> None:
-    from typing import TypedDict
+def test_history_lists_every_node_run_with_its_decision_and_a_pause_for_approval(tmp_path, state_dir):
+    """A real replay run of #3a, paused at V1's approval: kinv history reads kinv.db's node runs (no LangGraph
+    tables), in order, each with what it decided; the pause names the approval; resuming appends, in order."""
+    from tests.utils import replay_env, run_kinv
 
-    pytest.importorskip("langgraph.checkpoint.sqlite")
-    from langgraph.checkpoint.sqlite import SqliteSaver
-    from langgraph.graph import END, START, StateGraph
-    from langgraph.types import interrupt
-
-    class State(TypedDict, total=False):
-        decision: str
-        experiment: int
-
-    def noise(state):
-        return {"decision": "noise band 2.5-3.4%: threshold 6.8%", "experiment": 1}
-
-    def variant(state):
-        return {"decision": "V1 reject: regressed at every level", "experiment": 2}
-
-    def gate(state):
-        answer = interrupt({"approval": "ap-3a-V2", "variant": "V2"})
-        return {"decision": f"V2 {answer}"}
-
-    def closeout(state):
-        return {"decision": "close-out written; next: OEA"}
-
-    graph = StateGraph(State)
-    order = ["noise", "variant"] + (["gate"] if interrupt_at_gate else []) + ["closeout"]
-    fns = {"noise": noise, "variant": variant, "gate": gate, "closeout": closeout}
-    for name in order:
-        graph.add_node(name, fns[name])
-    for a, b in zip([START, *order], [*order, END], strict=True):
-        graph.add_edge(a, b)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(path), check_same_thread=False)
-    try:
-        app = graph.compile(checkpointer=SqliteSaver(conn))
-        app.invoke({}, {"configurable": {"thread_id": thread}, "recursion_limit": 20})
-    finally:
-        conn.close()
+    env = replay_env(tmp_path, state_dir)
+    assert run_kinv(env, "run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval",
+                    "ask").returncode == 3  # fmt: skip
+    items = json.loads(run_kinv(env, "history", "3a", "--json").stdout)
+    assert [i["node"] for i in items] == ["setup", "baseline", "noise", "pick", "design", "approval"]
+    assert [i["step"] for i in items] == [1, 2, 3, 4, 5, 6]
+    assert items[3]["outcome"] == "-> design" and items[3]["decision"] == "next: V1"
+    approval = json.loads(run_kinv(env, "pending", "--json").stdout)[0]["id"]
+    assert items[-1]["outcome"] == "paused" and items[-1]["decision"] == f"waiting for approval {approval}"
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", i["time"]) for i in items)
+    assert run_kinv(env, "approve", approval).returncode == 0
+    assert run_kinv(env, "resume", "3a").returncode in (0, 3)
+    after = json.loads(run_kinv(env, "history", "3a", "--json").stdout)
+    assert after[:6] == items and after[6]["node"] == "approval" and after[6]["outcome"] != "paused"
+    text = run_kinv({**env, "COLUMNS": "80"}, "history", "3a").stdout
+    assert "waiting for approval" in text and "setup" in text
 
 
-def test_history_from_a_real_checkpoint_file(store, demo):
-    _run_graph(store.checkpoints_path, "#3a")
-    _run_graph(store.checkpoints_path, "#3b")  # another thread must not leak in
-    items = views.history(store, "3a")
-    nodes = [i.node for i in items]
-    assert nodes == ["__start__", "noise", "variant", "closeout"]
-    assert [i.step for i in items] == [0, 1, 2, 3]
-    assert items[1].decision == "noise band 2.5-3.4%: threshold 6.8%"
-    assert items[2].decision == "V1 reject: regressed at every level"
-    assert items[0].decision is None
-    assert len({i.checkpoint_id for i in items}) == 4
-    times = [i.time for i in items]
-    assert times == sorted(times) and all(t.endswith("+00:00") for t in times)
-    assert views.history(store, "#3a") == items
-
-
-def test_history_shows_a_paused_gate(store, demo):
-    _run_graph(store.checkpoints_path, "#3a", interrupt_at_gate=True)
-    items = views.history(store, "#3a")
-    assert [i.node for i in items] == ["__start__", "noise", "variant", "gate"]
-    assert items[-1].decision.startswith("interrupted: ") and "ap-3a-V2" in items[-1].decision
-    assert items[-1].step == items[-2].step + 1
-
-
-def test_history_without_checkpoints(store, demo):
-    assert not store.checkpoints_path.exists()
+def test_history_of_a_workstream_that_never_ran_and_of_an_unknown_one(store, demo):
     assert views.history(store, "#3a") == []
-    assert not store.checkpoints_path.exists()  # reading never creates it
-    with pytest.raises(NotFound, match="known: #3a, #3b"):
+    with pytest.raises(views.NotFound):
         views.history(store, "#9z")
-
-
-def test_history_of_an_unreadable_or_empty_checkpoint_file(store, demo):
-    store.checkpoints_path.write_bytes(b"")  # created, no graph ran yet
-    assert views.history(store, "#3a") == []
-    store.checkpoints_path.write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(views.Unreadable, match="cannot read the graph checkpoints .*checkpoints.db"):
-        views.history(store, "#3a")
-
-
-def test_history_of_older_langgraph_metadata(store, demo):
-    """Older SqliteSaver versions put the step's writes in the metadata: {"writes": {node: update}}."""
-    conn = sqlite3.connect(store.checkpoints_path)
-    conn.execute("create table checkpoints (thread_id text, checkpoint_ns text default '', checkpoint_id text, "
-                 "parent_checkpoint_id text, type text, checkpoint blob, metadata blob)")  # fmt: skip
-    conn.execute("create table writes (thread_id text, checkpoint_ns text default '', checkpoint_id text, "
-                 "task_id text, task_path text default '', idx integer, channel text, type text, value blob)")  # fmt: skip
-    rows = [("1f1ebeeb-d7f6-6d60-bfff-fa3bd1ea58a8", None, {"source": "input", "step": -1, "writes": None}),
-            ("1f1ebeeb-d7f9-6d47-8000-383b1a501cea", "1f1ebeeb-d7f6-6d60-bfff-fa3bd1ea58a8",
-             {"source": "loop", "step": 0, "writes": {"noise": {"decision": "band 3%", "experiment": 1}}}),
-            ("1f1ebeeb-d7fc-6ba7-8001-a6d7ebfb80ce", "1f1ebeeb-d7f9-6d47-8000-383b1a501cea",
-             {"source": "loop", "step": 1, "writes": {"variant": {"verdict": "reject"}}})]  # fmt: skip
-    for cid, parent, meta in rows:
-        conn.execute("insert into checkpoints values ('#3a', '', ?, ?, 'msgpack', x'00', ?)",
-                     [cid, parent, json.dumps(meta).encode()])  # fmt: skip
-    conn.commit()
-    conn.close()
-    items = views.history(store, "3a")
-    assert [(i.node, i.step, i.decision) for i in items] == [("noise", 0, "band 3%"), ("variant", 1, "verdict: reject")]
-    assert items[0].time.startswith("2026-11-29T12:16:43")  # from the UUIDv6 id: the blob has no ts
-
-
-def test_uuid6_time_matches_the_checkpoint_ts():
-    # 1f1ebeeb-d7f6-6d60-... was written by LangGraph at ts 2026-11-29T12:16:43.918464+00:00 (same clock read
-    # a few microseconds apart)
-    dt = views._uuid6_time("1f1ebeeb-d7f6-6d60-bfff-fa3bd1ea58a8")
-    assert dt.isoformat().startswith("2026-11-29T12:16:43.9")
-    assert views._checkpoint_time(None, "1f1ebeeb-d7f6-6d60-bfff-fa3bd1ea58a8").startswith("2026-11-29T12:16:43")
-
-
-def test_msgpack_reader_matches_ormsgpack():
-    ormsgpack = pytest.importorskip("ormsgpack")
-    values = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32, 2**63 - 1, -1, -32, -33, -128, -129, -32768, -(2**31),
-              -(2**63), 1.5, -0.25, True, False, None, "", "é" * 20, "x" * 31, "x" * 32, "x" * 255, "x" * 256,
-              "x" * 70000, b"\x00\x01", b"y" * 300, list(range(15)), list(range(16)), list(range(70000)),
-              {str(i): i for i in range(15)}, {str(i): i for i in range(16)}, {"a": {"b": [1, {"c": None}]}}]  # fmt: skip
-    for v in values:
-        assert views.unpackb(ormsgpack.packb(v)) == v
-    ext = views.unpackb(ormsgpack.packb(ormsgpack.Ext(2, ormsgpack.packb(["m", "Cls", {"k": 1}]))))
-    assert views._plain(ext) == {"k": 1}
 
 
 # --------------------------------------------------------------------------- #
@@ -487,6 +393,9 @@ def test_every_table_reads_at_80_columns_with_the_varying_part_of_the_level_in_e
         rows = [ln.split()[0] for ln in outs[cmd].stdout.splitlines() if ln.strip().startswith("b")]
         assert {"b1", "b8", "b32", "b64", "b96"} <= set(rows), (cmd, outs[cmd].stdout)
         assert "v4flash/h16/p64/ctx4096/*" in outs[cmd].stdout  # the common part, once, in the title
+    # the ad-hoc A/A (kinv noise) is listed by status, outside any workstream
+    st = json.loads(run_kinv(env, "status", "--json").stdout)
+    assert [e["kind"] for e in st["adhoc"]] == ["noise"] and st["adhoc"][0]["samples"] > 0
     # reasons name levels by what varies
     exps = {e["variant"]: e for e in json.loads(run_kinv(env, "experiments", "3a", "--json").stdout)}
     assert exps["V1"]["reason"].startswith("reject: regressed at b1 (") or "regressed at b1 (" in exps["V1"]["reason"]

@@ -1,0 +1,167 @@
+"""``kinv doctor``: what is wrong with a state dir and its kernels' live files, and the command that mends it.
+
+Every check reads; nothing here writes.  The checks do not depend on kinv.db being readable: a missing or
+damaged database is itself a finding, and the kernels' live configs are then compared with the plans'
+baselines (``kinv revert --to-plan PLAN`` needs no state).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass
+class Finding:
+    check: str
+    status: str  # ok | warn | bad
+    detail: str
+    fix: str = ""
+
+
+def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
+    from kinv.agent.store import CHECKPOINTS_NAME, DB_NAME
+
+    out: list[Finding] = []
+    db = state / DB_NAME
+    if not state.is_dir():
+        return [Finding("state dir", "warn", f"{state} does not exist (nothing has run here)",
+                        "kinv run plans/3a-attention-occupancy.yaml")]  # fmt: skip
+    rows: dict[str, list] = {}
+    if not db.is_file():
+        wal = [p.name for p in (state / f"{DB_NAME}-wal", state / f"{DB_NAME}-shm") if p.exists()]
+        out.append(Finding("kinv.db", "bad", f"{db} is missing" + (f" (left: {', '.join(wal)})" if wal else ""),
+                           "restore the live config from a plan: kinv revert --to-plan PLAN; then start again"))
+    else:
+        try:
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(check)
+            for table in ("workstreams", "patches", "backups", "locks", "experiments"):
+                cur = conn.execute(f"select * from [{table}]")
+                cols = [c[0] for c in cur.description]
+                rows[table] = [dict(zip(cols, r)) for r in cur.fetchall()]
+            conn.close()
+            out.append(Finding("kinv.db", "ok", f"{db} reads and passes SQLite's quick_check"))
+        except sqlite3.DatabaseError as exc:
+            out.append(Finding("kinv.db", "bad", f"{db} is damaged: {exc}",
+                               f"move it aside (mv {db} {db}.damaged) and restore the live config from a plan: "
+                               "kinv revert --to-plan PLAN"))  # fmt: skip
+    # ---- patches left live ---------------------------------------------------------------
+    live = [p for p in rows.get("patches", []) if p["state"] in ("intent", "applied")]
+    if live:
+        names = ", ".join(f"#{p['id']} {Path(p['path']).name} ({p['workstream']})" for p in live)
+        out.append(Finding("patches", "bad", f"un-reverted patch(es) on disk: {names}", "kinv revert"))
+    elif "patches" in rows:
+        adopted = sum(p["state"] == "adopted" for p in rows["patches"])
+        out.append(Finding("patches", "ok", "no patch is live" + (f"; {adopted} adopted (final)" if adopted else "")))
+    # ---- backups the journal relies on ------------------------------------------------------
+    needed = {p["backup"] for p in live}
+    missing = [b for b in rows.get("backups", []) if not Path(b["backup_path"]).is_file()]
+    bad_missing = [b for b in missing if b["id"] in needed]
+    if bad_missing:
+        out.append(Finding("backups", "bad", f"{len(bad_missing)} backup(s) a live patch needs are gone: "
+                           f"{bad_missing[0]['backup_path']}", "kinv revert --to-plan PLAN (restores the baseline "
+                           "from the plan, verified by hash)"))  # fmt: skip
+    elif missing:
+        out.append(Finding("backups", "warn", f"{len(missing)} old backup file(s) deleted (no live patch needs them)"))
+    elif "backups" in rows:
+        out.append(Finding("backups", "ok", f"{len(rows['backups'])} backup(s) on disk"))
+    # ---- checkpoints ------------------------------------------------------------------------
+    ck = state / CHECKPOINTS_NAME
+    started = [w for w in rows.get("workstreams", []) if w["status"] not in ("open", "closed")]
+    ran = {e["workstream"] for e in rows.get("experiments", []) if e["workstream"]}
+    open_ws = [w["id"] for w in started if w["id"] in ran]
+    if open_ws and not ck.is_file():
+        out.append(Finding("checkpoints", "bad", f"{ck} is missing; {', '.join(open_ws)} cannot resume where "
+                           "they stopped", "kinv run PLAN --new-version (the old version stays in history)"))
+    elif ck.is_file():
+        try:
+            c = sqlite3.connect(f"file:{ck}?mode=ro", uri=True, timeout=5)
+            threads = {r[0] for r in c.execute("select distinct thread_id from checkpoints")}
+            c.close()
+            lost = [w for w in open_ws if w not in threads and not any(t.startswith(w + "@") for t in threads)]
+            if lost:
+                out.append(Finding("checkpoints", "bad", f"no checkpoint for {', '.join(lost)}",
+                                   "kinv run PLAN --new-version"))  # fmt: skip
+            else:
+                out.append(Finding("checkpoints", "ok", f"{len(threads)} graph thread(s)"))
+        except sqlite3.DatabaseError as exc:
+            if "no such table" in str(exc):
+                out.append(Finding("checkpoints", "ok", "no graph has checkpointed yet"))
+            else:
+                out.append(Finding("checkpoints", "bad", f"{ck} is damaged: {exc}", "kinv run PLAN --new-version"))
+    # ---- stale locks --------------------------------------------------------------------------
+    stale = [row for row in rows.get("locks", []) if not _alive(row["pid"])]
+    if stale:
+        out.append(Finding("locks", "warn", "lock row(s) of dead process(es): " + ", ".join(
+            f"{r['workstream']} (pid {r['pid']})" for r in stale), "none needed: the next run takes the lock"))
+    # ---- live configs against the baselines ----------------------------------------------------------
+    out += _configs(rows.get("workstreams", []), plans_dir)
+    return out
+
+
+def _alive(pid) -> bool:
+    import os
+
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError, TypeError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _configs(workstreams: list[dict], plans_dir: Path | None) -> list[Finding]:
+    """Each registered kernel's live config: the baseline of a known plan or workstream, or something else."""
+    from kinv.agent.tools import configs
+    from kinv.kernels.adapter import UnknownKernelError, get_adapter, registered
+    from kinv.kernels.launch_config import ConfigError, config_hash
+
+    known: dict[str, dict[str, str]] = {}  # kernel -> config hash -> where it is a baseline
+    for w in workstreams:
+        if w.get("baseline_hash"):
+            known.setdefault(w["kernel"], {})[f"sha:{w['baseline_hash']}"] = f"{w['id']}'s baseline"
+    for p in sorted((plans_dir or Path("plans")).glob("*.yaml")):
+        try:
+            from kinv.agent.models import load_plan
+
+            plan, _ = load_plan(p)
+        except Exception:  # noqa: BLE001 - a broken plan is not the doctor's finding
+            continue
+        known.setdefault(plan.adapter.name, {})[config_hash({**plan.baseline, "kernel": plan.adapter.name})] = \
+            f"the baseline of {p.name}"
+    out = []
+    for name in sorted(registered()):
+        try:
+            adapter = get_adapter(name)
+            path = adapter.config_path()
+        except UnknownKernelError:
+            continue
+        if not path.is_file():
+            if any(w["kernel"] == name for w in workstreams):  # a kernel this state dir investigated
+                out.append(Finding(f"config {name}", "bad", f"{path} is missing", "kinv revert --to-plan PLAN"))
+            continue
+        try:
+            cfg = configs.read_config(path, name)
+        except (ConfigError, ValueError) as exc:
+            out.append(Finding(f"config {name}", "bad", f"{path} is invalid: {exc}", "kinv revert --to-plan PLAN"))
+            continue
+        h = config_hash({k: v for k, v in cfg.items() if k != "description"})
+        where = known.get(name, {}).get(h) or known.get(name, {}).get(f"sha:{configs.sha(path)}")
+        if where:
+            out.append(Finding(f"config {name}", "ok", f"{path.name} is {where}"))
+        else:
+            from kinv.kernels.launch_config import describe
+
+            out.append(Finding(f"config {name}", "warn", f"{path.name} is {describe(cfg)}, the baseline of no known "
+                               "plan or workstream (adopted, or edited by hand?)",
+                               "kinv revert --to-plan PLAN to restore a plan's baseline"))  # fmt: skip
+    return out
+
+
+def as_dicts(findings: list[Finding]) -> list[dict]:
+    return [asdict(f) for f in findings]

@@ -1,0 +1,55 @@
+"""`kinv doctor` and a lost or damaged state dir (issue 12.4, 12.5): every finding names its fix; a lost
+checkpoints.db never silently restarts an investigation; a damaged kinv.db is reported, not crashed on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.utils import replay_env, run_kinv
+
+PLAN = "plans/3a-attention-occupancy.yaml"
+
+
+def _findings(env) -> tuple[int, dict]:
+    r = run_kinv(env, "doctor", "--json")
+    return r.returncode, {f["check"]: f for f in json.loads(r.stdout)}
+
+
+def test_doctor_on_a_healthy_then_a_damaged_state_dir(tmp_path, state_dir):
+    env = replay_env(tmp_path, state_dir)
+    cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
+    assert run_kinv(env, "run", PLAN, "--backend", "replay", "--approval", "auto").returncode == 0
+    rc, f = _findings(env)
+    assert rc == 0 and {x["status"] for x in f.values()} == {"ok"}, f
+    assert "baseline of" in f["config mla_decode"]["detail"]
+
+    cfg.write_text(cfg.read_text().replace('"num_warps": 4', '"num_warps": 8'))  # a hand edit
+    rc, f = _findings(env)
+    assert f["config mla_decode"]["status"] == "warn" and "--to-plan" in f["config mla_decode"]["fix"]
+
+    db = Path(state_dir) / "kinv.db"
+    for suffix in ("-wal", "-shm"):
+        Path(str(db) + suffix).unlink(missing_ok=True)
+    db.write_bytes(db.read_bytes()[:4096] + b"\0" * 8192)  # truncated and zeroed: damaged
+    before = db.read_bytes()
+    rc, f = _findings(env)
+    assert rc == 1 and f["kinv.db"]["status"] == "bad" and "damaged" in f["kinv.db"]["detail"]
+    assert "kinv revert --to-plan" in f["kinv.db"]["fix"]
+    assert db.read_bytes() == before  # the doctor only reads
+    # and the way back that needs no kinv.db
+    r = run_kinv(env, "revert", "--to-plan", PLAN)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(cfg.read_text())["num_warps"] == 4
+
+
+def test_a_deleted_checkpoints_db_is_refused_not_silently_restarted(tmp_path, state_dir):
+    env = replay_env(tmp_path, state_dir)
+    assert run_kinv(env, "run", PLAN, "--backend", "replay", "--approval", "ask").returncode == 3  # paused at V1
+    n_exps = len(json.loads(run_kinv(env, "experiments", "3a", "--json").stdout))
+    (Path(state_dir) / "checkpoints.db").unlink()
+    rc, f = _findings(env)
+    assert rc == 1 and f["checkpoints"]["status"] == "bad" and "--new-version" in f["checkpoints"]["fix"]
+    r = run_kinv(env, "resume", "3a", "--backend", "replay")
+    assert r.returncode == 1 and "checkpoints of #3a are missing" in r.stderr and "--new-version" in r.stderr
+    assert len(json.loads(run_kinv(env, "experiments", "3a", "--json").stdout)) == n_exps  # nothing re-run
