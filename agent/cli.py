@@ -348,6 +348,9 @@ def revert(state_dir: str = StateOpt,
         raise Exit(EXIT_FAIL, f"{live[0]['workstream']} is being run by pid {live[0]['pid']}: its patch is live; "
                               "stop that run first (its own exit reverts)")  # fmt: skip
     done = configs.recover(store)
+    for d in done:
+        if d["action"].startswith("restored over a hand edit"):
+            _console().print(f"[yellow]warning[/yellow]: {Path(d['path']).name} {d['action']}")
     _console().print(f"reverted {len(done)} patch(es)" if done else "nothing to revert: no kernel file is patched")
 
 

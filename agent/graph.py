@@ -13,9 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import Annotated, Literal, TypedDict
 
 from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
 from kinv.agent import faults, planner
@@ -34,15 +35,19 @@ class InvestigationError(RuntimeError):
     """The investigation cannot go on; one line says why."""
 
 
+def _merge(old: dict | None, new: dict | None) -> dict:
+    """The reducer of ``results``: LangGraph merges what a node returns into what the state holds."""
+    return {**(old or {}), **(new or {})}
+
+
 class State(TypedDict, total=False):
     ws: str
     decision: str
     current: str | None
     exp_id: int | None
-    patch_id: int | None
     approval_id: str | None
     needs_approval: bool
-    results: dict
+    results: Annotated[dict, _merge]  # variant id -> its result; a node returns only the variant it decided
     cancelled: list
     noise_exp: int | None
     bands: dict
@@ -181,7 +186,9 @@ def _experiment(ctx: Context, item: str, variant: str, kind: str, cfg: dict) -> 
 def _revert_all(ctx: Context) -> None:
     for p in ctx.store.patches(ctx.plan.ws):
         if p["state"] in ("intent", "applied"):
-            configs.revert(ctx.store, p["id"])
+            done = configs.revert(ctx.store, p["id"])
+            if done.get("action", "").startswith("restored over a hand edit"):
+                ctx.say("warning", message=f"{Path(p['path']).name}: {done['action']}")
 
 
 def _thresholds(ctx: Context) -> dict[str, float]:
@@ -231,313 +238,362 @@ def _needs_approval(ctx: Context, cfg: dict, source_patch: bool) -> bool:
 # --------------------------------------------------------------------------- #
 # nodes
 # --------------------------------------------------------------------------- #
-def make_nodes(ctx: Context):
+# --------------------------------------------------------------------------- #
+# the nodes: each gets the run's Context from LangGraph (context_schema), never from a closure
+# --------------------------------------------------------------------------- #
+
+def setup(state: State, runtime: Runtime[Context]) -> dict:
+    ctx = runtime.context
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
-
-    def setup(state: State) -> dict:
-        configs.recover(store)
-        live = configs.read_config(ctx.config_path, ctx.adapter.name)
-        base = _baseline_config(ctx)
-        if config_hash(live) != config_hash(base):
-            last = configs.last_editor(ctx.config_path)
-            other = last.get("state_dir") and last["state_dir"] != str(store.dir.resolve())
-            where = (f"kinv revert --state-dir {last['state_dir']} (it was last edited by that state dir's run, pid "
-                     f"{last.get('pid')})" if other else "kinv revert")  # fmt: skip
-            raise InvestigationError(
-                f"live config {ctx.config_path} is {describe(live)} but the plan's baseline is {describe(base)}; "
-                f"restore it ({where}) or fix the plan"
-            )
-        store.update_workstream(ws, baseline_hash=configs.sha(ctx.config_path), status="running")
-        hashes = state.get("baseline_hashes") or {
-            "harness": bench.harness_hash(), "reference": bench.reference_hash(plan.kernel),
-            "kernel": bench.kernel_hash(plan.kernel), "snapshot": str(_snapshot(ctx)),
-        }  # fmt: skip
-        planner.init_todos(store, plan)
-        ctx.say("setup", message=f"{ws}: baseline {describe(base)} verified on disk")
-        return {"ws": ws, "results": state.get("results", {}), "cancelled": state.get("cancelled", []),
-                "baseline_hashes": hashes,
-                "gpu_s": state.get("gpu_s", 0.0), "rounds": state.get("rounds", 0),
-                "decision": "baseline on disk matches the plan"}  # fmt: skip
-
-    def baseline(state: State) -> dict:
-        done = store.done_experiment(ws, planner.todo_id(ws, "baseline"), "baseline", ctx.version)
-        if done is not None:  # committed before a kill, never checkpointed: verified already, not again
-            ctx.say("baseline", message=f"baseline already verified (experiment {done['id']}); not repeated")
-            return {"decision": "baseline verified"}
-        planner.start(store, ws, "baseline")
-        levels = ctx.levels()
-        notes = ctx.adapter.workload_notes(plan.workload_spec, plan.baseline)
-        for n in notes:
-            if n.startswith("warning:"):
-                ctx.say("warning", message=n.removeprefix("warning:").strip())
-        derived = "; ".join(n for n in notes if not n.startswith("warning:"))
-        exp = _experiment(ctx, "baseline", "baseline", "baseline", _baseline_config(ctx))
-        assessment = resources.assess(ctx.adapter, _baseline_config(ctx), levels, get_device(plan.device))
-        resources.record(store, ws, exp, assessment)
-        with ctx.heartbeat(f"baseline: correctness check at {len(levels)} levels ({_corr_device(ctx)})"):
-            result = correctness.check_isolated(plan.kernel, _baseline_config(ctx), levels, seed=_seed(),
-                                                device=_corr_device(ctx), env=plan.environment)  # fmt: skip
-        correctness.record(store, ws, exp, result)
-        if not result["ok"]:
-            raise InvestigationError(f"the baseline itself is incorrect: {result['reason']}")
-        arm = ctx.backend.open("baseline", plan.kernel, _baseline_config(ctx), plan.environment)
-        try:
-            envcheck.check_worker(store, ws, exp, plan.environment, arm.env_seen)
-        finally:
-            arm.close()
-        store.update_experiment(exp, status="done", finished=time.time())
-        planner.finish(store, ws, "baseline", "completed",
-                       f"{derived + '; ' if derived else ''}env {plan.environment} confirmed; correct")  # fmt: skip
-        ctx.say("baseline", message=f"baseline verified: {derived + ', ' if derived else ''}env confirmed, correct")
-        faults.point("node.baseline.committed")  # a kill here re-runs the node: it must find its experiment done
-        return {"decision": "baseline verified"}
-
-    def noise(state: State) -> dict:
-        from kinv.agent import stats
-
-        planner.start(store, ws, "noise")
-        done = store.done_experiment(ws, planner.todo_id(ws, "noise"), "noise", ctx.version)
-        # a committed A/A (a kill came before the checkpoint) is re-read from its rounds, never measured twice
-        exp = state.get("noise_exp") or (done and done["id"]) or _experiment(ctx, "noise", "A/A", "noise",
-                                                                              _baseline_config(ctx))  # fmt: skip
-        levels = ctx.levels()
-        base = _baseline_config(ctx)
-        s = plan.stats
-        t0 = time.time()
-        acc, gpu_s = bench.run_aa(store, exp, ctx.backend, plan.kernel, base, plan.environment, levels, s.aa_rounds,
-                                  s.aa_arms, on_round=lambda r: ctx.say("round", phase="noise", round=r + 1,
-                                                                         total=s.aa_rounds))  # fmt: skip
-        thresholds = _thresholds(ctx)
-        look = look_conf(plan)
-        bands = [stats.aa_noise(acc[lv.key], lv.key, thresholds[lv.key], s.max_rounds, look) for lv in levels]
-        store.add_noise(exp, ws, [b.__dict__ for b in bands])
-        gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
-        store.update_experiment(exp, status="done", rounds=s.aa_rounds, gpu_s=gpu_total,
-                                wall_s=time.time() - t0, finished=time.time())  # fmt: skip
-        warnings = stats.check_aa(bands)  # HarnessBroken only on evidence that the harness is broken
-        for w in warnings:
-            ctx.say("warning", message=w)
-        outliers = sum(b.outliers for b in bands)
-        band = {b.level: b.band for b in bands}
-        offsets = {b.level: b.offset_sd for b in bands}
-        lo, hi = min(band.values()), max(band.values())
-        reason = (f"{s.aa_arms} baseline workers x {s.aa_rounds} rounds: round band ±{lo:.2%}..±{hi:.2%}, "
-                  f"arm offset SD ≤ {max(offsets.values()):.2%}; {outliers} outlier sample(s) winsorized; "
-                  f"thresholds fixed by the plan ({min(thresholds.values()):.1%}..{max(thresholds.values()):.1%})"
-                  + (f"; {len(warnings)} level(s) too noisy to decide at their threshold" if warnings else ""))  # fmt: skip
-        planner.finish(store, ws, "noise", "completed", reason)
-        ctx.say("noise", message=reason, bands=band)
-        faults.point("node.noise.committed")  # a kill here re-runs the node: it re-reads its rounds, times none
-        return {"noise_exp": exp, "bands": band, "offsets": offsets, "thresholds": thresholds,
-                "gpu_s": state.get("gpu_s", 0) + gpu_s, "decision": reason}  # fmt: skip
-
-    def pick(state: State) -> Command[Literal["design", "closeout"]]:
-        results, cancelled = dict(state.get("results", {})), list(state.get("cancelled", []))
-        if state.get("gpu_s", 0) >= plan.budget.gpu_seconds:
-            for v in plan.variants:
-                if v.id not in results and v.id not in cancelled:
-                    planner.finish(store, ws, v.id, "cancelled", "budget spent before it could run")
-                    cancelled.append(v.id)
-            return Command(goto="closeout", update={"cancelled": cancelled, "budget_exhausted": True,
-                                                    "decision": "budget spent: closing out"})  # fmt: skip
-        vid, moot = planner.next_variant(plan, results, set(cancelled))
-        for mid, reason in moot.items():
-            planner.finish(store, ws, mid, "cancelled", reason)
-            ctx.say("moot", message=f"{mid} {reason}")
-            cancelled.append(mid)
-        if vid is None:
-            return Command(goto="closeout", update={"cancelled": cancelled, "decision": "all variants decided"})
-        return Command(goto="design", update={"current": vid, "cancelled": cancelled, "exp_id": None,
-                                              "patch_id": None, "approval_id": None, "decision": f"next: {vid}"})
-
-    def design(state: State) -> Command[Literal["approval", "apply", "decide"]]:
-        vid = state["current"]
-        v = plan.variant(vid)
-        planner.start(store, ws, vid)
-        cfg = plan.variant_config(v)
-        exp = _experiment(ctx, vid, vid, "ab", cfg)
-        device = get_device(plan.device)
-        levels = ctx.levels()
-        base_a = resources.assess(ctx.adapter, _baseline_config(ctx), levels, device)
-        var_a = resources.assess(ctx.adapter, cfg, levels, device)
-        predicted = resources.predicted_change(base_a, var_a)
-        var_a["predicted"] = predicted
-        resources.record(store, ws, exp, var_a)
-        diff = configs.config_diff(_baseline_config(ctx), cfg, ctx.config_path)
-        store.update_experiment(exp, diff=diff)
-        if not var_a["feasible"]:
-            result = {"verdict": "infeasible", "reason": f"infeasible on {plan.device}: {var_a['reason']}",
-                      "levels": {}, "exp_id": exp}  # fmt: skip
-            store.update_experiment(exp, status="rejected", verdict="infeasible", reason=result["reason"])
-            ctx.say("infeasible", message=f"{vid}: {result['reason']} (never patched, never timed)")
-            return Command(goto="decide", update={"exp_id": exp, "results": {**state.get("results", {}), vid: result}})
-        if _needs_approval(ctx, cfg, bool(v.source_patch)):
-            aid = f"{ws.lstrip('#')}-{vid}-{exp}"
-            src = _source_patch(ctx, v)
-            full_diff = diff + (("\n" if diff else "") + src[1] if src else "")
-            # what a person approves is pinned: the plan's hash and the exact edit; apply refuses anything else.
-            # A decision already recorded (a re-run of this node after a kill) is never overwritten.
-            store.add_approval(id=aid, workstream=ws, todo=planner.todo_id(ws, vid), variant=vid,
-                               kind="source" if src else "config", diff=full_diff,
-                               resources={"smem_max": var_a.get("smem_estimate_max"), "predicted": predicted},
-                               hypothesis=plan.hypothesis, title=v.title, rationale=v.rationale,
-                               plan_hash=ctx.plan_hash, patch_sha=_edit_sha(cfg, src))  # fmt: skip
-            ctx.say("approval", message=f"{vid} waits for approval {aid}", approval_id=aid)
-            return Command(goto="approval", update={"exp_id": exp, "approval_id": aid, "needs_approval": True,
-                                                    "decision": f"{vid}: approval {aid} requested"})
-        return Command(goto="apply", update={"exp_id": exp, "needs_approval": False,
-                                             "decision": f"{vid}: auto-approved ({ctx.approval})"})
-
-    def approval(state: State) -> Command[Literal["apply", "declined"]]:
-        # side-effect free: it re-runs from its start when the graph resumes
-        answer = interrupt({"approval_id": state["approval_id"], "variant": state["current"]})
-        if isinstance(answer, dict) and answer.get("approved"):
-            return Command(goto="apply", update={"decision": f"{state['approval_id']} approved"})
-        return Command(goto="declined", update={"decision": f"{state['approval_id']} rejected"})
-
-    def declined(state: State) -> dict:
-        vid = state["current"]
-        appr = store.approval(state["approval_id"]) or {}
-        reason = f"rejected by a person: {appr.get('reason') or 'no reason given'}"
-        store.update_experiment(state["exp_id"], status="cancelled", reason=reason)
-        planner.finish(store, ws, vid, "cancelled", reason)
-        return {"cancelled": list(state.get("cancelled", [])) + [vid], "decision": reason}
-
-    def apply(state: State) -> Command[Literal["gate", "revert"]]:
-        vid = state["current"]
-        v = plan.variant(vid)
-        aid = state.get("approval_id") if state.get("needs_approval") else None
-        appr = store.approval(aid) if aid else None
-        if appr and appr.get("plan_hash"):
-            src = None
-            try:
-                src = _source_patch(ctx, v)
-            except configs.PatchError:
-                pass
-            now_sha = _edit_sha(plan.variant_config(v), src)
-            if appr["plan_hash"] != ctx.plan_hash or appr.get("patch_sha") != now_sha:
-                raise InvestigationError(
-                    f"approval {aid} was given for plan sha {appr['plan_hash']} and edit {appr.get('patch_sha')}; the "
-                    f"plan is now sha {ctx.plan_hash} and {vid}'s edit {now_sha}: what would run is not what was "
-                    f"approved. Restore the plan, or start over under a new version: kinv run {ctx.plan_path} "
-                    "--new-version")  # fmt: skip
-        try:
-            _ensure_applied(ctx, v, state["exp_id"])
-        except configs.PatchError as exc:
-            res = _failed(store, state, "failed", f"patch failed: {exc}")
-            ctx.say("failed", message=f"{vid}: {res['reason']}")
-            return Command(goto="revert", update={"results": {**state.get("results", {}), vid: res},
-                                                  "decision": res["reason"][:200]})
-        what = describe(plan.variant_config(v)) + (f" + source patch {v.source_patch}" if v.source_patch else "")
-        ctx.say("patch", message=f"{vid}: patched to {what} (backup kept)")
-        return Command(goto="gate", update={"decision": f"patched {what}"})
-
-    def gate(state: State) -> Command[Literal["measure", "revert"]]:
-        vid = state["current"]
-        _ensure_applied(ctx, plan.variant(vid), state["exp_id"])
-        live = configs.read_config(ctx.config_path, ctx.adapter.name)
-        with ctx.heartbeat(f"{vid}: correctness check at {len(ctx.levels())} levels ({_corr_device(ctx)})"):
-            result = correctness.check_isolated(plan.kernel, live, ctx.levels(), seed=_seed(),
-                                                device=_corr_device(ctx), env=plan.environment)  # fmt: skip
-        correctness.record(store, ws, state["exp_id"], result)
-        if not result["ok"]:
-            kind, why = _failure_kind(result)
-            res = _failed(store, state, kind, why)
-            ctx.say(kind, message=f"{vid} rejected before timing: {why}")
-            return Command(goto="revert", update={"results": {**state.get("results", {}), vid: res},
-                                                  "decision": f"{vid} {kind}: never timed"})
-        return Command(goto="measure", update={"decision": f"{vid} correct"})
-
-    def measure(state: State) -> dict:
-
-        vid, exp = state["current"], state["exp_id"]
-        variant = plan.variant(vid)
-        _ensure_applied(ctx, variant, exp)
-        live = configs.read_config(ctx.config_path, ctx.adapter.name)  # the variant is what is on disk
-        # while a source patch is live, the baseline arm runs the baseline source snapshot
-        base_path = [state["baseline_hashes"]["snapshot"]] if variant.source_patch else None
-        levels = ctx.levels()
-        t0 = time.time()
-        s = plan.stats
-        seq = sequential_plan(plan)
-        try:
-            seq_res, gpu_s = bench.run_ab(
-                store, exp, ctx.backend, plan.kernel, _baseline_config(ctx), live, plan.environment, levels,
-                state["thresholds"], seq, offset_sd=state.get("offsets", {}), n_variants=len(plan.variants),
-                base_pythonpath=base_path, on_open=lambda a: envcheck.check_worker(store, ws, exp, plan.environment,
-                                                                                   a.env_seen),
-                on_round=lambda r: ctx.say("round", phase=vid, round=r + 1, total=s.max_rounds),
-                names=("baseline", vid))  # fmt: skip
-        except (bench.VariantFailed, bench.NoRecording) as exc:
-            kind = "not measured" if isinstance(exc, bench.NoRecording) else "failed"
-            why = f"{kind}: {exc}"
-            void = _integrity(store, exp, state["baseline_hashes"])  # rounds already taken may void it anyway
-            if void:
-                kind, why = "void", f"{void} (and then {why})"
-            spent = sum(x["gpu_s"] or 0 for x in store.samples(exp))
-            res = _failed(store, state, kind, why, gpu_s=spent, wall_s=time.time() - t0,
-                          **({"void_reason": void} if void else {}))
-            ctx.say("failed", message=f"{vid}: {res['reason']}")
-            return {"results": {**state.get("results", {}), vid: res}, "decision": res["reason"][:200]}
-        store.add_verdicts(exp, bench.verdict_rows(seq_res))
-        gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
-        void = _integrity(store, exp, state["baseline_hashes"])
-        verdict, reason = seq_res.verdict, seq_res.reason
-        if void:
-            verdict, reason = "void", void
-        label = {lv.key: lv.label for lv in levels}
-        quick = ", ".join(f"{label.get(k, k)}:{v}" for k, v in seq_res.quick_look.items())
-        store.update_experiment(exp, status="done", verdict=verdict, reason=reason, rounds=seq_res.rounds,
-                                gpu_s=gpu_total, wall_s=time.time() - t0, finished=time.time(),
-                                void_reason=void or None)  # fmt: skip
-        if seq_res.rounds > s.quick_rounds:
-            ctx.say("escalate", message=f"{vid}: quick look after {s.quick_rounds} rounds ({quick}) left levels "
-                                        f"undecided; escalated to {seq_res.rounds} rounds")  # fmt: skip
-        res = {"verdict": verdict, "reason": reason, "exp_id": exp, "rounds": seq_res.rounds,
-               "levels": {lv: e.verdict for lv, e in seq_res.effects.items()},
-               "effects": {lv: round(e.effect, 5) for lv, e in seq_res.effects.items()}}  # fmt: skip
-        ctx.say("verdict", message=f"{vid}: {verdict} — {reason}")
-        return {"results": {**state.get("results", {}), vid: res},
-                "gpu_s": state.get("gpu_s", 0) + gpu_s, "rounds": state.get("rounds", 0) + seq_res.rounds,
-                "decision": f"{vid}: {verdict}"}  # fmt: skip
-
-    def revert(state: State) -> dict:
-        _revert_all(ctx)
-        wsrow = store.workstream(ws)
-        now_sha, src = configs.sha(ctx.config_path), bench.kernel_hash(plan.kernel)
-        if now_sha != wsrow["baseline_hash"] or src != state["baseline_hashes"]["kernel"]:
-            raise InvestigationError(f"revert left {ctx.config_path} at {now_sha} and the kernel source at {src}; "
-                                     f"the baseline is {wsrow['baseline_hash']} / {state['baseline_hashes']['kernel']}")
-        ctx.say("revert", message=f"{state['current']}: reverted; config hash {now_sha} and kernel source {src} "
-                                  "match the baseline")  # fmt: skip
-        return {"patch_id": None, "decision": f"reverted to baseline {now_sha}"}
-
-    def decide(state: State) -> dict:
-        vid = state["current"]
-        res = state["results"][vid]
-        planner.finish(store, ws, vid, "completed", f"{res['verdict']}: {res['reason']}")
-        if res["verdict"] == "mixed":
-            cond = planner.level_conditional(plan, plan.variant(vid), res.get("levels", {}))
-            if cond:
-                planner.add_follow_up(store, ws, f"{vid}-cond", f"{vid} as a level-conditional config: {describe(cond)}",
-                                      "proposed: mixed verdict")  # fmt: skip
-        return {"decision": f"{vid} closed: {res['verdict']}"}
-
-    def closeout(state: State) -> dict:
-        from kinv.agent import report
-
-        planner.start(store, ws, "closeout")
-        _revert_all(ctx)
-        path = report.write_closeout(store, plan, state, ctx)
-        planner.finish(store, ws, "closeout", "completed", f"close-out at {path}")
-        ctx.say("closeout", message=f"close-out written to {path}")
-        return {"report": str(path), "decision": "closed out"}
-
-    return {
-        "setup": setup, "baseline": baseline, "noise": noise, "pick": pick, "design": design,
-        "approval": approval, "declined": declined, "apply": apply, "gate": gate, "measure": measure,
-        "revert": revert, "decide": decide, "closeout": closeout,
+    configs.recover(store)
+    live = configs.read_config(ctx.config_path, ctx.adapter.name)
+    base = _baseline_config(ctx)
+    if config_hash(live) != config_hash(base):
+        last = configs.last_editor(ctx.config_path)
+        other = last.get("state_dir") and last["state_dir"] != str(store.dir.resolve())
+        where = (f"kinv revert --state-dir {last['state_dir']} (it was last edited by that state dir's run, pid "
+                 f"{last.get('pid')})" if other else "kinv revert")  # fmt: skip
+        raise InvestigationError(
+            f"live config {ctx.config_path} is {describe(live)} but the plan's baseline is {describe(base)}; "
+            f"restore it ({where}) or fix the plan"
+        )
+    store.update_workstream(ws, baseline_hash=configs.sha(ctx.config_path), status="running")
+    hashes = state.get("baseline_hashes") or {
+        "harness": bench.harness_hash(), "reference": bench.reference_hash(plan.kernel),
+        "kernel": bench.kernel_hash(plan.kernel), "snapshot": str(_snapshot(ctx)),
     }  # fmt: skip
+    planner.init_todos(store, plan)
+    ctx.say("setup", message=f"{ws}: baseline {describe(base)} verified on disk")
+    return {"ws": ws, "cancelled": state.get("cancelled", []),
+            "baseline_hashes": hashes,
+            "gpu_s": state.get("gpu_s", 0.0), "rounds": state.get("rounds", 0),
+            "decision": "baseline on disk matches the plan"}  # fmt: skip
+
+
+def baseline(state: State, runtime: Runtime[Context]) -> dict:
+    ctx = runtime.context
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    done = store.done_experiment(ws, planner.todo_id(ws, "baseline"), "baseline", ctx.version)
+    if done is not None:  # committed before a kill, never checkpointed: verified already, not again
+        ctx.say("baseline", message=f"baseline already verified (experiment {done['id']}); not repeated")
+        return {"decision": "baseline verified"}
+    planner.start(store, ws, "baseline")
+    levels = ctx.levels()
+    notes = ctx.adapter.workload_notes(plan.workload_spec, plan.baseline)
+    for n in notes:
+        if n.startswith("warning:"):
+            ctx.say("warning", message=n.removeprefix("warning:").strip())
+    derived = "; ".join(n for n in notes if not n.startswith("warning:"))
+    exp = _experiment(ctx, "baseline", "baseline", "baseline", _baseline_config(ctx))
+    assessment = resources.assess(ctx.adapter, _baseline_config(ctx), levels, get_device(plan.device))
+    resources.record(store, ws, exp, assessment)
+    with ctx.heartbeat(f"baseline: correctness check at {len(levels)} levels ({_corr_device(ctx)})"):
+        result = correctness.check_isolated(plan.kernel, _baseline_config(ctx), levels, seed=_seed(),
+                                            device=_corr_device(ctx), env=plan.environment)  # fmt: skip
+    correctness.record(store, ws, exp, result)
+    if not result["ok"]:
+        raise InvestigationError(f"the baseline itself is incorrect: {result['reason']}")
+    arm = ctx.backend.open("baseline", plan.kernel, _baseline_config(ctx), plan.environment)
+    try:
+        envcheck.check_worker(store, ws, exp, plan.environment, arm.env_seen)
+    finally:
+        arm.close()
+    store.update_experiment(exp, status="done", finished=time.time())
+    planner.finish(store, ws, "baseline", "completed",
+                   f"{derived + '; ' if derived else ''}env {plan.environment} confirmed; correct")  # fmt: skip
+    ctx.say("baseline", message=f"baseline verified: {derived + ', ' if derived else ''}env confirmed, correct")
+    faults.point("node.baseline.committed")  # a kill here re-runs the node: it must find its experiment done
+    return {"decision": "baseline verified"}
+
+
+def noise(state: State, runtime: Runtime[Context]) -> dict:
+    ctx = runtime.context
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    from kinv.agent import stats
+
+    planner.start(store, ws, "noise")
+    done = store.done_experiment(ws, planner.todo_id(ws, "noise"), "noise", ctx.version)
+    # a committed A/A (a kill came before the checkpoint) is re-read from its rounds, never measured twice
+    exp = state.get("noise_exp") or (done and done["id"]) or _experiment(ctx, "noise", "A/A", "noise",
+                                                                          _baseline_config(ctx))  # fmt: skip
+    levels = ctx.levels()
+    base = _baseline_config(ctx)
+    s = plan.stats
+    t0 = time.time()
+    acc, gpu_s = bench.run_aa(store, exp, ctx.backend, plan.kernel, base, plan.environment, levels, s.aa_rounds,
+                              s.aa_arms, on_round=lambda r: ctx.say("round", phase="noise", round=r + 1,
+                                                                     total=s.aa_rounds))  # fmt: skip
+    thresholds = _thresholds(ctx)
+    look = look_conf(plan)
+    bands = [stats.aa_noise(acc[lv.key], lv.key, thresholds[lv.key], s.max_rounds, look) for lv in levels]
+    store.add_noise(exp, ws, [b.__dict__ for b in bands])
+    gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
+    store.update_experiment(exp, status="done", rounds=s.aa_rounds, gpu_s=gpu_total,
+                            wall_s=time.time() - t0, finished=time.time())  # fmt: skip
+    warnings = stats.check_aa(bands)  # HarnessBroken only on evidence that the harness is broken
+    for w in warnings:
+        ctx.say("warning", message=w)
+    outliers = sum(b.outliers for b in bands)
+    band = {b.level: b.band for b in bands}
+    offsets = {b.level: b.offset_sd for b in bands}
+    lo, hi = min(band.values()), max(band.values())
+    reason = (f"{s.aa_arms} baseline workers x {s.aa_rounds} rounds: round band ±{lo:.2%}..±{hi:.2%}, "
+              f"arm offset SD ≤ {max(offsets.values()):.2%}; {outliers} outlier sample(s) winsorized; "
+              f"thresholds fixed by the plan ({min(thresholds.values()):.1%}..{max(thresholds.values()):.1%})"
+              + (f"; {len(warnings)} level(s) too noisy to decide at their threshold" if warnings else ""))  # fmt: skip
+    planner.finish(store, ws, "noise", "completed", reason)
+    ctx.say("noise", message=reason, bands=band)
+    faults.point("node.noise.committed")  # a kill here re-runs the node: it re-reads its rounds, times none
+    return {"noise_exp": exp, "bands": band, "offsets": offsets, "thresholds": thresholds,
+            "gpu_s": state.get("gpu_s", 0) + gpu_s, "decision": reason}  # fmt: skip
+
+
+def pick(state: State, runtime: Runtime[Context]) -> Command[Literal["design", "closeout"]]:
+    ctx = runtime.context
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    results, cancelled = dict(state.get("results", {})), list(state.get("cancelled", []))
+    # the wall budget counts time spent running nodes (kinv.db's history), not time paused for a person
+    wall = sum((r["finished"] or 0) - (r["started"] or 0) for r in store.node_runs(ws, ctx.version))
+    spent = ("GPU" if state.get("gpu_s", 0) >= plan.budget.gpu_seconds
+             else "wall" if wall >= plan.budget.wall_seconds else None)  # fmt: skip
+    if spent:
+        used = (f"{state.get('gpu_s', 0):.1f} of {plan.budget.gpu_seconds:.0f} GPU s" if spent == "GPU"
+                else f"{wall:.0f} of {plan.budget.wall_seconds:.0f} wall s")  # fmt: skip
+        for v in plan.variants:
+            if v.id not in results and v.id not in cancelled:
+                planner.finish(store, ws, v.id, "cancelled", f"{spent} budget spent ({used}) before it could run")
+                cancelled.append(v.id)
+        ctx.say("budget", message=f"{spent} budget spent ({used}): closing out")
+        return Command(goto="closeout", update={"cancelled": cancelled, "budget_exhausted": True,
+                                                "decision": f"{spent} budget spent: closing out"})  # fmt: skip
+    vid, moot = planner.next_variant(plan, results, set(cancelled))
+    for mid, reason in moot.items():
+        planner.finish(store, ws, mid, "cancelled", reason)
+        ctx.say("moot", message=f"{mid} {reason}")
+        cancelled.append(mid)
+    if vid is None:
+        return Command(goto="closeout", update={"cancelled": cancelled, "decision": "all variants decided"})
+    return Command(goto="design", update={"current": vid, "cancelled": cancelled, "exp_id": None,
+                                          "approval_id": None, "decision": f"next: {vid}"})
+
+
+def design(state: State, runtime: Runtime[Context]) -> Command[Literal["approval", "apply", "decide"]]:
+    ctx = runtime.context
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    vid = state["current"]
+    v = plan.variant(vid)
+    planner.start(store, ws, vid)
+    cfg = plan.variant_config(v)
+    exp = _experiment(ctx, vid, vid, "ab", cfg)
+    device = get_device(plan.device)
+    levels = ctx.levels()
+    base_a = resources.assess(ctx.adapter, _baseline_config(ctx), levels, device)
+    var_a = resources.assess(ctx.adapter, cfg, levels, device)
+    predicted = resources.predicted_change(base_a, var_a)
+    var_a["predicted"] = predicted
+    resources.record(store, ws, exp, var_a)
+    diff = configs.config_diff(_baseline_config(ctx), cfg, ctx.config_path)
+    store.update_experiment(exp, diff=diff)
+    if not var_a["feasible"]:
+        result = {"verdict": "infeasible", "reason": f"infeasible on {plan.device}: {var_a['reason']}",
+                  "levels": {}, "exp_id": exp}  # fmt: skip
+        store.update_experiment(exp, status="rejected", verdict="infeasible", reason=result["reason"])
+        ctx.say("infeasible", message=f"{vid}: {result['reason']} (never patched, never timed)")
+        return Command(goto="decide", update={"exp_id": exp, "results": {vid: result}})
+    if _needs_approval(ctx, cfg, bool(v.source_patch)):
+        aid = f"{ws.lstrip('#')}-{vid}-{exp}"
+        src = _source_patch(ctx, v)
+        full_diff = diff + (("\n" if diff else "") + src[1] if src else "")
+        # what a person approves is pinned: the plan's hash and the exact edit; apply refuses anything else.
+        # A decision already recorded (a re-run of this node after a kill) is never overwritten.
+        store.add_approval(id=aid, workstream=ws, todo=planner.todo_id(ws, vid), variant=vid,
+                           kind="source" if src else "config", diff=full_diff,
+                           resources={"smem_max": var_a.get("smem_estimate_max"), "predicted": predicted},
+                           hypothesis=plan.hypothesis, title=v.title, rationale=v.rationale,
+                           plan_hash=ctx.plan_hash, patch_sha=_edit_sha(cfg, src))  # fmt: skip
+        ctx.say("approval", message=f"{vid} waits for approval {aid}", approval_id=aid)
+        return Command(goto="approval", update={"exp_id": exp, "approval_id": aid, "needs_approval": True,
+                                                "decision": f"{vid}: approval {aid} requested"})
+    return Command(goto="apply", update={"exp_id": exp, "needs_approval": False,
+                                         "decision": f"{vid}: auto-approved ({ctx.approval})"})
+
+
+def approval(state: State, runtime: Runtime[Context]) -> Command[Literal["apply", "declined"]]:
+    # side-effect free: it re-runs from its start when the graph resumes
+    answer = interrupt({"approval_id": state["approval_id"], "variant": state["current"]})
+    if isinstance(answer, dict) and answer.get("approved"):
+        return Command(goto="apply", update={"decision": f"{state['approval_id']} approved"})
+    return Command(goto="declined", update={"decision": f"{state['approval_id']} rejected"})
+
+
+def declined(state: State, runtime: Runtime[Context]) -> dict:
+    ctx = runtime.context
+    store, ws = ctx.store, ctx.plan.ws
+    vid = state["current"]
+    appr = store.approval(state["approval_id"]) or {}
+    reason = f"rejected by a person: {appr.get('reason') or 'no reason given'}"
+    store.update_experiment(state["exp_id"], status="cancelled", reason=reason)
+    planner.finish(store, ws, vid, "cancelled", reason)
+    return {"cancelled": list(state.get("cancelled", [])) + [vid], "decision": reason}
+
+
+def apply(state: State, runtime: Runtime[Context]) -> Command[Literal["gate", "revert"]]:
+    ctx = runtime.context
+    store, plan = ctx.store, ctx.plan
+    vid = state["current"]
+    v = plan.variant(vid)
+    aid = state.get("approval_id") if state.get("needs_approval") else None
+    appr = store.approval(aid) if aid else None
+    if appr and appr.get("plan_hash"):
+        src = None
+        try:
+            src = _source_patch(ctx, v)
+        except configs.PatchError:
+            pass
+        now_sha = _edit_sha(plan.variant_config(v), src)
+        if appr["plan_hash"] != ctx.plan_hash or appr.get("patch_sha") != now_sha:
+            raise InvestigationError(
+                f"approval {aid} was given for plan sha {appr['plan_hash']} and edit {appr.get('patch_sha')}; the "
+                f"plan is now sha {ctx.plan_hash} and {vid}'s edit {now_sha}: what would run is not what was "
+                f"approved. Restore the plan, or start over under a new version: kinv run {ctx.plan_path} "
+                "--new-version")  # fmt: skip
+    try:
+        _ensure_applied(ctx, v, state["exp_id"])
+    except configs.PatchError as exc:
+        res = _failed(store, state, "failed", f"patch failed: {exc}")
+        ctx.say("failed", message=f"{vid}: {res['reason']}")
+        return Command(goto="revert", update={"results": {vid: res},
+                                              "decision": res["reason"][:200]})
+    what = describe(plan.variant_config(v)) + (f" + source patch {v.source_patch}" if v.source_patch else "")
+    ctx.say("patch", message=f"{vid}: patched to {what} (backup kept)")
+    return Command(goto="gate", update={"decision": f"patched {what}"})
+
+
+def gate(state: State, runtime: Runtime[Context]) -> Command[Literal["measure", "revert"]]:
+    ctx = runtime.context
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    vid = state["current"]
+    _ensure_applied(ctx, plan.variant(vid), state["exp_id"])
+    live = configs.read_config(ctx.config_path, ctx.adapter.name)
+    with ctx.heartbeat(f"{vid}: correctness check at {len(ctx.levels())} levels ({_corr_device(ctx)})"):
+        result = correctness.check_isolated(plan.kernel, live, ctx.levels(), seed=_seed(),
+                                            device=_corr_device(ctx), env=plan.environment)  # fmt: skip
+    correctness.record(store, ws, state["exp_id"], result)
+    if not result["ok"]:
+        kind, why = _failure_kind(result)
+        res = _failed(store, state, kind, why)
+        ctx.say(kind, message=f"{vid} rejected before timing: {why}")
+        return Command(goto="revert", update={"results": {vid: res},
+                                              "decision": f"{vid} {kind}: never timed"})
+    return Command(goto="measure", update={"decision": f"{vid} correct"})
+
+
+def measure(state: State, runtime: Runtime[Context]) -> dict:
+
+    ctx = runtime.context
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    vid, exp = state["current"], state["exp_id"]
+    variant = plan.variant(vid)
+    _ensure_applied(ctx, variant, exp)
+    live = configs.read_config(ctx.config_path, ctx.adapter.name)  # the variant is what is on disk
+    # while a source patch is live, the baseline arm runs the baseline source snapshot
+    base_path = [state["baseline_hashes"]["snapshot"]] if variant.source_patch else None
+    levels = ctx.levels()
+    t0 = time.time()
+    s = plan.stats
+    seq = sequential_plan(plan)
+    try:
+        seq_res, gpu_s = bench.run_ab(
+            store, exp, ctx.backend, plan.kernel, _baseline_config(ctx), live, plan.environment, levels,
+            state["thresholds"], seq, offset_sd=state.get("offsets", {}), n_variants=len(plan.variants),
+            base_pythonpath=base_path, on_open=lambda a: envcheck.check_worker(store, ws, exp, plan.environment,
+                                                                               a.env_seen),
+            on_round=lambda r: ctx.say("round", phase=vid, round=r + 1, total=s.max_rounds),
+            names=("baseline", vid))  # fmt: skip
+    except (bench.VariantFailed, bench.NoRecording) as exc:
+        kind = "not measured" if isinstance(exc, bench.NoRecording) else "failed"
+        why = f"{kind}: {exc}"
+        void = _integrity(store, exp, state["baseline_hashes"])  # rounds already taken may void it anyway
+        if void:
+            kind, why = "void", f"{void} (and then {why})"
+        spent = sum(x["gpu_s"] or 0 for x in store.samples(exp))
+        res = _failed(store, state, kind, why, gpu_s=spent, wall_s=time.time() - t0,
+                      **({"void_reason": void} if void else {}))
+        ctx.say("failed", message=f"{vid}: {res['reason']}")
+        return {"results": {vid: res}, "decision": res["reason"][:200]}
+    store.add_verdicts(exp, bench.verdict_rows(seq_res))
+    gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
+    void = _integrity(store, exp, state["baseline_hashes"])
+    verdict, reason = seq_res.verdict, seq_res.reason
+    if void:
+        verdict, reason = "void", void
+    label = {lv.key: lv.label for lv in levels}
+    quick = ", ".join(f"{label.get(k, k)}:{v}" for k, v in seq_res.quick_look.items())
+    store.update_experiment(exp, status="done", verdict=verdict, reason=reason, rounds=seq_res.rounds,
+                            gpu_s=gpu_total, wall_s=time.time() - t0, finished=time.time(),
+                            void_reason=void or None)  # fmt: skip
+    if seq_res.rounds > s.quick_rounds:
+        ctx.say("escalate", message=f"{vid}: quick look after {s.quick_rounds} rounds ({quick}) left levels "
+                                    f"undecided; escalated to {seq_res.rounds} rounds")  # fmt: skip
+    res = {"verdict": verdict, "reason": reason, "exp_id": exp, "rounds": seq_res.rounds,
+           "levels": {lv: e.verdict for lv, e in seq_res.effects.items()},
+           "effects": {lv: round(e.effect, 5) for lv, e in seq_res.effects.items()}}  # fmt: skip
+    ctx.say("verdict", message=f"{vid}: {verdict} — {reason}")
+    return {"results": {vid: res},
+            "gpu_s": state.get("gpu_s", 0) + gpu_s, "rounds": state.get("rounds", 0) + seq_res.rounds,
+            "decision": f"{vid}: {verdict}"}  # fmt: skip
+
+
+def revert(state: State, runtime: Runtime[Context]) -> dict:
+    ctx = runtime.context
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    _revert_all(ctx)
+    wsrow = store.workstream(ws)
+    now_sha, src = configs.sha(ctx.config_path), bench.kernel_hash(plan.kernel)
+    if now_sha != wsrow["baseline_hash"] or src != state["baseline_hashes"]["kernel"]:
+        raise InvestigationError(f"revert left {ctx.config_path} at {now_sha} and the kernel source at {src}; "
+                                 f"the baseline is {wsrow['baseline_hash']} / {state['baseline_hashes']['kernel']}")
+    ctx.say("revert", message=f"{state['current']}: reverted; config hash {now_sha} and kernel source {src} "
+                              "match the baseline")  # fmt: skip
+    return {"decision": f"reverted to baseline {now_sha}"}
+
+
+def decide(state: State, runtime: Runtime[Context]) -> dict:
+    ctx = runtime.context
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    vid = state["current"]
+    res = state["results"][vid]
+    planner.finish(store, ws, vid, "completed", f"{res['verdict']}: {res['reason']}")
+    if res["verdict"] == "mixed":
+        cond = planner.level_conditional(plan, plan.variant(vid), res.get("levels", {}))
+        if cond:
+            planner.add_follow_up(store, ws, f"{vid}-cond", f"{vid} as a level-conditional config: {describe(cond)}",
+                                  "proposed: mixed verdict")  # fmt: skip
+    return {"decision": f"{vid} closed: {res['verdict']}"}
+
+
+def closeout(state: State, runtime: Runtime[Context]) -> dict:
+    ctx = runtime.context
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    from kinv.agent import report
+
+    planner.start(store, ws, "closeout")
+    _revert_all(ctx)
+    path = report.write_closeout(store, plan, state, ctx)
+    planner.finish(store, ws, "closeout", "completed", f"close-out at {path}")
+    ctx.say("closeout", message=f"close-out written to {path}")
+    return {"report": str(path), "decision": "closed out"}
+
+
+NODES = {
+    "setup": setup, "baseline": baseline, "noise": noise, "pick": pick, "design": design, "approval": approval, "declined": declined, "apply": apply, "gate": gate, "measure": measure, "revert": revert, "decide": decide, "closeout": closeout,
+}  # fmt: skip
+"""Every graph node, by name: module-level functions of (state, runtime), unit-testable one by one."""
+
+
+def make_nodes(ctx: Context | None = None) -> dict:
+    """The graph's nodes by name (the context reaches them through LangGraph's runtime, not a closure)."""
+    return dict(NODES)
 
 
 def _integrity(store: Store, exp: int, baseline: dict) -> str | None:
@@ -603,7 +659,7 @@ def _corr_device(ctx: Context) -> str:
 # --------------------------------------------------------------------------- #
 # assembly
 # --------------------------------------------------------------------------- #
-def recorded(ctx: Context, name: str, fn):
+def recorded(name: str, fn):
     """``fn`` as a graph node whose every run is written to kinv.db's history (node, decision, outcome):
     ``kinv history`` reads that, never LangGraph's private checkpoint tables."""
     import functools
@@ -611,10 +667,11 @@ def recorded(ctx: Context, name: str, fn):
     from langgraph.errors import GraphInterrupt
 
     @functools.wraps(fn)  # keeps the return annotation: LangGraph reads a Command node's destinations from it
-    def node(state: State):
+    def node(state: State, runtime: Runtime[Context]):
+        ctx = runtime.context
         t0 = time.time()
         try:
-            out = fn(state)
+            out = fn(state, runtime)
         except GraphInterrupt:
             ctx.store.add_node_run(ctx.plan.ws, ctx.version, name, t0, _waiting(ctx), "paused")
             raise
@@ -636,11 +693,11 @@ def _waiting(ctx: Context) -> str:
     return f"waiting for approval {pending[-1]['id']}" if pending else "interrupted"
 
 
-def build_graph(ctx: Context, checkpointer):
-    nodes = make_nodes(ctx)
-    g = StateGraph(State)
-    for name, fn in nodes.items():
-        g.add_node(name, recorded(ctx, name, fn))
+def build_graph(ctx: Context | None, checkpointer):
+    """The compiled graph; a run passes its Context as ``graph.invoke(..., context=ctx)``."""
+    g = StateGraph(State, context_schema=Context)
+    for name, fn in NODES.items():
+        g.add_node(name, recorded(name, fn))
     g.add_edge(START, "setup")
     g.add_edge("setup", "baseline")
     g.add_edge("baseline", "noise")

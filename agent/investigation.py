@@ -87,7 +87,9 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
         store.release_lock(ws, os.getpid())
         return EXIT_FAIL, str(exc)
     try:
-        configs.recover(store)
+        for d in configs.recover(store):
+            if d["action"].startswith("restored over a hand edit"):
+                console.print(f"[yellow]warning[/yellow]: {Path(d['path']).name} {d['action']}")
         row = store.workstream(ws)
         version = int((row or {}).get("version") or 1)
         if row and row.get("plan_hash") and (row["plan_hash"] != plan_hash or new_version):
@@ -125,14 +127,14 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
             if appr.get("status") == "pending":
                 return _paused(store, aid, console)
             resume = Command(resume={"approved": appr.get("status") == "approved"})
-            result = graph.invoke(resume, cfg, durability="sync")
+            result = graph.invoke(resume, cfg, context=ctx, durability="sync")
         elif snap.values.get("report"):
             return EXIT_OK, f"{ws} is already closed out: {snap.values['report']}"
         elif snap.metadata is not None:  # a checkpoint exists: resume it, never begin again
             # next is empty when a kill fell between a task's saved writes and its step's checkpoint
             pending = snap.next or tuple(t.name for t in snap.tasks)
             console.print(f"resuming {ws} at {', '.join(pending) or 'its last checkpoint'}")
-            result = graph.invoke(None, cfg, durability="sync")
+            result = graph.invoke(None, cfg, context=ctx, durability="sync")
         else:
             ran = [e for e in store.experiments(ws) if int(e.get("version") or 1) == version]
             if ran and row and row.get("status") == "closed" and row.get("report_path"):
@@ -142,7 +144,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
                                    f"kinv.db holds {len(ran)} of its experiments (status {row['status'] if row else '?'}"
                                    f"): kinv cannot resume where it stopped. Start over as a new version (the old one "
                                    f"stays in history): kinv run {plan_path} --new-version")  # fmt: skip
-            result = graph.invoke({"ws": ws}, cfg, durability="sync")
+            result = graph.invoke({"ws": ws}, cfg, context=ctx, durability="sync")
         if "__interrupt__" in result:
             return _paused(store, result.get("approval_id") or graph.get_state(cfg).values.get("approval_id"),
                            console)  # fmt: skip

@@ -200,20 +200,30 @@ class Store:
         return self.dir / CHECKPOINTS_NAME
 
     def migrate(self) -> None:
-        """Apply the migrations not yet applied (sqlite-utils is imported only if there are any)."""
+        """Apply the migrations not yet applied, all in one transaction that holds the database's write lock
+        (BEGIN IMMEDIATE): a crash or a full disk midway leaves none of them, and two first runs in a fresh state
+        dir take turns instead of both creating tables.  sqlite-utils is imported only if there is work to do."""
         try:
             done = {r[0] for r in self.conn.execute("select name from _migrations")}
         except sqlite3.OperationalError:
             done = set()
         if all(name in done for name, _ in MIGRATIONS):
             return
-        self.db["_migrations"].create({"name": str, "applied": float}, pk="name", if_not_exists=True)
-        for name, fn in MIGRATIONS:
-            if name in done:
-                continue
-            with self.db.conn:
-                fn(self.db)
-                self.db["_migrations"].insert({"name": name, "applied": now()}, replace=True)
+        db = self.db
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            self.conn.execute("create table if not exists _migrations (name text primary key, applied float)")
+            done = {r[0] for r in self.conn.execute("select name from _migrations")}  # a racer may have done them
+            for name, fn in MIGRATIONS:
+                if name in done:
+                    continue
+                fn(db)
+                self.conn.execute("insert into _migrations values (?, ?)", [name, now()])
+                faults.point(f"migrate.{name}")
+            self.conn.commit()
+        except BaseException:
+            self.conn.rollback()
+            raise
 
     def close(self) -> None:
         self.conn.close()

@@ -214,7 +214,11 @@ class Investigation:
             if x["status"] != "running":
                 final[x["variant"]] = (x["kind"], x["status"], x["verdict"], x["reason"], x["rounds"], x["samples"])
         orphans = [x["id"] for x in exps if x["status"] == "running"]
-        return {"todos": todos, "experiments": final, "orphans": orphans}
+        per: dict[tuple, int] = {}
+        for x in exps:  # a todo measured twice (a node re-run after a kill that did its work again)
+            per[(x["variant"], x["kind"])] = per.get((x["variant"], x["kind"]), 0) + 1
+        dups = sum(n - 1 for n in per.values() if n > 1)
+        return {"todos": todos, "experiments": final, "orphans": orphans, "duplicates": dups}
 
 
 def wait_stop_or_exit(proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> tuple[str, int | None]:
@@ -232,6 +236,23 @@ def wait_stop_or_exit(proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) ->
             proc.wait()
             raise CrashInvariantError(f"kinv run pid {proc.pid} neither stopped nor exited in {timeout:.0f} s")
         time.sleep(0.01)
+
+
+def wait_or_kill(proc: subprocess.Popen, after_s: float) -> tuple[str, int | None]:
+    """Wall-clock mode: ('killed', -9) when the run was still going ``after_s`` seconds on, else how it ended."""
+    deadline = time.time() + after_s
+    while time.time() < deadline:
+        pid, status = os.waitpid(proc.pid, os.WNOHANG | os.WUNTRACED)
+        if pid:
+            if os.WIFSTOPPED(status):
+                return "stopped", None
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return "exited", proc.returncode
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    _, status = os.waitpid(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return "exited", proc.returncode
 
 
 def last_point(points: Path) -> tuple[int, str]:
@@ -264,6 +285,7 @@ class Totals:
     investigations: int = 0
     runs: int = 0
     orphan_experiments: int = 0
+    duplicated_experiments: int = 0
     failed: bool = False  # a lane broke an invariant: the others stop at their next run
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -302,8 +324,9 @@ def check_recovered(inv: Investigation, committed: set[int], where: str) -> set[
 
 
 def chain(lane: int, work: Path, plan: Path, code: Path, ref: dict, target: int, rng: random.Random,
-          totals: Totals, log=print) -> None:  # fmt: skip
-    """Kill investigations in this lane until ``target`` kills were made (over all lanes)."""
+          totals: Totals, log=print, wall_clock: bool = False) -> None:  # fmt: skip
+    """Kill investigations in this lane until ``target`` kills were made (over all lanes).  ``wall_clock``: a
+    SIGKILL at a random moment (uniform over the reference run's length after recovery), not at a fault point."""
     m = ref["points"]
     n_inv = 0
     while True:
@@ -319,13 +342,17 @@ def chain(lane: int, work: Path, plan: Path, code: Path, ref: dict, target: int,
                 enough = len(totals.kills) >= target
                 if totals.failed:
                     return
-            crash_at = None
+            crash_at = kill_after = None
             if not enough and kills_here < MAX_KILLS_PER_INVESTIGATION:
-                crash_at = rng.randint(1, max(2, int(m * WINDOW)))
+                if wall_clock:
+                    kill_after = rng.uniform(0.05, 0.5) * ref["seconds"]
+                else:
+                    crash_at = rng.randint(1, max(2, int(m * WINDOW)))
             proc, points, runlog = inv.start(crash_at=crash_at, stop_at="recover.done")
             with totals.lock:
                 totals.runs += 1
-            where = f"lane {lane} investigation {n_inv} run {inv.runs} (KINV_CRASH_AT={crash_at})"
+            where = (f"lane {lane} investigation {n_inv} run {inv.runs} "
+                     + (f"(SIGKILL after {kill_after:.2f} s)" if kill_after else f"(KINV_CRASH_AT={crash_at})"))
             state, rc = wait_stop_or_exit(proc)
             checked = state == "stopped"
             if checked:  # its start-up recovery is done: check, then let it go on
@@ -335,10 +362,12 @@ def chain(lane: int, work: Path, plan: Path, code: Path, ref: dict, target: int,
                     os.kill(proc.pid, signal.SIGCONT)
                 with totals.lock:
                     totals.recoveries_checked += 1
-                state, rc = wait_stop_or_exit(proc)
+                state, rc = wait_or_kill(proc, kill_after) if kill_after else wait_stop_or_exit(proc)
             if rc == -signal.SIGKILL:
                 k, name = last_point(points)
-                if k != crash_at:
+                if kill_after:
+                    name = f"wall clock, after {name}"
+                elif k != crash_at:
                     raise CrashInvariantError(f"{where}: killed at point {k}, expected {crash_at}")
                 ids = inv.sample_ids()
                 if lost := committed - ids:
@@ -373,11 +402,13 @@ def chain(lane: int, work: Path, plan: Path, code: Path, ref: dict, target: int,
             with totals.lock:
                 totals.investigations += 1
                 totals.orphan_experiments += len(out["orphans"])
+                totals.duplicated_experiments += out["duplicates"]
             log(f"lane {lane}: investigation {n_inv} finished after {kills_here} kill(s), verdicts match")
             break
 
 
-def run_harness(kills: int = 100, lanes: int = 2, seed: int = 0, work: Path | None = None, log=print) -> dict:
+def run_harness(kills: int = 100, lanes: int = 2, seed: int = 0, work: Path | None = None, log=print,
+                wall_clock: bool = False) -> dict:
     """Run the whole harness; raises CrashInvariantError on the first broken invariant; returns a summary."""
     t0 = time.time()
     own = work is None
@@ -394,7 +425,7 @@ def run_harness(kills: int = 100, lanes: int = 2, seed: int = 0, work: Path | No
 
         def lane_main(i: int) -> None:
             try:
-                chain(i, work, plan, code, ref, kills, random.Random(seed * 1000 + i), totals, log)
+                chain(i, work, plan, code, ref, kills, random.Random(seed * 1000 + i), totals, log, wall_clock)
             except BaseException as exc:  # noqa: BLE001 - reported by the caller
                 errors.append(exc)
                 totals.failed = True
@@ -424,6 +455,8 @@ def run_harness(kills: int = 100, lanes: int = 2, seed: int = 0, work: Path | No
             "killed_with_config_patched": sum(k.patched_at_death for k in ks),
             "killed_with_dangling_journal": sum(k.dangling_at_death > 0 for k in ks),
             "orphan_running_experiments": totals.orphan_experiments,
+            "duplicated_experiments": totals.duplicated_experiments, "mode": "wall clock" if wall_clock else "fault points",
+            "configs_byte_identical_after_next_start": totals.recoveries_checked,
             "kills_by_point": dict(sorted(names.items(), key=lambda kv: -kv[1])),
             "wall_s": round(time.time() - t0, 1),
         }  # fmt: skip
@@ -437,12 +470,13 @@ def main(argv=None) -> int:
     ap.add_argument("--kills", type=int, default=100, help="SIGKILLs to make in all (default 100)")
     ap.add_argument("--lanes", type=int, default=min(4, (os.cpu_count() or 1) + 1), help="chains side by side")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--wall-clock", action="store_true", help="SIGKILL at random moments instead of fault points")
     ap.add_argument("--work", type=Path, default=None, help="keep the states here (default: a temp dir, removed)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = ap.parse_args(argv)
     quiet = (lambda *a, **k: None) if args.json else print
     try:
-        s = run_harness(args.kills, args.lanes, args.seed, args.work, log=quiet)
+        s = run_harness(args.kills, args.lanes, args.seed, args.work, log=quiet, wall_clock=args.wall_clock)
     except CrashInvariantError as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
         return 1
@@ -460,7 +494,8 @@ def main(argv=None) -> int:
           f"{s['samples_done_deciles']}; {s['distinct_point_names']} distinct points")  # fmt: skip
     print(f"killed with the config patched: {s['killed_with_config_patched']}, with a dangling journal row: "
           f"{s['killed_with_dangling_journal']}")  # fmt: skip
-    print(f"experiments left 'running' by killed runs: {s['orphan_running_experiments']}")
+    print(f"experiments left 'running' by killed runs: {s['orphan_running_experiments']}; duplicated experiments: "
+          f"{s['duplicated_experiments']} (mode: {s['mode']})")
     print(f"wall time: {s['wall_s']} s on {s['lanes']} lane(s)")
     return 0
 

@@ -66,3 +66,21 @@ def test_the_recorded_nodes_keep_their_routing_annotations(tmp_path):
     drawn = graph.get_graph()
     edges = {(e.source, e.target) for e in drawn.edges}
     assert ("gate", "measure") in edges and ("gate", "revert") in edges and ("pick", "closeout") in edges
+
+
+def test_a_node_is_a_plain_function_of_state_and_runtime(tmp_path):
+    """Nodes are module-level functions that get the run's Context from LangGraph's runtime (context_schema):
+    one can be called alone, here `pick` choosing the first variant and then closing out on a spent budget."""
+    from langgraph.runtime import Runtime
+
+    from kinv.agent import graph, planner
+
+    ctx, _ = _graph(tmp_path)
+    ctx.store.upsert_workstream({"id": ctx.plan.ws, "title": ctx.plan.workstream.title, "kernel": ctx.plan.kernel,
+                                 "status": "running", "version": 1})  # fmt: skip
+    planner.init_todos(ctx.store, ctx.plan)
+    out = graph.pick({"results": {}, "cancelled": [], "gpu_s": 0.0}, Runtime(context=ctx))
+    assert out.goto == "design" and out.update["current"] == "F1"
+    spent = graph.pick({"results": {}, "cancelled": [], "gpu_s": 1e9}, Runtime(context=ctx))
+    assert spent.goto == "closeout" and spent.update["budget_exhausted"]
+    assert "GPU budget spent" in spent.update["decision"]

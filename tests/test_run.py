@@ -161,3 +161,18 @@ def test_a_null_drill_says_the_null_holds_and_an_unwon_investigation_is_refuted_
     assert r.returncode == 0, r.stdout + r.stderr
     assert "The hypothesis is refuted for this kernel shape." in (Path(env["KINV_STATE_DIR"]) / "reports" /
                                                                  "3a-closeout.md").read_text()  # fmt: skip
+
+
+def test_the_wall_budget_is_enforced_on_time_spent_running(env, tmp_path):
+    """budget.wall_seconds counts the time nodes ran (kinv.db's history): once spent, the remaining variants are
+    cancelled with the reason and the investigation closes out."""
+    plan = tmp_path / "3a-wall.yaml"
+    text = PLAN.read_text()
+    assert "  wall_seconds: 1800\n" in text
+    plan.write_text(text.replace("  wall_seconds: 1800\n", "  wall_seconds: 0.001\n"))
+    r = kinv(env, "run", str(plan), "--backend", "replay", "--approval", "auto")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "wall budget spent" in r.stdout
+    t = todos(env)
+    assert all(t[f"#3a.{v}"]["status"] == "cancelled" and "wall budget spent" in t[f"#3a.{v}"]["reason"]
+               for v in ("V1", "V2", "V3"))  # fmt: skip

@@ -377,6 +377,16 @@ def _restore(store: Store, patch: dict) -> str:
     current = _sha_bytes(path.read_bytes()) if path.is_file() else None
     action = "unchanged"
     if current != patch["sha_before"]:
+        if current is not None and current != patch.get("sha_after") and patch["state"] == "applied":
+            # edited by hand while kinv's patch was live: keep that edit beside the backups, and say so
+            keep = store.dir / "backups" / _ws_dir(patch["workstream"]) / f"{path.name}.hand-edit.{current}"
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_write(keep, path.read_bytes(), fault="hand-edit")
+            action = f"restored over a hand edit (sha {current}, kinv had written {patch.get('sha_after')}; the " \
+                     f"edited file is kept at {keep})"
+            store.event(patch["workstream"], "patch.hand_edit", f"{path.name} was edited by hand while patch "
+                        f"#{patch['id']} was live; restored from the backup, the edit kept at {keep}",
+                        {"patch": patch["id"], "kept": str(keep), "sha": current})  # fmt: skip
         bak = next((b for b in store.backups() if b["id"] == patch["backup"]), None)
         if bak is None or not Path(bak["backup_path"]).is_file():
             raise RevertError(f"cannot revert patch #{patch['id']} of {path}: its backup is missing")
@@ -384,7 +394,7 @@ def _restore(store: Store, patch: dict) -> str:
         if _sha_bytes(data) != patch["sha_before"]:
             raise RevertError(f"backup of {path} has sha {_sha_bytes(data)}, expected {patch['sha_before']}")
         _atomic_write(path, data, fault="restore")
-        action = "restored"
+        action = action if action.startswith("restored over") else "restored"
     after = sha(path)
     if after != patch["sha_before"]:
         raise RevertError(f"{path} has sha {after} after revert, expected {patch['sha_before']}")
@@ -403,7 +413,7 @@ def revert(store: Store, patch_id: int) -> dict:
     action = _restore(store, patch)
     store.event(patch["workstream"], "patch.reverted", f"reverted {Path(patch['path']).name} (patch #{patch_id})",
                 {"patch": patch_id, "action": action, "sha": patch["sha_before"]})  # fmt: skip
-    return _patch_row(store, patch_id)
+    return {**_patch_row(store, patch_id), "action": action}
 
 
 def recover(store: Store) -> list[dict]:

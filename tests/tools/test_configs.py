@@ -231,3 +231,18 @@ def test_source_patch_that_breaks_python_is_refused(store, src_path):
     with pytest.raises(PatchError, match="not valid Python: line 4"):
         configs.patch_source(store, src_path, diff, WS)
     assert src_path.read_text() == SOURCE and store.patches() == []
+
+
+def test_a_hand_edit_during_a_live_patch_is_kept_and_announced_when_recovery_restores_the_baseline(store, cfg_path):
+    """Issue 12.9: recovery restores the baseline bytes, but a person's edit of the patched file is not lost
+    silently: it is kept beside the backups, and the action and an event say so."""
+    before = cfg_path.read_bytes()
+    configs.patch_config(store, cfg_path, {**base_cfg(cfg_path), "num_warps": 8}, WS)
+    edited = cfg_path.read_text().replace('"num_stages": 2', '"num_stages": 3')  # the person's edit
+    cfg_path.write_text(edited)
+    done = configs.recover(store)
+    assert cfg_path.read_bytes() == before
+    assert len(done) == 1 and done[0]["action"].startswith("restored over a hand edit")
+    kept = Path(done[0]["action"].split("kept at ")[1].rstrip(")"))
+    assert kept.read_text() == edited
+    assert any(e["kind"] == "patch.hand_edit" for e in store.events(WS))
