@@ -341,7 +341,7 @@ def revert(state_dir: str = StateOpt,
             got = configs.read_config(path, plan.adapter.name)
             if config_hash({k: v for k, v in got.items() if k != "description"}) != config_hash(base):
                 raise Exit(EXIT_FAIL, f"{path} did not verify after the write")
-        raise Exit(EXIT_OK, f"restored {path} to the baseline of {plan.ws} ({describe(base)}, hash {config_hash(base)})")
+        raise Exit(EXIT_OK, f"restored {path} to the baseline of {plan.ws} ({describe(base)}, config hash {config_hash(base)}, file sha {configs.sha(path)})")
     store = _store(state_dir, create=True)
     live = [lk for lk in store.live_locks() if lk["pid"] != os.getpid()]
     if live:

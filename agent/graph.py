@@ -553,7 +553,7 @@ def revert(state: State, runtime: Runtime[Context]) -> dict:
     if now_sha != wsrow["baseline_hash"] or src != state["baseline_hashes"]["kernel"]:
         raise InvestigationError(f"revert left {ctx.config_path} at {now_sha} and the kernel source at {src}; "
                                  f"the baseline is {wsrow['baseline_hash']} / {state['baseline_hashes']['kernel']}")
-    ctx.say("revert", message=f"{state['current']}: reverted; config hash {now_sha} and kernel source {src} "
+    ctx.say("revert", message=f"{state['current']}: reverted; config file sha {now_sha} and kernel source {src} "
                               "match the baseline")  # fmt: skip
     return {"decision": f"reverted to baseline {now_sha}"}
 

@@ -361,7 +361,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     backups = [b for b in store.backups() if b["workstream"] == ws]
     ok = now_sha == wsrow["baseline_hash"]
     out += ["## State", "",
-            f"- State restored: config hash {'matches' if ok else 'DOES NOT MATCH'} baseline ({now_sha}), "
+            f"- State restored: the config file's sha {'matches' if ok else 'DOES NOT MATCH'} the baseline's ({now_sha}), "
             f"backup kept at {backups[-1]['backup_path'] if backups else '(no patch was made)'}.",
             f"- Open patches in the journal: {len(store.dangling_patches())}.", ""]  # fmt: skip
 

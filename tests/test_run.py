@@ -56,7 +56,7 @@ def test_3a_closes_on_replay_with_data_decided_verdicts(env):
     assert config_bytes(env) == before  # no kernel file left patched
     report = Path(env["KINV_STATE_DIR"]) / "reports" / "3a-closeout.md"
     text = report.read_text()
-    assert "config hash matches baseline" in text and "Next: **OEA" in text
+    assert "the config file's sha matches the baseline's" in text and "Next: **OEA" in text
     assert (report.with_suffix(".png")).stat().st_size > 1000
     v1 = next(e for e in json.loads(kinv(env, "experiments", "3a", "--json").stdout) if e["variant"] == "V1")
     shown = kinv(env, "show", str(v1["id"]))  # the table rendering, not only --json
