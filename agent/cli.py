@@ -351,7 +351,20 @@ def revert(state_dir: str = StateOpt,
     for d in done:
         if d["action"].startswith("restored over a hand edit"):
             _console().print(f"[yellow]warning[/yellow]: {Path(d['path']).name} {d['action']}")
-    _console().print(f"reverted {len(done)} patch(es)" if done else "nothing to revert: no kernel file is patched")
+    if done:
+        _console().print(f"reverted {len(done)} patch(es)")
+        return
+    # the journal has nothing: still, a live config that is no known baseline (kinv.db lost during a variant,
+    # a hand edit) must not pass as "nothing to revert"
+    from kinv.agent.tools import doctor
+
+    odd = [f for f in doctor.configs_against_baselines(store.workstreams(), None) if f.status != "ok"]
+    if odd:
+        for f in odd:
+            _console().print(f"[yellow]warning[/yellow]: {f.detail}")
+        raise Exit(EXIT_FAIL, "nothing in this state dir's journal to revert, but a live config is no known "
+                              "baseline: restore one with kinv revert --to-plan PLAN")  # fmt: skip
+    _console().print("nothing to revert: no kernel file is patched, and every live config is a known baseline")
 
 
 # --------------------------------------------------------------------------- #

@@ -53,3 +53,20 @@ def test_a_deleted_checkpoints_db_is_refused_not_silently_restarted(tmp_path, st
     r = run_kinv(env, "resume", "3a", "--backend", "replay")
     assert r.returncode == 1 and "checkpoints of #3a are missing" in r.stderr and "--new-version" in r.stderr
     assert len(json.loads(run_kinv(env, "experiments", "3a", "--json").stdout)) == n_exps  # nothing re-run
+
+
+def test_revert_without_kinv_db_never_says_nothing_to_revert_over_a_live_variant(tmp_path, state_dir):
+    """Issue 12.4: kinv.db deleted while V1 (num_warps 8) was live: revert says the live config is no known
+    baseline and how to restore it (exit 1), and --to-plan restores it, verified, with no state at all."""
+    env = replay_env(tmp_path, state_dir)
+    cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
+    baseline = cfg.read_bytes()
+    cfg.write_text(cfg.read_text().replace('"num_warps": 4', '"num_warps": 8'))  # the variant a lost run left live
+    r = run_kinv(env, "revert")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "mla_decode.json is BT16/BH16/w8/s2" in r.stdout and "kinv revert --to-plan PLAN" in r.stderr
+    assert "nothing to revert: no kernel file is patched" not in r.stdout
+    r = run_kinv(env, "revert", "--to-plan", PLAN)
+    values = lambda d: {k: v for k, v in d.items() if k != "description"}  # noqa: E731
+    assert r.returncode == 0 and values(json.loads(cfg.read_text())) == values(json.loads(baseline))
+    assert run_kinv(env, "revert").returncode == 0

@@ -389,7 +389,8 @@ def _restore(store: Store, patch: dict) -> str:
                         {"patch": patch["id"], "kept": str(keep), "sha": current})  # fmt: skip
         bak = next((b for b in store.backups() if b["id"] == patch["backup"]), None)
         if bak is None or not Path(bak["backup_path"]).is_file():
-            raise RevertError(f"cannot revert patch #{patch['id']} of {path}: its backup is missing")
+            raise RevertError(f"cannot revert patch #{patch['id']} of {path}: its backup is missing (backups/ "
+                              "deleted?); restore the baseline from its plan: kinv revert --to-plan PLAN")  # fmt: skip
         data = Path(bak["backup_path"]).read_bytes()
         if _sha_bytes(data) != patch["sha_before"]:
             raise RevertError(f"backup of {path} has sha {_sha_bytes(data)}, expected {patch['sha_before']}")

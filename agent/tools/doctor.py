@@ -99,7 +99,7 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
         out.append(Finding("locks", "warn", "lock row(s) of dead process(es): " + ", ".join(
             f"{r['workstream']} (pid {r['pid']})" for r in stale), "none needed: the next run takes the lock"))
     # ---- live configs against the baselines ----------------------------------------------------------
-    out += _configs(rows.get("workstreams", []), plans_dir)
+    out += configs_against_baselines(rows.get("workstreams", []), plans_dir)
     return out
 
 
@@ -115,7 +115,7 @@ def _alive(pid) -> bool:
     return True
 
 
-def _configs(workstreams: list[dict], plans_dir: Path | None) -> list[Finding]:
+def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None) -> list[Finding]:
     """Each registered kernel's live config: the baseline of a known plan or workstream, or something else."""
     from kinv.agent.tools import configs
     from kinv.kernels.adapter import UnknownKernelError, get_adapter, registered
