@@ -324,7 +324,8 @@ def check_recovered(inv: Investigation, committed: set[int], where: str) -> set[
 
 
 def chain(lane: int, work: Path, plan: Path, code: Path, ref: dict, target: int, rng: random.Random,
-          totals: Totals, log=print, wall_clock: bool = False) -> None:  # fmt: skip
+          totals: Totals, log=print, wall_clock: bool = False,
+          max_kills: int = MAX_KILLS_PER_INVESTIGATION) -> None:  # fmt: skip
     """Kill investigations in this lane until ``target`` kills were made (over all lanes).  ``wall_clock``: a
     SIGKILL at a random moment (uniform over the reference run's length after recovery), not at a fault point."""
     m = ref["points"]
@@ -343,7 +344,7 @@ def chain(lane: int, work: Path, plan: Path, code: Path, ref: dict, target: int,
                 if totals.failed:
                     return
             crash_at = kill_after = None
-            if not enough and kills_here < MAX_KILLS_PER_INVESTIGATION:
+            if not enough and kills_here < max_kills:
                 if wall_clock:
                     kill_after = rng.uniform(0.05, 0.5) * ref["seconds"]
                 else:
@@ -408,7 +409,7 @@ def chain(lane: int, work: Path, plan: Path, code: Path, ref: dict, target: int,
 
 
 def run_harness(kills: int = 100, lanes: int = 2, seed: int = 0, work: Path | None = None, log=print,
-                wall_clock: bool = False) -> dict:
+                wall_clock: bool = False, max_kills: int = MAX_KILLS_PER_INVESTIGATION) -> dict:
     """Run the whole harness; raises CrashInvariantError on the first broken invariant; returns a summary."""
     t0 = time.time()
     own = work is None
@@ -425,7 +426,8 @@ def run_harness(kills: int = 100, lanes: int = 2, seed: int = 0, work: Path | No
 
         def lane_main(i: int) -> None:
             try:
-                chain(i, work, plan, code, ref, kills, random.Random(seed * 1000 + i), totals, log, wall_clock)
+                chain(i, work, plan, code, ref, kills, random.Random(seed * 1000 + i), totals, log, wall_clock,
+                      max_kills)
             except BaseException as exc:  # noqa: BLE001 - reported by the caller
                 errors.append(exc)
                 totals.failed = True
@@ -471,12 +473,15 @@ def main(argv=None) -> int:
     ap.add_argument("--lanes", type=int, default=min(4, (os.cpu_count() or 1) + 1), help="chains side by side")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--wall-clock", action="store_true", help="SIGKILL at random moments instead of fault points")
+    ap.add_argument("--max-kills-per-investigation", type=int, default=MAX_KILLS_PER_INVESTIGATION,
+                    help="then an investigation runs to its end (fewer: more investigations per kill)")
     ap.add_argument("--work", type=Path, default=None, help="keep the states here (default: a temp dir, removed)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = ap.parse_args(argv)
     quiet = (lambda *a, **k: None) if args.json else print
     try:
-        s = run_harness(args.kills, args.lanes, args.seed, args.work, log=quiet, wall_clock=args.wall_clock)
+        s = run_harness(args.kills, args.lanes, args.seed, args.work, log=quiet, wall_clock=args.wall_clock,
+                        max_kills=args.max_kills_per_investigation)
     except CrashInvariantError as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
         return 1
