@@ -411,7 +411,9 @@ def todos(
     if fmt == "kinv":
         _emit(items, as_json, render.todos)
     else:  # wrapped as both tools' todo writers take it: {"todos": [...]}
-        print(json.dumps({"todos": views.export_todos(items, fmt)}, indent=2))
+        from kinv.agent import todo_export
+
+        print(json.dumps({"todos": todo_export.export_todos(items, fmt)}, indent=2))
 
 
 @app.command()

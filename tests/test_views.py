@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kinv.agent import views
+from kinv.agent import todo_export, views
 from kinv.agent.store import Store
 from kinv.agent.views import NotFound, StatusView
 
@@ -292,17 +292,17 @@ def test_show_noise_experiment(store, demo):
 # todo exports
 # --------------------------------------------------------------------------- #
 def test_export_opencode(store, demo):
-    got = views.to_opencode(views.todos(store, "#3a"))
+    got = todo_export.to_opencode(views.todos(store, "#3a"))
     assert [t["status"] for t in got] == ["completed", "completed", "completed", "cancelled"]
     assert [t["priority"] for t in got] == ["high", "high", "medium", "low"]
     assert set(got[0]) == {"id", "content", "status", "priority"}
     assert got[3]["id"] == "#3a.V3"
-    assert views.export_todos(store.todos("#3b"), "opencode")[0]["status"] == "pending"
+    assert todo_export.export_todos(store.todos("#3b"), "opencode")[0]["status"] == "pending"
 
 
 def test_export_claude(store, demo):
     store.upsert_todo({"id": "#3a.V1", "status": "in_progress"})
-    got = views.to_claude(views.todos(store, "#3a"))
+    got = todo_export.to_claude(views.todos(store, "#3a"))
     assert all(set(t) == {"content", "status", "activeForm"} for t in got)
     assert {t["status"] for t in got} <= {"pending", "in_progress", "completed"}
     assert [t["status"] for t in got] == ["completed", "in_progress", "completed", "completed"]
@@ -320,12 +320,12 @@ def test_export_claude(store, demo):
     ("Test V2", "Testing V2"), ("V2: num_stages 3", "Testing V2: num_stages 3"),
 ])  # fmt: skip
 def test_active_form(content, expected):
-    assert views.active_form(content) == expected
+    assert todo_export.active_form(content) == expected
 
 
 def test_export_unknown_format(store, demo):
     with pytest.raises(ValueError, match="valid: kinv, opencode, claude"):
-        views.export_todos([], "jira")
+        todo_export.export_todos([], "jira")
 
 
 # --------------------------------------------------------------------------- #
