@@ -273,17 +273,19 @@ def setup(state: State, runtime: Runtime[Context]) -> dict:
 def baseline(state: State, runtime: Runtime[Context]) -> dict:
     ctx = runtime.context
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    notes = ctx.adapter.workload_notes(plan.workload_spec, plan.baseline)
+    derived = "; ".join(n for n in notes if not n.startswith("warning:"))
+    finished = f"{derived + '; ' if derived else ''}env {plan.environment} confirmed; correct"
     done = store.done_experiment(ws, planner.todo_id(ws, "baseline"), "baseline", ctx.version)
     if done is not None:  # committed before a kill, never checkpointed: verified already, not again
+        planner.finish(store, ws, "baseline", "completed", finished)  # (the kill may have come before this)
         ctx.say("baseline", message=f"baseline already verified (experiment {done['id']}); not repeated")
         return {"decision": "baseline verified"}
     planner.start(store, ws, "baseline")
     levels = ctx.levels()
-    notes = ctx.adapter.workload_notes(plan.workload_spec, plan.baseline)
     for n in notes:
         if n.startswith("warning:"):
             ctx.say("warning", message=n.removeprefix("warning:").strip())
-    derived = "; ".join(n for n in notes if not n.startswith("warning:"))
     exp = _experiment(ctx, "baseline", "baseline", "baseline", _baseline_config(ctx))
     assessment = resources.assess(ctx.adapter, _baseline_config(ctx), levels, get_device(plan.device))
     resources.record(store, ws, exp, assessment)
@@ -299,8 +301,7 @@ def baseline(state: State, runtime: Runtime[Context]) -> dict:
     finally:
         arm.close()
     store.update_experiment(exp, status="done", finished=time.time())
-    planner.finish(store, ws, "baseline", "completed",
-                   f"{derived + '; ' if derived else ''}env {plan.environment} confirmed; correct")  # fmt: skip
+    planner.finish(store, ws, "baseline", "completed", finished)
     ctx.say("baseline", message=f"baseline verified: {derived + ', ' if derived else ''}env confirmed, correct")
     faults.point("node.baseline.committed")  # a kill here re-runs the node: it must find its experiment done
     return {"decision": "baseline verified"}

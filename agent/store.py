@@ -219,7 +219,6 @@ class Store:
                     continue
                 fn(db)
                 self.conn.execute("insert into _migrations values (?, ?)", [name, now()])
-                faults.point(f"migrate.{name}")
             self.conn.commit()
         except BaseException:
             self.conn.rollback()
