@@ -346,7 +346,9 @@ def chain(lane: int, work: Path, plan: Path, code: Path, ref: dict, target: int,
             crash_at = kill_after = None
             if not enough and kills_here < max_kills:
                 if wall_clock:
-                    kill_after = rng.uniform(0.05, 0.5) * ref["seconds"]
+                    # a run spends its first seconds starting (imports, the checks of setup), so the moments
+                    # span past the reference's length: some kills land deep in a variant, some never come
+                    kill_after = rng.uniform(0.25, 1.1) * ref["seconds"]
                 else:
                     crash_at = rng.randint(1, max(2, int(m * WINDOW)))
             proc, points, runlog = inv.start(crash_at=crash_at, stop_at="recover.done")
