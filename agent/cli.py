@@ -358,7 +358,7 @@ def revert(state_dir: str = StateOpt,
     # a hand edit) must not pass as "nothing to revert"
     from kinv.agent.tools import doctor
 
-    odd = [f for f in doctor.configs_against_baselines(store.workstreams(), None) if f.status != "ok"]
+    odd = [f for f in doctor.configs_against_baselines(store.workstreams(), None, store.patches()) if f.status != "ok"]
     if odd:
         for f in odd:
             _console().print(f"[yellow]warning[/yellow]: {f.detail}")

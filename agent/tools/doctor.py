@@ -99,7 +99,7 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
         out.append(Finding("locks", "warn", "lock row(s) of dead process(es): " + ", ".join(
             f"{r['workstream']} (pid {r['pid']})" for r in stale), "none needed: the next run takes the lock"))
     # ---- live configs against the baselines ----------------------------------------------------------
-    out += configs_against_baselines(rows.get("workstreams", []), plans_dir)
+    out += configs_against_baselines(rows.get("workstreams", []), plans_dir, rows.get("patches", []))
     return out
 
 
@@ -115,8 +115,10 @@ def _alive(pid) -> bool:
     return True
 
 
-def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None) -> list[Finding]:
-    """Each registered kernel's live config: the baseline of a known plan or workstream, or something else."""
+def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None,
+                              patches: list[dict] | None = None) -> list[Finding]:
+    """Each registered kernel's live config: the baseline of a known plan or workstream, a config adopted with
+    ``kinv adopt``, or something else."""
     from kinv.agent.tools import configs
     from kinv.kernels.adapter import UnknownKernelError, get_adapter, registered
     from kinv.kernels.launch_config import ConfigError, config_hash
@@ -125,6 +127,7 @@ def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None) -
     for w in workstreams:
         if w.get("baseline_hash"):
             known.setdefault(w["kernel"], {})[f"sha:{w['baseline_hash']}"] = f"{w['id']}'s baseline"
+    adopted = {Path(p["path"]).resolve(): p for p in (patches or []) if p["state"] == "adopted"}
     for p in sorted((plans_dir or Path("plans")).glob("*.yaml")):
         try:
             from kinv.agent.models import load_plan
@@ -152,6 +155,9 @@ def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None) -
             continue
         h = config_hash({k: v for k, v in cfg.items() if k != "description"})
         where = known.get(name, {}).get(h) or known.get(name, {}).get(f"sha:{configs.sha(path)}")
+        last = adopted.get(path.resolve())
+        if not where and last and last.get("sha_after") == configs.sha(path):
+            where = f"the config adopted from {last['workstream']} (kinv adopt, patch #{last['id']})"
         if where:
             out.append(Finding(f"config {name}", "ok", f"{path.name} is {where}"))
         else:
