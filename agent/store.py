@@ -161,6 +161,19 @@ def m005_node_runs(db: sqlite_utils.Database) -> None:
     db["node_runs"].create_index(["workstream", "version"])
 
 
+def _while_locked(fn, seconds: float = 30.0):
+    """Run ``fn``, again while SQLite answers "database is locked": switching a fresh file to WAL needs the
+    database to itself and does not always wait on the busy timeout, so two first opens can collide there."""
+    deadline = time.time() + seconds
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.time() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 # --------------------------------------------------------------------------- #
 # the store
 # --------------------------------------------------------------------------- #
@@ -180,11 +193,11 @@ class Store:
         self.conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
         self.conn.execute("PRAGMA busy_timeout = 30000")
         if create:
-            self.conn.execute("PRAGMA journal_mode = WAL")
+            _while_locked(lambda: self.conn.execute("PRAGMA journal_mode = WAL"))
         self.conn.execute("PRAGMA foreign_keys = ON")
         self._db = None
         self._locks: dict = {}
-        self.migrate()
+        _while_locked(self.migrate)
 
     @property
     def db(self) -> sqlite_utils.Database:
