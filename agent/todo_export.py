@@ -15,7 +15,7 @@ OpencodePriority = Literal["high", "medium", "low"]
 ClaudeStatus = Literal["pending", "in_progress", "completed"]
 TodoExport = Literal["kinv", "opencode", "claude"]
 """Formats of ``kinv todos --format``: kinv's own rows, opencode's todowrite list, Claude Code's TodoWrite list."""
-TODO_FORMATS: tuple[str, ...] = ("kinv", "opencode", "claude")
+EXPORT_FORMATS: tuple[str, ...] = ("kinv", "opencode", "claude")
 
 
 class OpencodeTodo(View):
@@ -117,13 +117,13 @@ def to_claude(todos: Iterable[TodoView | dict]) -> list[dict]:
 
 
 def export_todos(todos: Iterable[TodoView | dict], fmt: str = "kinv") -> list[dict]:
-    """Todos in one of :data:`TODO_FORMATS`; an unknown format raises ValueError naming the valid ones."""
+    """Todos in one of :data:`EXPORT_FORMATS`; an unknown format raises ValueError naming the valid ones."""
     if fmt == "opencode":
         return to_opencode(todos)
     if fmt == "claude":
         return to_claude(todos)
     if fmt == "kinv":
         return [_todo_of(t).model_dump() for t in todos]
-    raise ValueError(f"unknown todo format {fmt!r}; valid: {', '.join(TODO_FORMATS)}")
+    raise ValueError(f"unknown todo format {fmt!r}; valid: {', '.join(EXPORT_FORMATS)}")
 
 

@@ -221,9 +221,11 @@ class Investigation:
         return {"todos": todos, "experiments": final, "orphans": orphans, "duplicates": dups}
 
 
-def wait_stop_or_exit(proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> tuple[str, int | None]:
-    """('stopped', None) when the child stopped itself (SIGSTOP), else ('exited', return code)."""
-    deadline = time.time() + timeout
+def wait_stop_or_exit(proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S,
+                      kill_after: float | None = None) -> tuple[str, int | None]:
+    """('stopped', None) when the child stopped itself (SIGSTOP), else ('exited', return code).  With
+    ``kill_after`` (wall-clock mode) a run still going after that many seconds is SIGKILLed (('exited', -9))."""
+    deadline = time.time() + (kill_after if kill_after is not None else timeout)
     while True:
         pid, status = os.waitpid(proc.pid, os.WNOHANG | os.WUNTRACED)
         if pid:
@@ -234,25 +236,10 @@ def wait_stop_or_exit(proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) ->
         if time.time() > deadline:
             proc.kill()
             proc.wait()
+            if kill_after is not None:
+                return "exited", proc.returncode
             raise CrashInvariantError(f"kinv run pid {proc.pid} neither stopped nor exited in {timeout:.0f} s")
-        time.sleep(0.01)
-
-
-def wait_or_kill(proc: subprocess.Popen, after_s: float) -> tuple[str, int | None]:
-    """Wall-clock mode: ('killed', -9) when the run was still going ``after_s`` seconds on, else how it ended."""
-    deadline = time.time() + after_s
-    while time.time() < deadline:
-        pid, status = os.waitpid(proc.pid, os.WNOHANG | os.WUNTRACED)
-        if pid:
-            if os.WIFSTOPPED(status):
-                return "stopped", None
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return "exited", proc.returncode
         time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)
-    _, status = os.waitpid(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return "exited", proc.returncode
 
 
 def last_point(points: Path) -> tuple[int, str]:
@@ -365,7 +352,7 @@ def chain(lane: int, work: Path, plan: Path, code: Path, ref: dict, target: int,
                     os.kill(proc.pid, signal.SIGCONT)
                 with totals.lock:
                     totals.recoveries_checked += 1
-                state, rc = wait_or_kill(proc, kill_after) if kill_after else wait_stop_or_exit(proc)
+                state, rc = wait_stop_or_exit(proc, kill_after=kill_after)
             if rc == -signal.SIGKILL:
                 k, name = last_point(points)
                 if kill_after:
