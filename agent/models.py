@@ -85,6 +85,8 @@ class BacklogItem(Strict):
         description="what it attacks: the kernel's roofline gap, occupancy, tile shape, or time outside this kernel"
     )
     prior: float = Field(0.5, ge=0, le=1, description="prior plausibility from 0 to 1")
+    tunables: list[str] = Field(default_factory=list, description="the kernel tunables this item varies (e.g. "
+                                "[BLOCK_T]): a campaign can run it as a search; empty: out of a campaign's reach")
 
     _id = field_validator("id")(classmethod(lambda cls, v: check_item_id(v)))
 
@@ -119,6 +121,33 @@ class Budget(Strict):
     wall_seconds: float = Field(3600, gt=0, le=7 * 86400, description="wall seconds the investigation may take")
 
 
+class CampaignGoal(Strict):
+    copy_fraction: float | None = Field(None, gt=0, le=1, description="stop once the incumbent reaches this "
+                                        "fraction of copy bandwidth (0.8 = 80%) at every goal level")
+    levels: list[str] = Field(default_factory=list, description="level labels the goal applies to (default: every "
+                              "level), e.g. [b32, b64, b96]")
+
+
+class Screening(Strict):
+    trials: int = Field(12, ge=1, le=500, description="candidates the optimizer proposes per workstream "
+                        "(infeasible ones are pruned by the resource model and cost no GPU time)")
+    rounds: int = Field(3, ge=1, le=16, description="paired rounds per screened candidate (every level)")
+    finalists: int = Field(3, ge=1, le=8, description="screened candidates confirmed with the full A/B")
+    min_gain: float = Field(0.0, ge=-0.5, le=0.5, description="a candidate becomes a finalist only if its screened "
+                            "change beats this at some level (0 = any gain)")
+
+
+class Campaign(Strict):
+    goal: CampaignGoal = Field(default_factory=CampaignGoal, description="when the campaign has done its job")
+    budget: Budget = Field(default_factory=Budget, description="GPU and wall seconds of the whole campaign")
+    space: dict[str, list[int]] = Field(default_factory=dict, description="the values of each tunable the search "
+                                        "may try (default: the plan's bounds)")
+    per_level: bool = Field(True, description="allow a different config per level (a level-conditional config)")
+    screen: Screening = Field(default_factory=Screening, description="how candidates are screened")
+    max_workstreams: int = Field(4, ge=1, le=25, description="workstreams the campaign may chain")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of the optimizer's sampler")
+
+
 class Plan(Strict):
     workstream: WorkstreamRef = Field(description="the workstream this plan investigates")
     kernel: str = Field(description="kernel: a registered name (`kinv kernels`), e.g. 'mla_decode', or "
@@ -141,6 +170,10 @@ class Plan(Strict):
         "'no_change' (a null drill: every variant is equivalent, at expect_levels or at every level)")
     expect_levels: list[str] = Field(default_factory=list, description="with expect: no_change, the level labels "
                                      "where no change is predicted (default: every level)")
+    baseline_on_disk: bool = Field(True, description="false: the baseline arm runs the plan's baseline config "
+                                   "without writing it (a campaign's incumbent); the live file is only checked clean")
+    campaign: Campaign | None = Field(None, description="run with `kinv campaign`: kinv chains workstreams that "
+                                      "search this space until the goal, the budget or the backlog is exhausted")
 
     @field_validator("kernel")
     @classmethod
@@ -189,8 +222,8 @@ class Plan(Strict):
         except ValueError as exc:
             raise ValueError(f"workload: {exc}") from None
         ids = [v.id for v in self.variants]
-        if not ids:
-            raise ValueError("variants: give at least one variant")
+        if not ids and self.campaign is None:
+            raise ValueError("variants: give at least one variant (or a campaign: section, run with kinv campaign)")
         if len(set(ids)) != len(ids):
             raise ValueError("variants: ids must be distinct")
         allowed = set(spec.names) | {"overrides"}
@@ -212,6 +245,13 @@ class Plan(Strict):
             bad = [x for x in values if x not in t.values]
             if bad:
                 raise ValueError(f"bounds.{key}: {brief_repr(bad[0])} is invalid: must be {t.says()}")
+        for item in self.backlog:
+            bad = [t for t in item.tunables if t not in spec.names]
+            if bad:
+                raise ValueError(f"backlog.{item.id}.tunables: unknown tunable {brief_repr(bad[0])}; valid: "
+                                 f"{', '.join(spec.names)}")  # fmt: skip
+        if self.campaign is not None:
+            self._check_campaign(spec)
         if self.stats.quick_rounds > self.stats.max_rounds:
             raise ValueError("stats.quick_rounds must not exceed stats.max_rounds")
         labels = [lv.label for lv in self._levels]
@@ -226,6 +266,34 @@ class Plan(Strict):
         if self.expect_levels and self.expect != "no_change":
             raise ValueError("expect_levels needs expect: no_change (the levels where a null drill predicts no change)")
         return self
+
+    def _check_campaign(self, spec) -> None:
+        c = self.campaign
+        for key, values in c.space.items():
+            if key not in spec.names:
+                raise ValueError(f"campaign.space: unknown tunable {brief_repr(key)}; valid: {', '.join(spec.names)}")
+            if not values:
+                raise ValueError(f"campaign.space.{key}: give at least one value")
+            t = spec.tunable(key)
+            bad = [x for x in values if x not in t.values]
+            if bad:
+                raise ValueError(f"campaign.space.{key}: {brief_repr(bad[0])} is invalid: must be {t.says()}")
+        if not self.search_space():
+            raise ValueError("campaign.space: empty; give the tunables to search (or the plan's bounds)")
+        labels = [lv.label for lv in self._levels]
+        bad = [x for x in c.goal.levels if x not in labels]
+        if bad:
+            raise ValueError(f"campaign.goal.levels: {brief_repr(bad[0])} is not a level of this workload; its "
+                             f"levels: {', '.join(labels)}")  # fmt: skip
+        if not any(set(i.tunables) & set(self.search_space()) for i in self.backlog):
+            raise ValueError("backlog: a campaign needs at least one item with tunables inside campaign.space "
+                             "(e.g. tunables: [BLOCK_T]) to turn into a workstream")
+
+    def search_space(self) -> dict[str, list[int]]:
+        """A campaign's space: campaign.space, else the plan's bounds; each tunable's values as listed."""
+        if self.campaign is None:
+            return {}
+        return {k: list(v) for k, v in (self.campaign.space or self.bounds).items()}
 
     # ---- derived ------------------------------------------------------------------
     @property

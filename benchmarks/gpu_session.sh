@@ -4,7 +4,8 @@
 # agent/ and kernels/). Needs the wheels of pydantic, sqlite-utils, langgraph and their needs (carried in .whl/).
 #   RECORD="mla moe"  re-records the replay samples of those kernels into $OUT (benchmarks/record.py)
 #   PLACEMENT=1  re-runs the 6-worker placement test
-#   PLANS="..."  the plans run live (default: 3a, 3c, 6a, 6b)
+#   SWEEP=1  records the whole space of plans/7-decode-ceiling.yaml (the campaign's replay and its truth)
+#   PLANS="..."  the plans run live (default: 3a, 3c, 6a, 6b; PLANS=none runs none)
 set -x
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kinv-out}; mkdir -p "$OUT"
@@ -22,7 +23,12 @@ if [[ " $RECORD " == *" moe "* ]]; then
   python3 benchmarks/record.py --plan plans/4a-expert-gemm-tiles.yaml --rounds 24 --aa-rounds 16 --aa-arms 0 \
     --out "$OUT/moe_expert_gemm-ab.jsonl.gz" 2>&1 | tail -2
 fi
+if [ -n "$SWEEP" ]; then
+  python3 benchmarks/record.py --sweep plans/7-decode-ceiling.yaml --rounds "${SWEEP_ROUNDS:-24}" --replicas 2 \
+    --jobs 12 --out "$OUT/mla_decode-v4flash-sweep.jsonl.gz" 2>&1 | grep -v "^# round"
+fi
 for plan in ${PLANS:-3a-attention-occupancy 3c-null-batch-aware 6a-fault-drill 6b-source-null}; do
+  [ "$plan" = none ] && continue
   /usr/bin/time -f "wall %e s" python3 -m kinv.agent.cli run plans/$plan.yaml --backend cuda --approval auto \
     --state-dir "$ST" 2>&1 | grep -v "\] round" | tail -16
 done

@@ -14,7 +14,13 @@ investigation sees the same statistics as a live one:
 * nothing wraps around: the replay backend refuses a round the recording does not have.
 
 Rounds interleave every pair and level in a rotated order, so slow drifts spread over all of them.
-Standard library + the worker only (runs on the GPU image).
+
+``--sweep PLAN`` records a campaign's whole space instead (plans/7-decode-ceiling.yaml): every config of
+``campaign.space`` that the resource model passes, as ``--replicas`` independent workers each, all timed in
+every round at every level (round r draws seed SEED0 + r for every arm, the order rotated per round).  Any two
+configs' workers then form a paired A/B (round r against round r), replica j of one config is arm j of its
+A/A, and the means over all rounds are the exhaustive sweep a campaign is judged against
+(benchmarks/campaign_truth.py).  Slots are ``("sw", <config hash>, "R<j>")``.
 """
 
 from __future__ import annotations
@@ -62,10 +68,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=32, help="A/B rounds per variant")
     ap.add_argument("--aa-rounds", type=int, default=16)
     ap.add_argument("--aa-arms", type=int, default=4)
-    ap.add_argument("--plan", action="append", required=True,
+    ap.add_argument("--plan", action="append", default=[],
                     help="plan whose baseline, config variants, levels and environment to record (repeatable)")
+    ap.add_argument("--sweep", help="campaign plan whose whole space to record (every feasible config)")
+    ap.add_argument("--replicas", type=int, default=2, help="--sweep: workers per config")
+    ap.add_argument("--jobs", type=int, default=8, help="--sweep: workers set up (compiled) at once")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.sweep:
+        return record_sweep(args)
+    if not args.plan:
+        ap.error("give --plan (paired A/B recordings) or --sweep (a campaign's space)")
 
     kernel, adapter, base, var, level_objs, env = from_plans(args.plan)
     # arm name -> (kind, pair, role, config)
@@ -137,6 +150,102 @@ def main() -> int:
                   "rel_err": s["rel_err"], "l2": s.get("l2")} for (n, lv), s in setups.items()]  # fmt: skip
     lines.append({"type": "resources", "items": resources, "wall_s": time.time() - t0})
     for w, _ in workers.values():
+        w.close()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(args.out, "wt") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+    print(f"# wrote {len(lines) - 2} samples to {args.out} in {time.time() - t0:.0f}s")
+    return 0
+
+
+def record_sweep(args) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kinv.agent.models import load_plan
+    from kinv.agent.tools.space import feasibility, space_configs
+
+    plan = load_plan(args.sweep)[0]
+    if plan.campaign is None:
+        raise SystemExit(f"{args.sweep} has no campaign: section (its space is what --sweep records)")
+    adapter, env = plan.adapter, dict(plan.environment)
+    levels = [lv.to_dict() for lv in plan.levels()]
+    configs, pruned = [], []
+    for cfg in space_configs(plan):
+        ok, why = feasibility(plan, cfg)
+        (configs if ok else pruned).append(cfg if ok else {"config": cfg, "reason": why})
+    arms = {f"{describe(c)} R{j}": (config_hash(c), f"R{j}", c) for c in configs for j in range(args.replicas)}
+    t0 = time.time()
+    print(f"# sweep of {len(configs)} configs x {args.replicas} workers ({len(pruned)} pruned by the resource "
+          f"model), {len(levels)} levels, {args.rounds} rounds", flush=True)
+
+    def start(item):
+        name, (_h, _role, cfg) = item
+        w = WorkerProcess(env=env, label=name)
+        try:
+            hello = w.request("hello", env_keys=sorted(env))
+            sets = {}
+            for lv in levels:
+                s = w.request("setup", kernel=adapter.name, config=cfg, level=lv,
+                              seed=zlib.crc32(name.encode()) % 100000)
+                if not s["correct"]:
+                    raise RuntimeError(f"incorrect at {s['level']}: rel err {s['rel_err']}")
+                sets[s["level"]] = s
+            return name, w, hello, sets, None
+        except Exception as exc:  # noqa: BLE001 - a config that fails on the GPU is recorded as failed
+            w.close()
+            return name, None, None, None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+    workers, failed = {}, {}
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for name, w, hello, sets, err in pool.map(start, arms.items()):
+            if err:
+                failed[arms[name][0]] = err
+                print(f"# {name} failed: {err}", flush=True)
+            else:
+                workers[name] = (w, hello, sets)
+    arms = {n: a for n, a in arms.items() if n in workers and a[0] not in failed}
+    for n in [n for n in workers if n not in arms]:
+        workers.pop(n)[0].close()
+    if not workers:
+        raise SystemExit(f"every config failed to set up; the first: {next(iter(failed.values()), '?')}")
+    w0, hello0, sets0 = next(iter(workers.values()))
+    header = {"type": "header", "version": 2, "kernel": adapter.name, "fingerprint": hello0["fingerprint"],
+              "harness_hash": hello0["harness_hash"], "env": hello0["env"], "rounds": args.rounds, "aa_rounds": 0,
+              "aa_arms": 0, "replicas": args.replicas, "levels": levels, "sweep": True, "plan": args.sweep,
+              "protocol": "every sample re-sets its arm; every config x replica timed in every round (sweep)",
+              "configs": {describe(c): c for c in configs if config_hash(c) not in failed},
+              "pruned": [{"config": describe(p["config"]), "reason": p["reason"]} for p in pruned],
+              "failed": {describe(c): failed[config_hash(c)] for c in configs if config_hash(c) in failed},
+              "kernel_hash": next(iter(sets0.values()))["kernel_hash"],
+              "reference_hash": next(iter(sets0.values()))["reference_hash"],
+              "created": time.time(), "setup_s": time.time() - t0}  # fmt: skip
+    header["copy_gbps"] = w0.request("copy_bandwidth", mib=2048)["gbps"]
+    print(f"# {len(workers)} workers set up in {header['setup_s']:.0f}s", flush=True)
+    lines = [header]
+    names = list(arms)
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for lv in levels:
+            for name in order:
+                chash, role, cfg = arms[name]
+                w, hello, sets = workers[name]
+                s = sets[adapter.level(lv).key]
+                t_req = time.perf_counter()
+                smp = w.request("sample", key=s["key"], seed=SEED0 + r)
+                lines.append({
+                    "type": "sample", "kind": "sw", "pair": chash, "role": role, "arm": name, "round": r,
+                    "config_hash": chash, "level": s["level"], "us": smp["us"], "us_min": smp["us_min"],
+                    "us_max": smp["us_max"], "replays": smp["replays"], "gpu_s": smp["gpu_s"],
+                    "reset_s": smp["reset_s"], "request_wall_s": time.perf_counter() - t_req, "t": smp["t"],
+                    "env": hello["env"], "derived_env": s["derived_env"], "launches": s["launches_per_replay"],
+                    "pid": hello["pid"],
+                })  # fmt: skip
+        print(f"# round {r + 1} at {time.time() - t0:.0f}s", flush=True)
+    resources = [{"arm": n, "level": lv, "resources": s["resources"], "compile_s": s["compile_s"],
+                  "rel_err": s["rel_err"]} for n, (_w, _h, sets) in workers.items() for lv, s in sets.items()]  # fmt: skip
+    lines.append({"type": "resources", "items": resources, "wall_s": time.time() - t0})
+    for w, _h, _s in workers.values():
         w.close()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(args.out, "wt") as f:
