@@ -94,6 +94,41 @@ def run(
 
 
 @app.command()
+def campaign(
+    plan: Path = typer.Argument(..., help="campaign plan (YAML with a campaign: section), e.g. plans/7-decode-ceiling.yaml"),
+    backend: str = typer.Option("auto", help="auto | cuda | replay"),
+    approval: str = typer.Option("ask", help="ask | auto-config | auto (auto also writes the final config)"),
+    state_dir: str = StateOpt,
+    as_json: bool = JsonOpt,
+):
+    """Run a campaign: kinv chains workstreams on its own (screen candidates with Optuna, confirm finalists
+    with the full A/B, adopt confirmed wins) until the goal, the budget or the backlog is spent, then proposes
+    one config through the approval gate.  Run it again to resume.
+
+    Example: kinv campaign plans/7-decode-ceiling.yaml --backend replay --approval auto
+    Exit codes: 0 done, 3 paused for an approval, 2 bad input, 1 failed.
+    """
+    import contextlib
+    import io
+
+    from kinv.agent import campaign as camp
+    from kinv.agent.investigation import EXIT_OK as DONE
+
+    con = _console()
+    quiet = io.StringIO()
+    if as_json:
+        from rich.console import Console
+
+        con = Console(file=quiet, width=100)
+    with contextlib.redirect_stdout(quiet) if as_json else contextlib.nullcontext():
+        code, line, summary = camp.run(camp.Settings(str(plan), backend, approval, state_dir, con))
+    if as_json and summary:
+        print(json.dumps({**summary, "exit": code, "message": line}, indent=2, default=str))
+        raise Exit(code, "" if code == DONE else line)
+    raise Exit(code, line)
+
+
+@app.command()
 def resume(
     ws: str = typer.Argument(..., help="workstream id, e.g. 3a or #3a"),
     backend: str = typer.Option("auto", help="auto | cuda | replay"),

@@ -248,7 +248,7 @@ def setup(state: State, runtime: Runtime[Context]) -> dict:
     configs.recover(store)
     live = configs.read_config(ctx.config_path, ctx.adapter.name)
     base = _baseline_config(ctx)
-    if config_hash(live) != config_hash(base):
+    if config_hash(live) != config_hash(base) and plan.baseline_on_disk:
         last = configs.last_editor(ctx.config_path)
         other = last.get("state_dir") and last["state_dir"] != str(store.dir.resolve())
         where = (f"kinv revert --state-dir {last['state_dir']} (it was last edited by that state dir's run, pid "
@@ -263,7 +263,9 @@ def setup(state: State, runtime: Runtime[Context]) -> dict:
         "kernel": bench.kernel_hash(plan.kernel), "snapshot": str(_snapshot(ctx)),
     }  # fmt: skip
     planner.init_todos(store, plan)
-    ctx.say("setup", message=f"{ws}: baseline {describe(base)} verified on disk")
+    ctx.say("setup", message=f"{ws}: baseline {describe(base)} verified on disk" if plan.baseline_on_disk else
+            f"{ws}: baseline {describe(base)} from the plan (a campaign's incumbent, never written); the live "
+            f"file stays {describe(live)}")  # fmt: skip
     return {"ws": ws, "cancelled": state.get("cancelled", []),
             "baseline_hashes": hashes,
             "gpu_s": state.get("gpu_s", 0.0), "rounds": state.get("rounds", 0),

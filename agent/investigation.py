@@ -66,6 +66,8 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
     if backend not in bench.BACKENDS:
         return EXIT_BAD_INPUT, f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}"
     plan, plan_hash = load_plan(plan_path)  # PlanError -> exit 2 in main
+    if plan.campaign is not None and not plan.variants:
+        return EXIT_BAD_INPUT, f"{plan_path} is a campaign plan (no variants of its own): run it with kinv campaign {plan_path}"
     store = Store(state_dir)
     ws = plan.ws
     # One writer per workstream, and one per kernel file (two workstreams patch the same config).
@@ -136,7 +138,8 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
             console.print(f"resuming {ws} at {', '.join(pending) or 'its last checkpoint'}")
             result = graph.invoke(None, cfg, context=ctx, durability="sync")
         else:
-            ran = [e for e in store.experiments(ws) if int(e.get("version") or 1) == version]
+            # a campaign's screening runs before the workstream's graph starts: it is not the graph's work
+            ran = [e for e in store.experiments(ws) if int(e.get("version") or 1) == version and e["kind"] != "screen"]
             if ran and row and row.get("status") == "closed" and row.get("report_path"):
                 return EXIT_OK, f"{ws} is already closed out: {row['report_path']}"
             if ran:  # kinv.db has this version's work, the checkpoints do not: never start over silently

@@ -32,7 +32,7 @@ def _t(ts) -> str:
 
 
 def status(console, view) -> None:
-    if not view.workstreams and not view.adhoc:
+    if not view.workstreams and not view.adhoc and not view.campaigns:
         console.print(f"no workstreams in {view.state_dir}; start one: kinv run plans/3a-attention-occupancy.yaml")
         return
     if view.adhoc:
@@ -41,7 +41,35 @@ def status(console, view) -> None:
         for e in view.adhoc:
             adhoc.add_row(str(e.id), e.kind or "", e.variant or "", e.backend or "", e.status or "", e.verdict or "",
                       str(e.rounds or ""), str(e.samples))  # fmt: skip
+    by_id = {ws.id: ws for ws in view.workstreams}
+    nested = set()
+    for c in view.campaigns:
+        label = Text.from_markup(f"[bold]campaign {c.id}[/bold] — {c.status}: {c.incumbent}", overflow="ellipsis")
+        label.no_wrap = True
+        tree = Tree(label)
+        for st in c.steps:
+            ws = by_id.get(st.ws) if st.ws else None
+            verdicts = ", ".join(f"{k} {v}" for k, v in st.verdicts.items())
+            what = f"{st.ws or '—'} {st.item}: {ws.status if ws else st.phase}"
+            what += f" ({st.screened} screened, {st.pruned} pruned)" if st.screened or st.pruned else ""
+            what += f"; {verdicts}" if verdicts else (f"; {st.note}" if st.note else "")
+            line = Text(what, overflow="ellipsis")
+            line.no_wrap = True
+            node = tree.add(line)
+            if ws:
+                nested.add(ws.id)
+                for t in ws.todos:
+                    tl = Text.from_markup(f"{MARK.get(t.status, '?')} ", overflow="ellipsis")
+                    tl.no_wrap = True
+                    tl.append(f"{t.id} {t.content} ")
+                    tl.append(t.status, style="dim")
+                    node.add(tl)
+        console.print(tree)
+        if c.stop_reason:
+            console.print(f"  stopped: {c.stop_reason}", overflow="ellipsis", no_wrap=True, markup=False)
     for ws in view.workstreams:
+        if ws.id in nested and not ws.pending_approvals:
+            continue
         head = f"[bold]{ws.id}[/bold] {ws.title} — {ws.status}"
         if ws.parent:
             head += f"  (part of {ws.parent}: {ws.parent_title or ''})"

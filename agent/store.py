@@ -161,6 +161,18 @@ def m005_node_runs(db: sqlite_utils.Database) -> None:
     db["node_runs"].create_index(["workstream", "version"])
 
 
+@migration
+def m006_campaigns(db: sqlite_utils.Database) -> None:
+    """Issue 13: a campaign chains workstreams; its row holds the incumbent and the steps taken."""
+    db["campaigns"].create(
+        {"id": str, "plan_path": str, "plan_hash": str, "kernel": str, "status": str, "backend": str,
+         "approval": str, "start_config": str, "incumbent": str, "steps": str, "stop_reason": str,
+         "summary": str, "created": float, "updated": float},
+        pk="id",
+    )  # fmt: skip
+    db["workstreams"].add_column("campaign", str)
+
+
 def _while_locked(fn, seconds: float = 30.0):
     """Run ``fn``, again while SQLite answers "database is locked": switching a fresh file to WAL needs the
     database to itself and does not always wait on the busy timeout, so two first opens can collide there."""
@@ -460,6 +472,35 @@ class Store:
 
     def node_runs(self, ws_id: str, version: int | None = None) -> list[dict]:
         return self._filtered("node_runs", "id", workstream=ws_id, version=version)
+
+    # ---- campaigns ----------------------------------------------------------------
+    _CAMPAIGN_JSON = ("start_config", "incumbent", "steps", "summary")
+
+    def upsert_campaign(self, row: dict) -> None:
+        row = {k: json.dumps(v) if k in self._CAMPAIGN_JSON and not isinstance(v, str) else v for k, v in row.items()}
+        row["updated"] = now()
+        if self._one("campaigns", row["id"]) is None:
+            self._insert("campaigns", {"created": now(), **row})
+        else:
+            self._update("campaigns", row["id"], row)
+
+    def campaign(self, campaign_id: str) -> dict | None:
+        row = self._one("campaigns", campaign_id)
+        if row is None:
+            return None
+        return {k: json.loads(v) if k in self._CAMPAIGN_JSON and v else v for k, v in row.items()}
+
+    def campaigns(self) -> list[dict]:
+        return [self.campaign(r["id"]) for r in self._rows("campaigns", order_by="created")]
+
+    def campaign_gpu_s(self, ws_ids: list[str]) -> tuple[float, int]:
+        """GPU seconds and samples of every experiment of these workstreams (screening included)."""
+        if not ws_ids:
+            return 0.0, 0
+        marks = ",".join("?" * len(ws_ids))
+        row = self.conn.execute(f"select coalesce(sum(s.gpu_s), 0), count(*) from samples s join experiments e on "
+                                f"s.experiment = e.id where e.workstream in ({marks})", ws_ids).fetchone()  # fmt: skip
+        return float(row[0]), int(row[1])
 
     # ---- env checks, approvals, events -------------------------------------------
     def add_env_check(self, **row) -> int:

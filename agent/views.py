@@ -140,8 +140,30 @@ class ExperimentView(View):
     samples: int = Field(0, description="stored samples")
 
 
+class CampaignStep(View):
+    ws: str | None = Field(None, description="the workstream the step ran (none when screening found no finalist)")
+    item: str = Field(description="the backlog item it searched, or 'final' (the config against the start)")
+    phase: str = Field(description="screen, confirm or done")
+    finalists: list[str] = Field(default_factory=list, description="configs confirmed with the full A/B")
+    screened: int = Field(0, description="candidates screened")
+    pruned: int = Field(0, description="candidates the resource model pruned before any GPU time")
+    verdicts: dict[str, str] = Field(default_factory=dict, description="variant -> verdict")
+    note: str | None = Field(None, description="why a step ended without a workstream")
+
+
+class CampaignView(View):
+    id: str = Field(description="campaign id, e.g. '#7'")
+    status: str | None = Field(None, description="running, paused, done or stopped")
+    plan_path: str | None = Field(None, description="the campaign plan")
+    start_config: str | None = Field(None, description="the config it started from")
+    incumbent: str | None = Field(None, description="the config confirmed so far (per level where it differs)")
+    stop_reason: str | None = Field(None, description="why it stopped")
+    steps: list[CampaignStep] = Field(default_factory=list, description="its workstreams, in order")
+
+
 class StatusView(View):
     state_dir: str = Field(description="the state dir read")
+    campaigns: list[CampaignView] = Field(default_factory=list, description="campaigns, each a chain of workstreams")
     workstreams: list[WorkstreamView] = Field(default_factory=list, description="every workstream, oldest first")
     adhoc: list[ExperimentView] = Field(default_factory=list, description="experiments outside any workstream "
                                         "(kinv bench, kinv noise), oldest first")
@@ -371,7 +393,22 @@ def status(store: Store) -> StatusView:
     """`kinv status`: every workstream, its todos, pending approvals and latest verdicts."""
     adhoc = [_experiment_view(e, store.sample_count(e["id"])) for e in store.experiments() if not e["workstream"]]
     return StatusView(state_dir=str(store.dir), workstreams=[_workstream_view(store, w) for w in store.workstreams()],
-                      adhoc=adhoc)  # fmt: skip
+                      adhoc=adhoc, campaigns=campaigns(store))  # fmt: skip
+
+
+def campaigns(store: Store) -> list[CampaignView]:
+    from kinv.kernels.launch_config import describe
+
+    out = []
+    for c in store.campaigns():
+        steps = [CampaignStep(ws=s.get("ws"), item=s["item"], phase=s["phase"],
+                              finalists=[describe(f) for f in s.get("finalists", [])],
+                              screened=len(s.get("screened", [])), pruned=s.get("pruned", 0),
+                              verdicts=s.get("verdicts") or {}, note=s.get("note")) for s in c["steps"]]  # fmt: skip
+        out.append(CampaignView(id=c["id"], status=c["status"], plan_path=c["plan_path"],
+                                start_config=describe(c["start_config"]), incumbent=describe(c["incumbent"]),
+                                stop_reason=c["stop_reason"] or None, steps=steps))  # fmt: skip
+    return out
 
 
 def todos(store: Store, ws: str) -> list[TodoView]:

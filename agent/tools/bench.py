@@ -203,7 +203,10 @@ class Recording:
 
     A slot is ``(kind, pair, role)``: ``("ab", <variant config hash>, "base" | "variant")`` for the two
     workers of one variant's A/B (each variant has a baseline worker of its own), ``("aa", "aa", "A<j>")``
-    for arm j of the A/A.  A cell maps recorded round -> sample row.  Each file records one kernel (its
+    for arm j of the A/A, and ``("sw", <config hash>, "R<j>")`` for worker j of a config in a campaign
+    sweep (benchmarks/record.py --sweep: every config of the space timed in every round, so any two form a
+    pair).  A pair recorded as such is served from its own file; any other pair of sweep configs from the
+    sweep, base from R0 and variant from R1, so both sides of a pair always come from one recording session.  A cell maps recorded round -> sample row.  Each file records one kernel (its
     header says which); a Recording serves one kernel, :meth:`for_kernel` picks it.
     """
 
@@ -243,9 +246,41 @@ class Recording:
     def fingerprint(self) -> dict:
         return self.headers[0]["fingerprint"]
 
+    def in_sweep(self, chash: str) -> bool:
+        return ("sw", chash, "R0") in self.slots
+
+    @property
+    def slots(self) -> set[tuple[str, str, str]]:
+        if not hasattr(self, "_slots"):
+            self._slots = {k[:3] for k in self.cells}
+        return self._slots
+
+    def sweep_slot(self, chash: str, partner_hash: str | None, replica: int | None, role: str):
+        """The sweep worker that serves this arm, or None when the sweep does not cover it."""
+        if not self.in_sweep(chash) or (partner_hash is not None and not self.in_sweep(partner_hash)):
+            return None
+        j = replica if replica is not None else (1 if role == "variant" and partner_hash is not None else 0)
+        slot = ("sw", chash, f"R{j}")
+        if slot not in self.slots:
+            have = sorted(k[2] for k in self.slots if k[:2] == ("sw", chash))
+            raise NoRecording(f"replay has {len(have)} sweep workers of {describe(self.configs[chash])}; worker "
+                              f"{j} was asked for (lower stats.aa_arms to {len(have)})")  # fmt: skip
+        return slot
+
     def slot_for(self, chash: str, partner_hash: str | None, replica: int | None,
                  role: str = "variant") -> tuple[str, str, str]:
         """The recorded slot that serves an arm of config ``chash``; NoRecording names what exists."""
+        try:
+            return self._pair_slot(chash, partner_hash, replica, role)
+        except NoRecording:
+            slot = self.sweep_slot(chash, partner_hash, replica, role)
+            if slot is None:
+                raise
+            return slot
+
+    def _pair_slot(self, chash, partner_hash, replica, role) -> tuple[str, str, str]:
+        if partner_hash is None and replica is None and self.in_sweep(chash):
+            return ("sw", chash, "R0")  # a lone arm (kinv bench, a campaign's screening): the sweep's worker
         if chash not in self.configs:
             known = ", ".join(f"{describe(c)} ({h})" for h, c in sorted(self.configs.items()))
             raise NoRecording(f"replay has no recording of config {chash}; recorded configs: {known}")
@@ -290,15 +325,17 @@ class Recording:
 
 
 class ReplayArm(Arm):
-    def __init__(self, name, kernel, config, env, recording: Recording, slot: tuple[str, str, str]):
+    def __init__(self, name, kernel, config, env, recording: Recording, slot):
+        """``slot`` is the recorded slot, or a function of the level giving it (a level-conditional config
+        runs a different config at each level)."""
         super().__init__(name=name, kernel=kernel, config=config, env=env)
         self.rec = recording
-        self.slot = slot
+        self.slot_at = slot if callable(slot) else (lambda _level, _s=slot: _s)
         self.fingerprint = recording.fingerprint
         self.env_seen = dict(recording.headers[0].get("env", {}))
 
     def setup(self, level: Level) -> dict:
-        cell = self.rec.cell(self.slot, level.key)
+        cell = self.rec.cell(self.slot_at(level), level.key)
         first = cell[min(cell)]
         s = {"level": level.key, "derived_env": first.get("derived_env", {}), "rounds_recorded": len(cell),
              "correct": True, "replayed": True}  # fmt: skip
@@ -306,7 +343,7 @@ class ReplayArm(Arm):
         return s
 
     def sample(self, level: Level, round_index: int) -> dict:
-        cell = self.rec.cell(self.slot, level.key)
+        cell = self.rec.cell(self.slot_at(level), level.key)
         row = cell.get(round_index)
         if row is None:  # never wrap around: a re-used round is not an independent replicate
             raise NoRecording(f"replay has {len(cell)} recorded rounds of {describe(self.config)} at {level.key}; "
@@ -352,8 +389,24 @@ class ReplayBackend(Backend):
         for k, v in env.items():
             if recorded_env.get(k) != str(v):
                 raise NoRecording(f"replay has no recording with {k}={v!r}; the recordings ran with {k}={recorded_env.get(k)!r}")
-        slot = rec.slot_for(config_hash(config), config_hash(partner) if partner else None, replica, role)
-        return ReplayArm(name, kernel, config, env, rec, slot)
+        if not config.get("overrides") and not (partner or {}).get("overrides"):
+            slot = rec.slot_for(config_hash(config), config_hash(partner) if partner else None, replica, role)
+            return ReplayArm(name, kernel, config, env, rec, slot)
+        # a level-conditional config: at each level the sweep's worker of the config that runs there
+        from kinv.agent.tools.space import effective
+
+        adapter = get_adapter(kernel)
+
+        def slot_at(level: Level):
+            mine = config_hash(effective(adapter, config, level))
+            other = config_hash(effective(adapter, partner, level)) if partner else None
+            slot = rec.sweep_slot(mine, other, replica, role)
+            if slot is None:
+                raise NoRecording(f"replay has no sweep recording of {describe(config)} at {level.key} (a "
+                                  "level-conditional config is served from a campaign sweep: record.py --sweep)")
+            return slot
+
+        return ReplayArm(name, kernel, config, env, rec, slot_at)
 
     def copy_bandwidth(self) -> float | None:
         return self.recording.headers[0].get("copy_gbps")
