@@ -207,7 +207,9 @@ class Campaign:
 
     def say(self, msg: str) -> None:
         self.store.event(None, "campaign", f"{self.cid}: {msg}")
-        self.s.console.print(f"[bold]{self.cid}[/bold] {msg}")
+        from rich.markup import escape
+
+        self.s.console.print(f"[bold]{self.cid}[/bold] {escape(msg)}")
 
     def ws_list(self) -> list[str]:
         return [st["ws"] for st in self.row["steps"] if st.get("ws")]

@@ -48,9 +48,10 @@ def _progress(console):
     def show(kind, **info):
         if kind == "round":  # a TTY redraws one line; a pipe or a log gets plain lines, no carriage returns
             line = f"  [{info['phase']}] round {info['round']}/{info['total']}"
-            console.print(line, end="\r" if console.is_terminal else "\n")
+            console.print(line, end="\r" if console.is_terminal else "\n", markup=False)
         elif info.get("message"):
-            console.print(f"• {info['message']}")
+            # markup=False: a level-conditional config's label ("[b<=1: BT64]") is text, not a rich style tag
+            console.print(f"• {info['message']}", markup=False, highlight=False)
 
     return show
 

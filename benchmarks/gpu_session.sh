@@ -27,6 +27,16 @@ if [ -n "$SWEEP" ]; then
   python3 benchmarks/record.py --sweep plans/7-decode-ceiling.yaml --rounds "${SWEEP_ROUNDS:-24}" --replicas 2 \
     --jobs 12 --out "$OUT/mla_decode-v4flash-sweep.jsonl.gz" 2>&1 | grep -v "^# round"
 fi
+if [ -n "$CAMPAIGN" ]; then
+  # the campaign of issue 13, live; cut at ${CAMPAIGN_S:-540} s by SIGINT (it restores every file and resumes later)
+  CS=/tmp/kinv-campaign; rm -rf "$CS"
+  /usr/bin/time -f "campaign wall %e s" timeout -s INT "${CAMPAIGN_S:-540}" python3 -m kinv.agent.cli campaign \
+    plans/7-decode-ceiling.yaml --backend cuda --approval auto --state-dir "$CS" 2>&1 | grep -v "\] round" | tail -40
+  python3 -m kinv.agent.cli campaign plans/7-decode-ceiling.yaml --backend cuda --approval auto --state-dir "$CS" \
+    --json > "$OUT/campaign-live.json" 2>/dev/null || true
+  python3 -m kinv.agent.cli status --state-dir "$CS" | head -60
+  tar czf "$OUT/campaign-state.tgz" -C "$CS" . ; git diff --stat kernels/configs
+fi
 for plan in ${PLANS:-3a-attention-occupancy 3c-null-batch-aware 6a-fault-drill 6b-source-null}; do
   [ "$plan" = none ] && continue
   /usr/bin/time -f "wall %e s" python3 -m kinv.agent.cli run plans/$plan.yaml --backend cuda --approval auto \
