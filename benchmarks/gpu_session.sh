@@ -32,7 +32,7 @@ if [ -n "$CAMPAIGN" ]; then
   CS=/tmp/kinv-campaign; rm -rf "$CS"
   /usr/bin/time -f "campaign wall %e s" timeout -s INT "${CAMPAIGN_S:-540}" python3 -m kinv.agent.cli campaign \
     plans/7-decode-ceiling.yaml --backend cuda --approval auto --state-dir "$CS" 2>&1 | grep -v "\] round" | tail -40
-  python3 -m kinv.agent.cli campaign plans/7-decode-ceiling.yaml --backend cuda --approval auto --state-dir "$CS" \
+  timeout -s INT 30 python3 -m kinv.agent.cli campaign plans/7-decode-ceiling.yaml --backend cuda --approval auto --state-dir "$CS" \
     --json > "$OUT/campaign-live.json" 2>/dev/null || true
   python3 -m kinv.agent.cli status --state-dir "$CS" | head -60
   tar czf "$OUT/campaign-state.tgz" -C "$CS" . ; git diff --stat kernels/configs
