@@ -448,8 +448,8 @@ class Campaign:
                         "at any level: no workstream to confirm", levels={})  # fmt: skip
             self.say(f"{ws}: {len(screened)} candidates screened, none above {c.screen.min_gain:+.1%}: "
                      f"{item.id} closed without a confirmation workstream")  # fmt: skip
-            step["ws_closed"] = False
             self._update_step(step)
+            self.store.update_workstream(ws, status="closed", closed=time.time(), recommendation=step["note"])
             return
         step["phase"] = "confirm"
         self._update_step(step)
@@ -641,6 +641,12 @@ class Campaign:
             new = compose(self.plan, by_level)
         else:
             new = self._best_uniform(step, results, ws)
+        from kinv.agent import planner
+
+        for t in self.store.todos(ws):  # a mixed verdict's level-conditional follow-up is what the campaign does
+            if t["status"] == "pending" and t["id"].endswith("-cond"):
+                planner.finish(self.store, ws, t["id"].split(".", 1)[1], "completed",
+                               f"taken up by campaign {self.cid}: the incumbent per level is {describe(new)}")  # fmt: skip
         step.update(phase="done", verdicts=results, levels=levels, closeout=wrow.get("report_path"),
                     incumbent_after=new, finished=time.time())  # fmt: skip
         self._update_step(step)
