@@ -50,6 +50,20 @@ class CampaignError(RuntimeError):
 # --------------------------------------------------------------------------- #
 # configs per level
 # --------------------------------------------------------------------------- #
+def _quiet_experimental():
+    """Optuna marks multivariate TPE and constant_liar experimental; say so once in the docs, not per run."""
+    import contextlib
+    import warnings
+
+    @contextlib.contextmanager
+    def ctx():
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*experimental feature.*")
+            yield
+
+    return ctx()
+
+
 def uniform(adapter, config: dict) -> dict:
     """The config without its overrides (what runs where no override matches)."""
     return adapter.validate_config({k: v for k, v in config.items() if k not in ("overrides", "description")})
@@ -250,8 +264,10 @@ class Campaign:
         if met:
             return met
         gpu, _ = self.spent()
-        if gpu >= c.budget.gpu_seconds:
-            return f"GPU budget spent ({gpu:.1f} of {c.budget.gpu_seconds:.0f} s)"
+        reserve = self.final_reserve()
+        if gpu >= c.budget.gpu_seconds - reserve:
+            return (f"GPU budget spent ({gpu:.1f} of {c.budget.gpu_seconds:.0f} s, {reserve:.1f} s of it kept for the "
+                    "final A/B against the start)")  # fmt: skip
         if self.wall() >= c.budget.wall_seconds:
             return f"wall budget spent ({self.wall():.0f} of {c.budget.wall_seconds:.0f} s)"
         if len([s for s in steps if s.get("ws")]) >= c.max_workstreams:
@@ -332,9 +348,49 @@ class Campaign:
         return next(iter(ok.values()))
 
     # ---- a step -----------------------------------------------------------------------------
+    def covered(self, item) -> str | None:
+        """Why ``item`` is moot, if it is: every config it would try around the incumbent, at every level, was
+        already tried there by an exhaustive screening (timed, or pruned by the resource model)."""
+        import itertools
+
+        plan = self.plan
+        seen, by = set(), []
+        for st in self.row["steps"]:
+            if not st.get("exhaustive"):
+                continue
+            by.append(st["ws"])
+            for cfg in [st["incumbent_before"], *st.get("tried", [])]:
+                seen |= {(k, config_hash(c)) for k, c in per_level(plan, cfg).items()}
+        if not seen:
+            return None
+        space = plan.search_space()
+        for values in itertools.product(*(space[t] for t in item.tunables)):
+            cand = with_params(plan, self.row["incumbent"], dict(zip(item.tunables, values)))
+            if any((k, config_hash(c)) not in seen for k, c in per_level(plan, cand).items()):
+                return None
+        return f"moot: every config it would try was already screened at every level in {', '.join(by)}"
+
+    def final_reserve(self) -> float:
+        """GPU seconds kept for the final A/B: the first A/A's cost plus one full-length A/B at that rate."""
+        st = self.plan.stats
+        for step in self.row["steps"]:
+            if not step.get("ws"):
+                continue
+            for e in self.store.experiments(step["ws"]):
+                if e["kind"] == "noise" and e["status"] == "done":
+                    aa = sum(x["gpu_s"] or 0.0 for x in self.store.samples(e["id"]))
+                    return aa * (1 + 2 * st.max_rounds / (st.aa_rounds * st.aa_arms))
+        return 0.0
+
     def begin_step(self) -> None:
         item = self.next_item()
         steps = self.row["steps"]
+        moot = self.covered(item)
+        if moot:
+            steps.append({"item": item.id, "title": item.title, "ws": None, "phase": "done", "note": moot})
+            self.save(steps=steps)
+            self.say(f"{item.id} ({item.title}) {moot}")
+            return
         ws = ws_id(self.plan, len([s for s in steps if s.get("ws")]))
         steps.append({"item": item.id, "title": item.title, "ws": ws, "phase": "screen",
                       "incumbent_before": self.row["incumbent"], "started": time.time()})  # fmt: skip
@@ -374,7 +430,14 @@ class Campaign:
 
     # ---- screening --------------------------------------------------------------------------
     def screen(self, step: dict) -> None:
+        """Screen the item's candidates: Optuna proposes them (every point of the item's space enqueued when it
+        fits the trial budget, TPE batches otherwise), the resource model prunes, and each batch is timed in
+        paired rounds against one incumbent worker: every arm of the batch at every level in every round."""
+        import itertools
+
         import optuna
+        from optuna.distributions import CategoricalDistribution
+        from optuna.trial import TrialState
 
         from kinv.agent.tools import bench
         from kinv.agent.tools.space import feasibility
@@ -383,66 +446,93 @@ class Campaign:
         plan, c = self.plan, self.plan.campaign
         item = next(i for i in plan.backlog if i.id == step["item"])
         space = {k: plan.search_space()[k] for k in item.tunables}
+        dists = {k: CategoricalDistribution(v) for k, v in space.items()}
         incumbent = step["incumbent_before"]
         ws = step["ws"]
         self._ensure_ws_row(ws, item.title)
         be = bench.get_backend(self.s.backend)
         levels = plan.levels()
-        n_obj = len(levels) if c.per_level else 1
         size = math.prod(len(v) for v in space.values())
-        sampler = (optuna.samplers.GridSampler(space, seed=c.seed) if size <= c.screen.trials else
-                   optuna.samplers.TPESampler(seed=c.seed, multivariate=True, n_startup_trials=max(2, c.screen.trials // 2)))  # fmt: skip
+        exhaustive = size <= c.screen.trials
+        startup = size if exhaustive else max(2, c.screen.trials // 2)
+        with _quiet_experimental():
+            sampler = optuna.samplers.TPESampler(seed=c.seed, multivariate=True, constant_liar=True,
+                                                 n_startup_trials=startup)  # fmt: skip
         study = optuna.create_study(study_name=f"{self.cid}-{ws}", storage=f"sqlite:///{self.store.dir / STUDY_DB}",
-                                    directions=["maximize"] * n_obj, sampler=sampler, load_if_exists=True)  # fmt: skip
-        exp = self.store.new_experiment(workstream=ws, todo=f"{ws}.screen", variant="screen", kind="screen",
-                                        backend=be.name, config_hash=config_hash(incumbent),
-                                        base_config_hash=config_hash(incumbent), config_json=json.dumps(incumbent))  # fmt: skip
+                                    directions=["maximize"] * (len(levels) if c.per_level else 1), sampler=sampler,
+                                    load_if_exists=True)  # fmt: skip
+        for t in study.trials:  # a killed screening left these asked and never told
+            if t.state == TrialState.RUNNING:
+                study.tell(t.number, state=TrialState.FAIL)
+        if exhaustive and not study.trials:
+            for values in itertools.product(*space.values()):
+                study.enqueue_trial(dict(zip(space, values)))
+        row = self.store.running_experiment(ws, f"{ws}.screen", "screen")
+        exp = row["id"] if row else self.store.new_experiment(
+            workstream=ws, todo=f"{ws}.screen", variant="screen", kind="screen", backend=be.name,
+            config_hash=config_hash(incumbent), base_config_hash=config_hash(incumbent),
+            config_json=json.dumps(incumbent))  # fmt: skip
         inc_levels = {k: config_hash(v) for k, v in per_level(plan, incumbent).items()}
         cache = {t.user_attrs["config_hash"]: t.values for t in study.trials
-                 if t.state == optuna.trial.TrialState.COMPLETE and "config_hash" in t.user_attrs}  # fmt: skip
-        arms: dict[str, object] = {}
-        gpu = [0.0]
+                 if t.state == TrialState.COMPLETE and "config_hash" in t.user_attrs}  # fmt: skip
+        gpu = 0.0
         round0 = plan.stats.max_rounds  # the A/B's rounds are 0..max_rounds-1: screening never re-uses them
+        batch = size if exhaustive else startup
+        budget = size if exhaustive else c.screen.trials
 
-        def objective(trial):
-            params = {k: trial.suggest_categorical(k, v) for k, v in space.items()}
-            cand = with_params(plan, incumbent, params)
-            h = config_hash(cand)
-            trial.set_user_attr("config_hash", h)
-            trial.set_user_attr("config", describe(cand))
-            trial.set_user_attr("config_json", json.dumps(cand))
-            if h in cache:
-                trial.set_user_attr("duplicate", True)
-                return cache[h]
-            ok, why = feasibility(plan, cand)
-            if not ok:
-                trial.set_user_attr("pruned", f"infeasible: {why}")
-                raise optuna.TrialPruned(why)
-            cand_levels = {k: config_hash(v) for k, v in per_level(plan, cand).items()}
-            if cand_levels == inc_levels:
-                gains = {lv.key: 0.0 for lv in levels}
-            else:
-                gains = self._measure(be, exp, arms, incumbent, cand, c.screen.rounds, round0, gpu, trial.number)
-            trial.set_user_attr("gains", gains)
-            vals = [gains[lv.key] for lv in levels] if c.per_level else [sum(gains.values()) / len(gains)]
-            cache[h] = vals
-            return vals
+        def finished() -> int:
+            return len([t for t in study.get_trials(deepcopy=False) if t.state.is_finished()])
 
-        done = len([t for t in study.trials if t.state.is_finished()])
-        try:
-            if done < c.screen.trials:
-                study.optimize(objective, n_trials=c.screen.trials - done, catch=(bench.VariantFailed,))
-        finally:
-            for a in arms.values():
-                a.close()
-        self.store.update_experiment(exp, status="done", gpu_s=gpu[0], finished=time.time(),
-                                     rounds=c.screen.rounds)  # fmt: skip
+        while (done := finished()) < budget:
+            asked, todo = [], []
+            for _ in range(min(batch, budget - done)):
+                t = study.ask(dists)
+                cand = with_params(plan, incumbent, dict(t.params))
+                h = config_hash(cand)
+                for k, v in (("config_hash", h), ("config", describe(cand)), ("config_json", json.dumps(cand))):
+                    t.set_user_attr(k, v)
+                asked.append(t)
+                if h in cache or h in {x[2] for x in todo}:
+                    t.set_user_attr("duplicate", True)
+                    continue
+                ok, why = feasibility(plan, cand)
+                if not ok:
+                    t.set_user_attr("pruned", f"infeasible: {why}")
+                    study.tell(t, state=TrialState.PRUNED)
+                    continue
+                if {k: config_hash(v) for k, v in per_level(plan, cand).items()} == inc_levels:
+                    t.set_user_attr("gains", {lv.key: 0.0 for lv in levels})
+                    cache[h] = [0.0] * len(study.directions)
+                    continue
+                todo.append((t, cand, h))
+            gains, spent = self._measure_batch(be, exp, incumbent, todo, c.screen.rounds, round0)
+            gpu += spent
+            for t, _cand, h in todo:
+                if h in gains:
+                    t.set_user_attr("gains", gains[h])
+                    vals = gains[h]
+                    cache[h] = ([vals[lv.key] for lv in levels] if c.per_level else
+                                [sum(vals.values()) / len(vals)])  # fmt: skip
+            for t in asked:
+                if t.number in {x.number for x in study.trials if x.state != TrialState.RUNNING}:
+                    continue  # told above (pruned)
+                h = t.user_attrs["config_hash"]
+                if h in cache:
+                    study.tell(t, cache[h])
+                else:
+                    study.tell(t, state=TrialState.FAIL)  # its worker failed on the GPU (the reason is stored)
+            batch = max(2, c.screen.trials // 4)
+        self.store.update_experiment(exp, status="done", gpu_s=gpu, finished=time.time(), rounds=c.screen.rounds)
         screened = self._screened(study)
         finalists = self._finalists(screened)
-        pruned = [t.user_attrs.get("pruned") for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
-        step.update(screened=screened, pruned=len(pruned), pruned_why=sorted(set(p for p in pruned if p))[:4],
-                    finalists=[f["config_json"] for f in finalists], sampler=type(sampler).__name__,
-                    trials=len(study.trials), screen_exp=exp)  # fmt: skip
+        pruned = [t.user_attrs.get("pruned") for t in study.trials if t.state == TrialState.PRUNED]
+        failed = [t.user_attrs.get("failed") for t in study.trials if t.user_attrs.get("failed")]
+        tried = [json.loads(t.user_attrs["config_json"]) for t in study.trials
+                 if "config_json" in t.user_attrs and not t.user_attrs.get("failed")]  # fmt: skip
+        step.update(screened=screened, pruned=len(pruned), tried=tried, pruned_why=sorted(set(p for p in pruned if p))[:4],
+                    failed=failed[:4], finalists=[f["config_json"] for f in finalists],
+                    sampler="every point enqueued (exhaustive)" if exhaustive else "TPE (multivariate)",
+                    trials=len(study.trials), screen_exp=exp, exhaustive=exhaustive)  # fmt: skip
         if not finalists:
             step.update(phase="done", note=f"no screened candidate beat the incumbent by {c.screen.min_gain:+.1%} "
                         "at any level: no workstream to confirm", levels={})  # fmt: skip
@@ -467,42 +557,76 @@ class Campaign:
         else:
             self.store.update_workstream(ws, campaign=self.cid)
 
-    def _measure(self, be, exp, arms, incumbent, cand, rounds, round0, gpu, number) -> dict[str, float]:
-        """Screen one candidate: ``rounds`` paired rounds against the incumbent at every level (the incumbent's
-        worker is shared by every candidate); returns level -> mean paired log-ratio as a throughput change."""
-        from kinv.agent.stats import abba_order
+    def _measure_batch(self, be, exp, incumbent, todo, rounds, round0) -> tuple[dict[str, dict], float]:
+        """Time a batch of candidates against one incumbent worker: in each round every arm at every level, in
+        an order rotated by the round.  Returns ({config hash: {level: throughput change}}, GPU s).  A
+        candidate whose worker fails is dropped from the batch (its trial fails, with the reason)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from kinv.agent.tools import bench
 
+        if not todo:
+            return {}, 0.0
         plan = self.plan
         levels = plan.levels()
-        if "incumbent" not in arms:
-            arms["incumbent"] = be.open("incumbent", plan.kernel, incumbent, dict(plan.environment))
-            for lv in levels:
-                arms["incumbent"].setup(lv)
-        inc = arms["incumbent"]
-        arm = be.open(f"candidate {number}", plan.kernel, cand, dict(plan.environment))
-        hashes = (bench.harness_hash(), bench.reference_hash(plan.kernel))
-        logs: dict[str, list[float]] = {lv.key: [] for lv in levels}
+        env = dict(plan.environment)
+
+        def start(args):
+            name, cfg = args
+            try:
+                arm = be.open(name, plan.kernel, cfg, env)
+                for lv in levels:
+                    arm.setup(lv)
+                return arm, None
+            except bench.VariantFailed as exc:
+                return None, str(exc)
+
+        names = [("incumbent", incumbent)] + [(f"C{t.number}", cand) for t, cand, _h in todo]
+        with ThreadPoolExecutor(min(8, len(names))) as pool:
+            started = list(pool.map(start, names))
+        arms = {}
         try:
-            for lv in levels:
-                arm.setup(lv)
+            if started[0][0] is None:
+                raise CampaignError(f"the incumbent's worker failed: {started[0][1]}")
+            inc = started[0][0]
+            for (t, _cand, h), (arm, err) in zip(todo, started[1:]):
+                if arm is None:
+                    t.set_user_attr("failed", err)
+                else:
+                    arms[h] = (f"C{t.number}", arm)
+            hashes = (bench.harness_hash(), bench.reference_hash(plan.kernel))
             device = self.store.device(inc.fingerprint) if inc.fingerprint else None
+            logs: dict[str, dict[str, list[float]]] = {h: {lv.key: [] for lv in levels} for h in arms}
+            gpu = 0.0
             for r in range(rounds):
                 ri = round0 + r
                 rows = []
                 for lv in levels:
+                    order = [("incumbent", "I", inc)] + [(h, tag, a) for h, (tag, a) in arms.items()]
+                    k = r % len(order)
                     got = {}
-                    for who in abba_order(r):
-                        a, tag = (inc, "I") if who == "A" else (arm, f"C{number}")
-                        smp = a.sample(lv, ri)
-                        gpu[0] += smp.get("gpu_s") or 0.0
-                        got[who] = smp["us"]
+                    for key, tag, a in order[k:] + order[:k]:
+                        try:
+                            smp = a.sample(lv, ri)
+                        except bench.VariantFailed as exc:
+                            if key == "incumbent":
+                                raise CampaignError(f"the incumbent's worker failed: {exc}") from None
+                            next(t for t, _c, hh in todo if hh == key).set_user_attr("failed", str(exc))
+                            continue
+                        gpu += smp.get("gpu_s") or 0.0
+                        got[key] = smp["us"]
                         rows.append(bench._sample_row(exp, a, lv, ri, tag, smp, be.name, hashes, device))
-                    logs[lv.key].append(math.log(got["A"] / got["B"]))
+                    for h in list(arms):
+                        if h in got:
+                            logs[h][lv.key].append(math.log(got["incumbent"] / got[h]))
+                        else:
+                            arms.pop(h)[1].close()
                 self.store.add_samples(rows)
+            return {h: {k: math.expm1(sum(v) / len(v)) for k, v in logs[h].items()} for h in arms}, gpu
         finally:
-            arm.close()
-        return {k: math.expm1(sum(v) / len(v)) for k, v in logs.items()}
+            for arm, _err in started:
+                if arm is not None:
+                    arm.close()
 
     def _screened(self, study) -> list[dict]:
         import optuna
@@ -552,7 +676,8 @@ class Campaign:
         adapter = plan.adapter
         base = {k: v for k, v in step["incumbent_before"].items() if k not in ("kernel", "description")}
         gpu, _ = self.spent()
-        left_gpu = max(1.0, c.budget.gpu_seconds - gpu)
+        # the final A/B has the plan's own per-workstream budget; a search step what the campaign has left
+        left_gpu = plan.budget.gpu_seconds if final else max(1.0, c.budget.gpu_seconds - gpu - self.final_reserve())
         variants, ids = [], []
         screened = {s["config_hash"]: s for s in step.get("screened", [])}
         for n, cfg in enumerate(step["finalists"], 1):
