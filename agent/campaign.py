@@ -895,6 +895,7 @@ class Campaign:
             "workstreams": [{"ws": s.get("ws"), "item": s["item"], "phase": s["phase"],
                              "finalists": [describe(f) for f in s.get("finalists", [])],
                              "screened": len(s.get("screened", [])), "pruned": s.get("pruned", 0),
+                             "sampler": s.get("sampler"), "trials": s.get("trials"),
                              "verdicts": s.get("verdicts", {}), "closeout": s.get("closeout"),
                              "note": s.get("note")} for s in row["steps"]],  # fmt: skip
             "gpu_seconds": round(gpu, 3), "samples": n, "wall_seconds": round(self.wall(), 1),

@@ -180,7 +180,7 @@ def test_status_json_round_trip(store, demo):
     text = view.model_dump_json()
     assert StatusView.model_validate_json(text) == view
     data = json.loads(views.dump_json(view))
-    assert set(data) == {"state_dir", "workstreams", "adhoc"}
+    assert set(data) == {"state_dir", "campaigns", "workstreams", "adhoc"}
     assert set(data["workstreams"][0]["todos"][0]) == set(views.TodoView.model_fields)
 
 
