@@ -902,6 +902,7 @@ class Campaign:
             "stop_reason": row["stop_reason"], "adopted": (final or {}).get("adopted"),
             "adoption": (final or {}).get("adoption"),
             "incumbent_us": self.incumbent_us(), "copy_fraction": self.copy_fractions(),
+            "recommendation": (self.store.workstream(final["ws"]) or {}).get("recommendation") if final else None,
             "beyond_reach": [{"id": i.id, "title": i.title, "targets": i.targets} for i in plan.backlog
                              if not i.tunables],  # fmt: skip
         }
