@@ -129,6 +129,31 @@ def campaign(
 
 
 @app.command()
+def mcp(
+    allow_approve: bool = typer.Option(False, "--allow-approve", help="expose approve/reject to the agent (by default "
+                                       "only a person approves, in the CLI)"),
+    print_config: str = typer.Option(None, "--print-config", help="print the registration for a client: claude "
+                                     "(.mcp.json) or opencode (opencode.json) and exit"),
+    state_dir: str = StateOpt,
+):
+    """Serve kinv to a coding agent over MCP (stdio): read tools, background runs and campaigns, plans proposed by the
+    agent, close-outs as resources.  Kernel edits still wait for a person unless --allow-approve.
+
+    Example: kinv mcp --print-config claude > .mcp.json
+    """
+    from kinv.agent import mcp_server
+
+    if print_config is not None:
+        print(mcp_server.print_config(print_config, state_dir))
+        return
+    try:
+        import mcp as _sdk  # noqa: F401
+    except ImportError:
+        raise Exit(EXIT_FAIL, "the mcp SDK is not installed: pip install -e '.[mcp]'") from None
+    mcp_server.serve(state_dir, allow_approve)
+
+
+@app.command()
 def resume(
     ws: str = typer.Argument(..., help="workstream id, e.g. 3a or #3a"),
     backend: str = typer.Option("auto", help="auto | cuda | replay"),

@@ -326,10 +326,8 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     return EXIT_OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
 
 
-def kernels_command(as_json: bool, console) -> tuple[int, str]:
-    """``kinv kernels``: every registered kernel, its tunables and level dimensions."""
-    import json
-
+def kernels_rows() -> list[dict]:
+    """Every registered kernel: its tunables, restrictions, level dimensions, unit and config (kinv kernels --json)."""
     from kinv.kernels.adapter import UnknownKernelError, get_adapter, registered
 
     rows = []
@@ -343,6 +341,14 @@ def kernels_command(as_json: bool, console) -> tuple[int, str]:
                      "restrictions": [r.text for r in a.spec.restrictions], "level_dims": list(a.level_dims),
                      "override_dims": list(a.spec.override_dims), "throughput_unit": a.throughput_unit,
                      "config": str(a.config_path())})  # fmt: skip
+    return rows
+
+
+def kernels_command(as_json: bool, console) -> tuple[int, str]:
+    """``kinv kernels``: every registered kernel, its tunables and level dimensions."""
+    import json
+
+    rows = kernels_rows()
     if as_json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK, ""
