@@ -389,9 +389,12 @@ class ReplayBackend(Backend):
         for k, v in env.items():
             if recorded_env.get(k) != str(v):
                 raise NoRecording(f"replay has no recording with {k}={v!r}; the recordings ran with {k}={recorded_env.get(k)!r}")
-        if not config.get("overrides") and not (partner or {}).get("overrides"):
+        try:  # a config (level-conditional or not) recorded as such: its own slot
             slot = rec.slot_for(config_hash(config), config_hash(partner) if partner else None, replica, role)
             return ReplayArm(name, kernel, config, env, rec, slot)
+        except NoRecording:
+            if not config.get("overrides") and not (partner or {}).get("overrides"):
+                raise
         # a level-conditional config: at each level the sweep's worker of the config that runs there
         from kinv.agent.tools.space import effective
 
