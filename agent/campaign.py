@@ -145,6 +145,9 @@ class Settings:
     state_dir: str | None
     console: object
     progress: object = None
+    executor: str = "local"
+    ray_address: str | None = None
+    ray_actors: int | None = None
 
 
 def campaign_id(plan: Plan) -> str:
@@ -170,6 +173,14 @@ def run(s: Settings) -> tuple[int, str, dict]:
         return EXIT_BAD_INPUT, f"--approval {s.approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}", {}
     if s.backend not in bench.BACKENDS:
         return EXIT_BAD_INPUT, f"--backend {s.backend!r} is not valid; use {', '.join(bench.BACKENDS)}", {}
+    from kinv.agent.tools.executor import EXECUTORS
+
+    if s.executor not in EXECUTORS:
+        return EXIT_BAD_INPUT, f"--executor {s.executor!r} is not valid; use {', '.join(EXECUTORS)}", {}
+    if s.executor == "local" and (s.ray_address or s.ray_actors):
+        return EXIT_BAD_INPUT, "--ray-address and --ray-actors need --executor ray", {}
+    if s.ray_actors is not None and not 1 <= s.ray_actors <= 1024:
+        return EXIT_BAD_INPUT, f"--ray-actors {s.ray_actors} must be from 1 to 1024", {}
     plan, plan_hash = load_plan(s.plan_path)
     if plan.campaign is None:
         return EXIT_BAD_INPUT, (f"{s.plan_path} has no campaign: section; run a workstream plan with kinv run, or "
@@ -192,11 +203,15 @@ def run(s: Settings) -> tuple[int, str, dict]:
     else:
         store.upsert_campaign({"id": cid, "status": "running", "backend": s.backend, "approval": s.approval})
     c = Campaign(store, plan, cid, s)
+    from kinv.agent.tools.executor import ExecutorError
+
     try:
         code, line = c.go()
-    except CampaignError as exc:
+    except (CampaignError, ExecutorError) as exc:
         store.upsert_campaign({"id": cid, "status": "stopped", "stop_reason": str(exc)})
         return EXIT_FAIL, str(exc), {}
+    finally:
+        c.close()
     summary = c.summary()
     store.upsert_campaign({"id": cid, "summary": summary})
     if code == EXIT_PAUSED:
@@ -443,6 +458,7 @@ class Campaign:
         from kinv.agent.tools.space import feasibility
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.losses = []
         plan, c = self.plan, self.plan.campaign
         item = next(i for i in plan.backlog if i.id == step["item"])
         space = {k: plan.search_space()[k] for k in item.tunables}
@@ -532,7 +548,9 @@ class Campaign:
         step.update(screened=screened, pruned=len(pruned), tried=tried, pruned_why=sorted(set(p for p in pruned if p))[:4],
                     failed=failed[:4], finalists=[f["config_json"] for f in finalists],
                     sampler="every point enqueued (exhaustive)" if exhaustive else "TPE (multivariate)",
-                    trials=len(study.trials), screen_exp=exp, exhaustive=exhaustive)  # fmt: skip
+                    trials=len(study.trials), screen_exp=exp, exhaustive=exhaustive,
+                    executor=self.executor.name, places=list(self.executor.places),
+                    losses=list(getattr(self, "losses", [])))  # fmt: skip
         if not finalists:
             step.update(phase="done", note=f"no screened candidate beat the incumbent by {c.screen.min_gain:+.1%} "
                         "at any level: no workstream to confirm", levels={})  # fmt: skip
@@ -557,76 +575,57 @@ class Campaign:
         else:
             self.store.update_workstream(ws, campaign=self.cid)
 
-    def _measure_batch(self, be, exp, incumbent, todo, rounds, round0) -> tuple[dict[str, dict], float]:
-        """Time a batch of candidates against one incumbent worker: in each round every arm at every level, in
-        an order rotated by the round.  Returns ({config hash: {level: throughput change}}, GPU s).  A
-        candidate whose worker fails is dropped from the batch (its trial fails, with the reason)."""
-        from concurrent.futures import ThreadPoolExecutor
+    @property
+    def executor(self):
+        if getattr(self, "_ex", None) is None:
+            from kinv.agent.tools.executor import get_executor
 
-        from kinv.agent.tools import bench
+            self._ex = get_executor(self.s.executor, self.s.backend, self.s.ray_address, self.s.ray_actors)
+            if self._ex.name != "local":
+                self.say(f"screening on {self._ex.width} Ray actors: {', '.join(self._ex.places)}")
+        return self._ex
+
+    def close(self) -> None:
+        if getattr(self, "_ex", None) is not None:
+            self._ex.close()
+            self._ex = None
+
+    def _measure_batch(self, be, exp, incumbent, todo, rounds, round0) -> tuple[dict[str, dict], float]:
+        """Time a batch of candidates against the incumbent: split into one shard per executor place (each with
+        its own incumbent worker: every paired comparison on one GPU), run, store every row here.  Returns
+        ({config hash: {level: throughput change}}, GPU s).  A candidate whose worker fails is dropped (its
+        trial fails, with the reason); a lost actor's shard re-runs and the loss is recorded."""
+        from kinv.agent.tools.screening import IncumbentFailed
 
         if not todo:
             return {}, 0.0
-        plan = self.plan
-        levels = plan.levels()
-        env = dict(plan.environment)
-
-        def start(args):
-            name, cfg = args
-            try:
-                arm = be.open(name, plan.kernel, cfg, env)
-                for lv in levels:
-                    arm.setup(lv)
-                return arm, None
-            except bench.VariantFailed as exc:
-                return None, str(exc)
-
-        names = [("incumbent", incumbent)] + [(f"C{t.number}", cand) for t, cand, _h in todo]
-        with ThreadPoolExecutor(min(8, len(names))) as pool:
-            started = list(pool.map(start, names))
-        arms = {}
+        ex = self.executor
+        n = max(1, min(ex.width, len(todo)))
+        shards = [todo[i::n] for i in range(n)]
+        jobs = [{"backend": self.s.backend, "kernel": self.plan.kernel, "env": dict(self.plan.environment),
+                 "incumbent": incumbent, "candidates": {h: cand for _t, cand, h in shard},
+                 "levels": [lv.to_dict() for lv in self.plan.levels()], "rounds": rounds, "round0": round0,
+                 "exp": exp} for shard in shards]  # fmt: skip
         try:
-            if started[0][0] is None:
-                raise CampaignError(f"the incumbent's worker failed: {started[0][1]}")
-            inc = started[0][0]
-            for (t, _cand, h), (arm, err) in zip(todo, started[1:]):
-                if arm is None:
-                    t.set_user_attr("failed", err)
-                else:
-                    arms[h] = (f"C{t.number}", arm)
-            hashes = (bench.harness_hash(), bench.reference_hash(plan.kernel))
-            device = self.store.device(inc.fingerprint) if inc.fingerprint else None
-            logs: dict[str, dict[str, list[float]]] = {h: {lv.key: [] for lv in levels} for h in arms}
-            gpu = 0.0
-            for r in range(rounds):
-                ri = round0 + r
-                rows = []
-                for lv in levels:
-                    order = [("incumbent", "I", inc)] + [(h, tag, a) for h, (tag, a) in arms.items()]
-                    k = r % len(order)
-                    got = {}
-                    for key, tag, a in order[k:] + order[:k]:
-                        try:
-                            smp = a.sample(lv, ri)
-                        except bench.VariantFailed as exc:
-                            if key == "incumbent":
-                                raise CampaignError(f"the incumbent's worker failed: {exc}") from None
-                            next(t for t, _c, hh in todo if hh == key).set_user_attr("failed", str(exc))
-                            continue
-                        gpu += smp.get("gpu_s") or 0.0
-                        got[key] = smp["us"]
-                        rows.append(bench._sample_row(exp, a, lv, ri, tag, smp, be.name, hashes, device))
-                    for h in list(arms):
-                        if h in got:
-                            logs[h][lv.key].append(math.log(got["incumbent"] / got[h]))
-                        else:
-                            arms.pop(h)[1].close()
-                self.store.add_samples(rows)
-            return {h: {k: math.expm1(sum(v) / len(v)) for k, v in logs[h].items()} for h in arms}, gpu
-        finally:
-            for arm, _err in started:
-                if arm is not None:
-                    arm.close()
+            results, losses = ex.run(jobs)
+        except IncumbentFailed as exc:
+            raise CampaignError(str(exc)) from None
+        for loss in losses:
+            self.store.event(None, "executor-loss", f"{self.cid}: {loss}")
+            self.say(loss)
+        self.losses = getattr(self, "losses", []) + losses
+        gains, gpu = {}, 0.0
+        by_hash = {h: t for t, _c, h in todo}
+        for res in results:
+            device = self.store.device(res["fingerprint"]) if res["fingerprint"] else None
+            self.store.add_samples([{**row, "device": device} for row in res["rows"]])
+            gpu += res["gpu_s"]
+            for h, g in res["gains"].items():
+                gains[h] = g
+                by_hash[h].set_user_attr("measured_on", res["where"])
+            for h, why in res["failed"].items():
+                by_hash[h].set_user_attr("failed", why)
+        return gains, gpu
 
     def _screened(self, study) -> list[dict]:
         import optuna
@@ -640,7 +639,8 @@ class Campaign:
                 continue
             seen.add(h)
             out.append({"trial": t.number, "config": t.user_attrs["config"], "config_hash": h,
-                        "config_json": json.loads(t.user_attrs["config_json"]), "gains": t.user_attrs["gains"]})  # fmt: skip
+                        "config_json": json.loads(t.user_attrs["config_json"]), "gains": t.user_attrs["gains"],
+                        "measured_on": t.user_attrs.get("measured_on")})  # fmt: skip
         return out
 
     def _finalists(self, screened: list[dict]) -> list[dict]:
@@ -896,6 +896,8 @@ class Campaign:
                              "finalists": [describe(f) for f in s.get("finalists", [])],
                              "screened": len(s.get("screened", [])), "pruned": s.get("pruned", 0),
                              "sampler": s.get("sampler"), "trials": s.get("trials"),
+                             "executor": s.get("executor"), "places": s.get("places"), "losses": s.get("losses"),
+                             "measured_on": sorted({x.get("measured_on") or "" for x in s.get("screened", [])} - {""}),
                              "verdicts": s.get("verdicts", {}), "closeout": s.get("closeout"),
                              "note": s.get("note")} for s in row["steps"]],  # fmt: skip
             "gpu_seconds": round(gpu, 3), "samples": n, "wall_seconds": round(self.wall(), 1),

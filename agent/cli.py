@@ -98,6 +98,9 @@ def campaign(
     plan: Path = typer.Argument(..., help="campaign plan (YAML with a campaign: section), e.g. plans/7-decode-ceiling.yaml"),
     backend: str = typer.Option("auto", help="auto | cuda | replay"),
     approval: str = typer.Option("ask", help="ask | auto-config | auto (auto also writes the final config)"),
+    executor: str = typer.Option("local", help="local | ray: where screening shards run (ray: one actor per GPU)"),
+    ray_address: str = typer.Option(None, "--ray-address", help="an existing Ray cluster (default: start one here)"),
+    ray_actors: int = typer.Option(None, "--ray-actors", help="actors (default: one per GPU; replay: 2 CPU actors)"),
     state_dir: str = StateOpt,
     as_json: bool = JsonOpt,
 ):
@@ -121,7 +124,8 @@ def campaign(
 
         con = Console(file=quiet, width=100)
     with contextlib.redirect_stdout(quiet) if as_json else contextlib.nullcontext():
-        code, line, summary = camp.run(camp.Settings(str(plan), backend, approval, state_dir, con))
+        code, line, summary = camp.run(camp.Settings(str(plan), backend, approval, state_dir, con, executor=executor,
+                                                     ray_address=ray_address, ray_actors=ray_actors))  # fmt: skip
     if as_json and summary:
         print(json.dumps({**summary, "exit": code, "message": line}, indent=2, default=str))
         raise Exit(code, "" if code == DONE else line)

@@ -1,0 +1,108 @@
+"""Screening a batch of candidates against one incumbent worker, on one GPU: the unit a campaign spreads.
+
+``screen_shard`` touches no store: it opens the arms (a worker per config on the GPU this process sees, or the
+replay's recorded workers), times every arm at every level in every round in an order rotated by the round,
+and returns the sample rows, each candidate's paired per-level change against the incumbent *of the same
+GPU*, and what failed.  The campaign's driver stores the rows and tells the optimizer; the same function runs
+in-process (one GPU) or inside a Ray actor that holds one GPU (agent/tools/executor.py).  Results from
+different GPUs meet only as these per-GPU paired effects, never as pooled raw times.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+
+class IncumbentFailed(RuntimeError):
+    """The incumbent's own worker failed: the shard has no reference to pair its candidates with."""
+
+
+def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidates: dict[str, dict],
+                 levels: list[dict], rounds: int, round0: int, exp: int, where: str = "local") -> dict:  # fmt: skip
+    """Time ``candidates`` (config hash -> config) against ``incumbent`` in ``rounds`` rounds from ``round0``.
+
+    Returns ``{"rows": [...], "gains": {hash: {level: change}}, "failed": {hash: why}, "gpu_s": float,
+    "fingerprint": {...}, "where": where}``.  A candidate whose worker fails is dropped from the shard.
+    """
+    from kinv.agent.tools import bench
+    from kinv.kernels.adapter import get_adapter
+
+    _fault("screen", where)
+    be = bench.get_backend(backend)
+    adapter = get_adapter(kernel)
+    lvs = [adapter.level(d) for d in levels]
+
+    def start(args):
+        name, cfg = args
+        try:
+            arm = be.open(name, kernel, cfg, env)
+            for lv in lvs:
+                arm.setup(lv)
+            return arm, None
+        except bench.VariantFailed as exc:
+            return None, str(exc)
+
+    names = [("incumbent", incumbent)] + [(f"C:{h}", cfg) for h, cfg in candidates.items()]
+    with ThreadPoolExecutor(min(8, len(names))) as pool:
+        started = list(pool.map(start, names))
+    failed: dict[str, str] = {}
+    try:
+        inc, err = started[0]
+        if inc is None:
+            raise IncumbentFailed(f"the incumbent's worker failed on {where}: {err}")
+        arms = {}
+        for h, (arm, err) in zip(candidates, started[1:]):
+            if arm is None:
+                failed[h] = err
+            else:
+                arms[h] = arm
+        hashes = (bench.harness_hash(), bench.reference_hash(kernel))
+        logs = {h: {lv.key: [] for lv in lvs} for h in arms}
+        rows, gpu = [], 0.0
+        for r in range(rounds):
+            ri = round0 + r
+            for lv in lvs:
+                order = [("incumbent", "I", inc)] + [(h, f"C{h[:6]}", a) for h, a in arms.items()]
+                k = r % len(order)
+                got = {}
+                for key, tag, a in order[k:] + order[:k]:
+                    try:
+                        smp = a.sample(lv, ri)
+                    except bench.VariantFailed as exc:
+                        if key == "incumbent":
+                            raise IncumbentFailed(f"the incumbent's worker failed on {where}: {exc}") from None
+                        failed[key] = str(exc)
+                        continue
+                    gpu += smp.get("gpu_s") or 0.0
+                    got[key] = smp["us"]
+                    rows.append(bench._sample_row(exp, a, lv, ri, tag, smp, be.name, hashes, None))
+                for h in list(arms):
+                    if h in got:
+                        logs[h][lv.key].append(math.log(got["incumbent"] / got[h]))
+                    else:
+                        arms.pop(h).close()
+        gains = {h: {k: math.expm1(sum(v) / len(v)) for k, v in logs[h].items()} for h in arms}
+        return {"rows": rows, "gains": gains, "failed": failed, "gpu_s": gpu, "fingerprint": inc.fingerprint,
+                "where": where}  # fmt: skip
+    finally:
+        for arm, _err in started:
+            if arm is not None:
+                arm.close()
+
+
+def _fault(point: str, where: str) -> None:
+    """A planted actor death for the tests: KINV_EXECUTOR_FAULT=screen:<where> kills the process that runs that
+    shard, once (a marker file beside it makes the second attempt live)."""
+    spec = os.environ.get("KINV_EXECUTOR_FAULT", "")
+    if spec != f"{point}:{where}":
+        return
+    marker = os.environ.get("KINV_EXECUTOR_FAULT_MARKER")
+    if marker:
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.close(fd)
+    os._exit(17)
