@@ -731,6 +731,8 @@ class Campaign:
         code, line = run_plan(step["plan_path"], self.s.backend, self.s.approval, self.s.state_dir, self.s.console)
         self.store.update_workstream(step["ws"], campaign=self.cid)
         if code != EXIT_OK:
+            if "; then kinv resume" in line:  # the campaign, not the lone workstream, is what goes on
+                line = line.split("; then kinv resume")[0] + f"; then continue: kinv campaign {self.s.plan_path}"
             return code, line
         ws = step["ws"]
         wrow = self.store.workstream(ws)

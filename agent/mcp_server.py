@@ -98,6 +98,18 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
                             "plans/3a-attention-occupancy.yaml)")  # fmt: skip
         return path
 
+    def checked_plan(plan: str, backend: str, approval: str):
+        """(path, Plan, hash) of a plan the agent named, with the backend and approval policy checked."""
+        from kinv.agent.models import PlanError, load_plan
+
+        path = plan_file(plan)
+        choice(backend, ("auto", "cuda", "replay"), "backend")
+        choice(approval, ("ask", "auto-config", "auto"), "approval")
+        try:
+            return (path, *load_plan(path))
+        except PlanError as exc:
+            raise fail(exc) from None
+
     def choice(value: str, valid: tuple[str, ...], what: str) -> str:
         if value not in valid:
             raise ToolError(f"{what} {value!r} is not valid; use {', '.join(valid)}")
@@ -209,15 +221,7 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
             approval: Literal["ask", "auto-config", "auto"] = "ask") -> dict[str, Any]:  # fmt: skip
         """Start a workstream from its plan in the background (kinv run); returns at once with the workstream id.
         Watch it with status; kernel edits wait in pending for a person unless approval is auto."""
-        from kinv.agent.models import PlanError, load_plan
-
-        path = plan_file(plan)
-        choice(backend, ("auto", "cuda", "replay"), "backend")
-        choice(approval, ("ask", "auto-config", "auto"), "approval")
-        try:
-            p, h = load_plan(path)
-        except PlanError as exc:
-            raise fail(exc) from None
+        path, p, h = checked_plan(plan, backend, approval)
         if p.campaign is not None and not p.variants:
             raise ToolError(f"{plan} is a campaign plan: start it with the campaign tool")
         started = spawn(["run", str(path), "--backend", backend, "--approval", approval], p.ws.lstrip("#"))
@@ -242,15 +246,8 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
         """Start (or resume) a campaign in the background (kinv campaign): kinv chains workstreams on its own and
         proposes one config at the end; returns at once with the campaign id."""
         from kinv.agent.campaign import campaign_id
-        from kinv.agent.models import PlanError, load_plan
 
-        path = plan_file(plan)
-        choice(backend, ("auto", "cuda", "replay"), "backend")
-        choice(approval, ("ask", "auto-config", "auto"), "approval")
-        try:
-            p, h = load_plan(path)
-        except PlanError as exc:
-            raise fail(exc) from None
+        path, p, h = checked_plan(plan, backend, approval)
         if p.campaign is None:
             raise ToolError(f"{plan} has no campaign: section; start a workstream plan with the run tool")
         cid = campaign_id(p)

@@ -148,14 +148,19 @@ def main() -> int:
         print(f"# round {r + 1} at {time.time() - t0:.0f}s", flush=True)
     resources = [{"arm": n, "level": lv, "resources": s["resources"], "compile_s": s["compile_s"],
                   "rel_err": s["rel_err"], "l2": s.get("l2")} for (n, lv), s in setups.items()]  # fmt: skip
-    lines.append({"type": "resources", "items": resources, "wall_s": time.time() - t0})
     for w, _ in workers.values():
         w.close()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(args.out, "wt") as f:
+    return write(args.out, lines, resources, t0)
+
+
+def write(out: str, lines: list[dict], resources: list[dict], t0: float) -> int:
+    """The recording file: header, samples, then the resources line."""
+    lines.append({"type": "resources", "items": resources, "wall_s": time.time() - t0})
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(out, "wt") as f:
         for line in lines:
             f.write(json.dumps(line) + "\n")
-    print(f"# wrote {len(lines) - 2} samples to {args.out} in {time.time() - t0:.0f}s")
+    print(f"# wrote {len(lines) - 2} samples to {out} in {time.time() - t0:.0f}s")
     return 0
 
 
@@ -244,15 +249,9 @@ def record_sweep(args) -> int:
         print(f"# round {r + 1} at {time.time() - t0:.0f}s", flush=True)
     resources = [{"arm": n, "level": lv, "resources": s["resources"], "compile_s": s["compile_s"],
                   "rel_err": s["rel_err"]} for n, (_w, _h, sets) in workers.items() for lv, s in sets.items()]  # fmt: skip
-    lines.append({"type": "resources", "items": resources, "wall_s": time.time() - t0})
     for w, _h, _s in workers.values():
         w.close()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(args.out, "wt") as f:
-        for line in lines:
-            f.write(json.dumps(line) + "\n")
-    print(f"# wrote {len(lines) - 2} samples to {args.out} in {time.time() - t0:.0f}s")
-    return 0
+    return write(args.out, lines, resources, t0)
 
 
 if __name__ == "__main__":

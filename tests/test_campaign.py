@@ -170,3 +170,41 @@ def test_with_fewer_trials_than_configs_tpe_proposes_and_the_result_still_beats_
     for lv in summary["levels"].values():
         assert lv["ci"][0] > 0, lv
     assert summary["adopted"]
+
+
+@pytest.mark.slow
+def test_per_level_false_ends_with_one_config_for_every_level(tmp_path):
+    """campaign.per_level: false — the search's objective is the mean change over the levels, and the campaign
+    adopts one uniform config (no overrides), confirmed against the start at every level."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / PLAN).read_text())
+    data["campaign"]["per_level"] = False
+    plan = tmp_path / "7-uniform.yaml"
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    env = replay_env(tmp_path, tmp_path / "state")
+    r = run_kinv(env, "campaign", plan, "--backend", "replay", "--approval", "auto", "--json", timeout=900)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert not summary["config_json"].get("overrides")
+    assert len({lv["config"] for lv in summary["levels"].values()}) == 1
+    assert all(lv["ci"][0] > 0 for lv in summary["levels"].values())
+    written = json.loads((Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json").read_text())
+    assert not written.get("overrides") and written["BLOCK_T"] == summary["config_json"]["BLOCK_T"]
+
+
+@pytest.mark.slow
+def test_under_approval_ask_each_kernel_edit_waits_and_the_campaign_goes_on_once_decided(tmp_path):
+    env = replay_env(tmp_path, tmp_path / "state")
+    seen = []
+    for _ in range(12):
+        r = run_kinv(env, "campaign", PLAN, "--backend", "replay", "--approval", "ask", timeout=900)
+        if r.returncode != 3:
+            break
+        assert f"kinv campaign {PLAN}" in r.stderr, r.stderr  # the campaign, not the lone workstream, goes on
+        pending = json.loads(run_kinv(env, "pending", "--json").stdout)
+        assert len(pending) == 1
+        seen.append(pending[0]["id"])
+        assert run_kinv(env, "approve", pending[0]["id"]).returncode == 0
+    assert r.returncode == 0, r.stderr
+    assert seen[-1] == "7-adopt" and len(seen) >= 4  # every variant's edit, then the adoption

@@ -85,7 +85,7 @@ def test_an_agent_starts_watches_and_reads_an_investigation_but_a_person_approve
             # the agent cannot approve its own kernel edit
             refused = await s.call_tool("approve", {"approval_id": aid})
             assert refused.isError
-            await _until(lambda: asyncio.sleep(0, _gone(pid)), "the paused run to exit")
+            await _until(lambda p=pid: asyncio.sleep(0, _gone(p)), "the paused run to exit")
             assert run_kinv(env, "approve", aid, cwd=proj).returncode == 0  # a person, in the CLI
             decided.append(aid)
             r = await s.call_tool("resume", {"ws": "3a", "backend": "replay"})
@@ -99,7 +99,7 @@ def test_an_agent_starts_watches_and_reads_an_investigation_but_a_person_approve
         plan = await s.read_resource("kinv://plan/3a-attention-occupancy")
         assert "workstream:" in plan.contents[0].text
         # what the tools return is what the CLI's --json prints
-        await _until(lambda: asyncio.sleep(0, _gone(pid)), "the run to exit")
+        await _until(lambda p=pid: asyncio.sleep(0, _gone(p)), "the run to exit")
         for tool, args, cli in (("status", {}, ["status"]), ("experiments", {"ws": "3a"}, ["experiments", "3a"]),
                                 ("todos", {"ws": "3a", "format": "claude"}, ["todos", "3a", "--format", "claude"])):
             got = (await s.call_tool(tool, args)).structuredContent
