@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +167,7 @@ def ws_id(plan: Plan, n: int) -> str:
 
 def run(s: Settings) -> tuple[int, str, dict]:
     """Run (or resume) the campaign; returns (exit code, last line, summary)."""
-    from kinv.agent.investigation import APPROVAL_POLICIES, EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, EXIT_PAUSED
+    from kinv.agent.investigation import APPROVAL_POLICIES, EXIT_BAD_INPUT, EXIT_FAIL
     from kinv.agent.tools import bench
 
     if s.approval not in APPROVAL_POLICIES:
@@ -187,6 +188,21 @@ def run(s: Settings) -> tuple[int, str, dict]:
                                 "add campaign: (see plans/7-decode-ceiling.yaml)"), {}  # fmt: skip
     store = Store(s.state_dir)
     cid = campaign_id(plan)
+    from kinv.agent.store import StoreError
+
+    try:  # one driver per campaign: a second `kinv campaign` of it is refused, naming the first
+        store.acquire_lock(f"campaign:{cid}", os.getpid())
+    except StoreError as exc:
+        return EXIT_FAIL, str(exc), {}
+    try:
+        return _run_locked(s, store, plan, plan_hash, cid)
+    finally:
+        store.release_lock(f"campaign:{cid}", os.getpid())
+
+
+def _run_locked(s: Settings, store: Store, plan: Plan, plan_hash: str, cid: str) -> tuple[int, str, dict]:
+    from kinv.agent.investigation import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, EXIT_PAUSED
+
     row = store.campaign(cid)
     if row and row["plan_hash"] != plan_hash:
         return EXIT_BAD_INPUT, (f"campaign {cid} was started from plan sha {row['plan_hash']}; {s.plan_path} now "
@@ -477,12 +493,16 @@ class Campaign:
         study = optuna.create_study(study_name=f"{self.cid}-{ws}", storage=f"sqlite:///{self.store.dir / STUDY_DB}",
                                     directions=["maximize"] * (len(levels) if c.per_level else 1), sampler=sampler,
                                     load_if_exists=True)  # fmt: skip
-        for t in study.trials:  # a killed screening left these asked and never told
-            if t.state == TrialState.RUNNING:
-                study.tell(t.number, state=TrialState.FAIL)
         if exhaustive and not study.trials:
             for values in itertools.product(*space.values()):
                 study.enqueue_trial(dict(zip(space, values)))
+        requeued = int(study.user_attrs.get("requeued", 0))
+        for t in study.trials:  # a killed screening left these asked and never told: ask them again
+            if t.state == TrialState.RUNNING:
+                study.enqueue_trial(dict(t.params))
+                study.tell(t.number, state=TrialState.FAIL)
+                requeued += 1
+        study.set_user_attr("requeued", requeued)
         row = self.store.running_experiment(ws, f"{ws}.screen", "screen")
         exp = row["id"] if row else self.store.new_experiment(
             workstream=ws, todo=f"{ws}.screen", variant="screen", kind="screen", backend=be.name,
@@ -494,7 +514,7 @@ class Campaign:
         gpu = 0.0
         round0 = plan.stats.max_rounds  # the A/B's rounds are 0..max_rounds-1: screening never re-uses them
         batch = size if exhaustive else startup
-        budget = size if exhaustive else c.screen.trials
+        budget = (size if exhaustive else c.screen.trials) + requeued  # a re-asked trial does not use up the budget
 
         def finished() -> int:
             return len([t for t in study.get_trials(deepcopy=False) if t.state.is_finished()])
@@ -865,8 +885,6 @@ class Campaign:
         return a
 
     def write_adoption(self, a) -> dict:
-        import os
-
         from kinv.agent.tools import adopt, configs
 
         lock = f"kernel:{self.plan.kernel}"

@@ -583,7 +583,8 @@ class Store:
         except BlockingIOError:
             fh.close()
             row = self.conn.execute("select pid from locks where workstream = ?", [ws_id]).fetchone()
-            what = f"workstream {ws_id}" if not ws_id.startswith("kernel:") else f"kernel {ws_id[7:]}"
+            what = (f"kernel {ws_id[7:]}" if ws_id.startswith("kernel:") else
+                    f"campaign {ws_id[9:]}" if ws_id.startswith("campaign:") else f"workstream {ws_id}")  # fmt: skip
             holder = f"pid {row[0]}" if row else "another process"
             raise StoreError(f"{what} is already being run by {holder}; wait for it or stop it") from None
         self._locks[ws_id] = fh

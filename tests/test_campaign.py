@@ -208,3 +208,40 @@ def test_under_approval_ask_each_kernel_edit_waits_and_the_campaign_goes_on_once
         assert run_kinv(env, "approve", pending[0]["id"]).returncode == 0
     assert r.returncode == 0, r.stderr
     assert seen[-1] == "7-adopt" and len(seen) >= 4  # every variant's edit, then the adoption
+
+
+@pytest.mark.slow
+def test_a_campaign_killed_inside_its_screening_resumes_every_candidate(tmp_path):
+    """The process dies (os._exit, planted) while the exhaustive joint screening times its batch: the next
+    `kinv campaign` asks those trials again instead of losing them, and ends at the sweep's best."""
+    env = replay_env(tmp_path, tmp_path / "state", KINV_EXECUTOR_FAULT="screen:local",
+                     KINV_EXECUTOR_FAULT_MARKER=str(tmp_path / "fired"))  # fmt: skip
+    first = run_kinv(env, "campaign", PLAN, "--backend", "replay", "--approval", "auto", timeout=900)
+    assert first.returncode == 17 and (tmp_path / "fired").exists()  # died at its first screening shard
+    assert run_kinv(env, "campaign", PLAN, "--backend", "replay", "--approval", "auto", timeout=900).returncode == 0
+    summary = json.loads(run_kinv(env, "campaign", PLAN, "--backend", "replay", "--json").stdout)
+    truth = _truth()
+    for lv in summary["levels"].values():
+        times = truth["levels"][lv["level"]]
+        assert times[lv["config"]] / min(times.values()) - 1 <= 0.03
+    joint = next(w for w in summary["workstreams"] if w["item"] == "JOINT")
+    assert joint["screened"] == 22
+
+
+@pytest.mark.slow
+def test_a_second_driver_of_a_running_campaign_is_refused(tmp_path):
+    import subprocess
+
+    env = replay_env(tmp_path, tmp_path / "state")
+    p = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "campaign", PLAN, "--backend", "replay",
+                          "--approval", "auto"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        for line in p.stdout:
+            if "screening" in line:
+                break
+        r = run_kinv(env, "campaign", PLAN, "--backend", "replay", "--approval", "auto")
+        assert r.returncode == 1 and f"campaign #7 is already being run by pid {p.pid}" in r.stderr, r.stderr
+    finally:
+        p.kill()
+        p.wait()
