@@ -139,6 +139,14 @@ def test_bad_arguments_are_one_tool_error_each_and_the_server_keeps_going(tmp_pa
         assert not (proj / "plans" / "8a-broken.yaml").exists() and not (tmp_path / "evil.yaml").exists()
         ok = await s.call_tool("status")
         assert not ok.isError
+        # a long tool is awaited in a subprocess: the server answers other calls meanwhile
+        bench = asyncio.create_task(s.call_tool("bench", {"backend": "replay", "samples": 2}))
+        assert not (await s.call_tool("pending")).isError
+        got = await bench
+        assert not got.isError, got.content
+        rows = got.structuredContent["result"]
+        want = json.loads(run_kinv(env, "bench", "--backend", "replay", "--samples", "2", "--json", cwd=proj).stdout)
+        assert [r["level"] for r in rows] == [r["level"] for r in want] and all(r["us"] > 0 for r in rows)
         return True
 
     assert asyncio.run(_with_session(env, proj, flow))
