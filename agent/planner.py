@@ -160,7 +160,8 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
                 why.append("an occupancy variant was accepted")
         elif item.targets == "roofline_gap" and headroom is not None:
             score *= 0.5 + headroom
-            why.append(f"{incumbent} leaves {headroom:.0%} of its roofline ({bound}) unused")
+            verb, its = ("leave", "their") if "," in incumbent else ("leaves", "its")
+            why.append(f"{incumbent} {verb} {headroom:.0%} of {its} roofline ({bound}) unused")
         elif item.targets == "tile_shape" and tile_won:
             score *= 1.5
             why.append(f"a tile-shape variant won here ({', '.join(tile_won)}): its neighbours are next")
