@@ -186,6 +186,10 @@ def run(s: Settings) -> tuple[int, str, dict]:
     if plan.campaign is None:
         return EXIT_BAD_INPUT, (f"{s.plan_path} has no campaign: section; run a workstream plan with kinv run, or "
                                 "add campaign: (see plans/7-decode-ceiling.yaml)"), {}  # fmt: skip
+    try:  # a missing GPU (or recording) is bad input: said before anything is written
+        bench.get_backend(s.backend)
+    except bench.BackendError as exc:
+        return EXIT_BAD_INPUT, str(exc).splitlines()[0], {}
     store = Store(s.state_dir)
     cid = campaign_id(plan)
     from kinv.agent.store import StoreError

@@ -108,6 +108,8 @@ def test_a_campaign_plan_is_not_a_workstream_and_a_workstream_plan_is_not_a_camp
     assert r.returncode == 2 and "kinv campaign" in r.stderr and "Traceback" not in r.stderr
     r = run_kinv(env, "campaign", "plans/3a-attention-occupancy.yaml", "--backend", "replay")
     assert r.returncode == 2 and "no campaign: section" in r.stderr
+    r = run_kinv(env, "campaign", PLAN, "--backend", "cuda")  # no GPU here
+    assert r.returncode == 2 and "no CUDA GPU visible" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "state").exists()
 
 
