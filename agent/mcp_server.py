@@ -160,15 +160,15 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
 
     @server.tool()
     def todos(ws: str, format: Literal["kinv", "opencode", "claude"] = "kinv") -> dict[str, Any]:
-        """A workstream's todo list (kinv todos WS --json); format opencode or claude gives the {"todos": [...]}
-        their todo writers take."""
+        """A workstream's todo list (kinv todos WS --json, as {"result": [...]}); format opencode or claude gives
+        the {"todos": [...]} their todo writers take."""
         from kinv.agent import todo_export
 
         def go():
             s = store()
             items = views.todos(s, views.resolve_ws(s, ws))
-            if format == "kinv":
-                return {"todos": [t.model_dump(mode="json") for t in items]}
+            if format == "kinv":  # the CLI prints the list itself; a tool's list comes as {"result": [...]}
+                return {"result": [t.model_dump(mode="json") for t in items]}
             return {"todos": todo_export.export_todos(items, format)}
 
         return read(go)

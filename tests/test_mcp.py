@@ -101,7 +101,9 @@ def test_an_agent_starts_watches_and_reads_an_investigation_but_a_person_approve
         # what the tools return is what the CLI's --json prints
         await _until(lambda p=pid: asyncio.sleep(0, _gone(p)), "the run to exit")
         for tool, args, cli in (("status", {}, ["status"]), ("experiments", {"ws": "3a"}, ["experiments", "3a"]),
-                                ("todos", {"ws": "3a", "format": "claude"}, ["todos", "3a", "--format", "claude"])):
+                                ("todos", {"ws": "3a", "format": "claude"}, ["todos", "3a", "--format", "claude"]),
+                                ("todos", {"ws": "3a"}, ["todos", "3a"]), ("pending", {}, ["pending"]),
+                                ("history", {"ws": "3a"}, ["history", "3a"])):
             got = (await s.call_tool(tool, args)).structuredContent
             want = json.loads(run_kinv(env, *cli, "--json", cwd=proj).stdout)
             assert got.get("result", got) == want, tool
