@@ -336,11 +336,21 @@ class Campaign:
                 out[lv.key] = self.plan.adapter.bytes_moved(lv) / (us * 1e-6) / 1e9 / copy
         return out
 
+    @property
+    def backend(self):
+        """The campaign's backend, made once: a cuda backend measures copy bandwidth once, a replay one reads its
+        recordings once (the loop asks for both at every step)."""
+        if getattr(self, "_be", None) is None:
+            from kinv.agent.tools import bench
+
+            self._be = bench.get_backend(self.s.backend)
+        return self._be
+
     def copy_gbps(self) -> float | None:
         from kinv.agent.tools import bench
 
         try:
-            return bench.get_backend(self.s.backend).copy_bandwidth()
+            return self.backend.copy_bandwidth()
         except bench.BackendError:
             return None
 
@@ -474,7 +484,6 @@ class Campaign:
         from optuna.distributions import CategoricalDistribution
         from optuna.trial import TrialState
 
-        from kinv.agent.tools import bench
         from kinv.agent.tools.space import feasibility
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -486,7 +495,7 @@ class Campaign:
         incumbent = step["incumbent_before"]
         ws = step["ws"]
         self._ensure_ws_row(ws, item.title)
-        be = bench.get_backend(self.s.backend)
+        be = self.backend
         levels = plan.levels()
         size = math.prod(len(v) for v in space.values())
         exhaustive = size <= c.screen.trials

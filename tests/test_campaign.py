@@ -25,6 +25,20 @@ def _truth():
     return truth(*load(str(SWEEP)))
 
 
+def _variant_campaign(tmp_path, name, change):
+    """The campaign plan with ``change(data)`` applied, run on replay under approval auto; (summary, env)."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / PLAN).read_text())
+    change(data)
+    plan = tmp_path / f"{name}.yaml"
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    env = replay_env(tmp_path, tmp_path / "state")
+    r = run_kinv(env, "campaign", plan, "--backend", "replay", "--approval", "auto", "--json", timeout=900)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout), env
+
+
 @pytest.fixture(scope="module")
 def asked(tmp_path_factory):
     """One campaign under approval auto-config: every config patch inside the bounds passes, the final
@@ -155,17 +169,11 @@ def test_with_fewer_trials_than_configs_tpe_proposes_and_the_result_still_beats_
     """The item's space (24 configs) is larger than its trial budget (10): Optuna's TPE proposes the candidates
     (half of them its random start-up), duplicates and infeasible proposals cost no GPU time, and the confirmed
     config improves on the start at every level."""
-    import yaml
+    def change(data):
+        data["campaign"]["screen"]["trials"] = 10
+        data["backlog"] = [b for b in data["backlog"] if b["id"] in ("JOINT", "OEA")]
 
-    data = yaml.safe_load((ROOT / PLAN).read_text())
-    data["campaign"]["screen"]["trials"] = 10
-    data["backlog"] = [b for b in data["backlog"] if b["id"] in ("JOINT", "OEA")]
-    plan = tmp_path / "7-tpe.yaml"
-    plan.write_text(yaml.safe_dump(data, sort_keys=False))
-    env = replay_env(tmp_path, tmp_path / "state")
-    r = run_kinv(env, "campaign", plan, "--backend", "replay", "--approval", "auto", "--json", timeout=900)
-    assert r.returncode == 0, r.stderr
-    summary = json.loads(r.stdout)
+    summary, _env = _variant_campaign(tmp_path, "7-tpe", change)
     first = summary["workstreams"][0]
     assert first["item"] == "JOINT" and first["sampler"].startswith("TPE") and first["trials"] == 10
     assert 0 < first["screened"] <= 10
@@ -178,16 +186,7 @@ def test_with_fewer_trials_than_configs_tpe_proposes_and_the_result_still_beats_
 def test_per_level_false_ends_with_one_config_for_every_level(tmp_path):
     """campaign.per_level: false — the search's objective is the mean change over the levels, and the campaign
     adopts one uniform config (no overrides), confirmed against the start at every level."""
-    import yaml
-
-    data = yaml.safe_load((ROOT / PLAN).read_text())
-    data["campaign"]["per_level"] = False
-    plan = tmp_path / "7-uniform.yaml"
-    plan.write_text(yaml.safe_dump(data, sort_keys=False))
-    env = replay_env(tmp_path, tmp_path / "state")
-    r = run_kinv(env, "campaign", plan, "--backend", "replay", "--approval", "auto", "--json", timeout=900)
-    assert r.returncode == 0, r.stderr
-    summary = json.loads(r.stdout)
+    summary, env = _variant_campaign(tmp_path, "7-uniform", lambda data: data["campaign"].update(per_level=False))
     assert not summary["config_json"].get("overrides")
     assert len({lv["config"] for lv in summary["levels"].values()}) == 1
     assert all(lv["ci"][0] > 0 for lv in summary["levels"].values())
