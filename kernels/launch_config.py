@@ -66,6 +66,9 @@ class Tunable:
     values: tuple[int, ...]
     abbr: str
     said: str = ""
+    # an optional tunable has a default: a config may leave it out, and a config that sets it to the default
+    # is the same config (same label, same hash) as one that leaves it out
+    default: int | None = None
 
     def says(self) -> str:
         return self.said or f"one of {', '.join(map(str, self.values))}"
@@ -148,7 +151,23 @@ class TunableSpec:
         raise ConfigError(f"unknown tunable {brief_repr(name)} of {self.kernel}; its tunables: {', '.join(self.names)}")
 
     def label(self, values: Mapping[str, int]) -> str:
-        return "/".join(f"{t.abbr}{values[t.name]}" for t in self.tunables if t.name in values)
+        return "/".join(f"{t.abbr}{values[t.name]}" for t in self.tunables
+                        if t.name in values and (t.default is None or values[t.name] != t.default))
+
+    def required(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tunables if t.default is None)
+
+    def defaults(self) -> dict[str, int]:
+        return {t.name: t.default for t in self.tunables if t.default is not None}
+
+    def without_defaults(self, config: Mapping) -> dict:
+        """``config`` less the optional tunables left at their defaults (what is hashed and written)."""
+        d = self.defaults()
+        out = {k: v for k, v in config.items() if not (k in d and v == d[k])}
+        if "overrides" in config:
+            out["overrides"] = [{k: v for k, v in ov.items() if k not in d or v != config.get(k, d[k])}
+                                for ov in config["overrides"]]
+        return out
 
     # ---- validation ------------------------------------------------------------------
     def check_value(self, where: str, key: str, value) -> int:
@@ -180,9 +199,10 @@ class TunableSpec:
         name = kernel_name or self.kernel
         if data.get("kernel", name) != name:
             raise ConfigError(f"kernel={brief_repr(data.get('kernel'))} but this is the config of {name!r}")
-        missing = [k for k in names if k not in data]
+        missing = [k for k in self.required() if k not in data]
         if missing:
-            raise ConfigError(f"config is missing {missing[0]!r}; required keys: {', '.join(names)}")
+            raise ConfigError(f"config is missing {missing[0]!r}; required keys: {', '.join(self.required())}")
+        data = {**self.defaults(), **data}
         out: dict = {k: self.check_value("", k, data[k]) for k in names}
         self.check_restrictions(out)
         if "kernel" in data:
@@ -336,8 +356,13 @@ def resolve(config: dict, dims: Mapping[str, int] | object) -> Params:
 
 
 def canonical_json(config: dict) -> str:
-    """The config as canonical JSON (sorted keys, no description): what is hashed."""
+    """The config as canonical JSON (sorted keys, no description, optional tunables at their default left
+    out): what is hashed."""
     body = {k: v for k, v in config.items() if k != "description"}
+    try:
+        body = spec_of(body["kernel"]).without_defaults(body)
+    except (KeyError, ImportError, ValueError, TypeError, AttributeError):
+        pass
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 

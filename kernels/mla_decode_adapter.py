@@ -37,6 +37,12 @@ def stage1_smem_estimate(params, d_qk: int, d_v: int = 512, elt: int = ELT) -> i
 
 BLOCK_H_VALUES = (16, 32, 64, 128)
 
+
+def _split_rule(params) -> dict:
+    """The split rule of a config as keywords of ``num_kv_splits``: none for the seed's TARGET_CTAS rule (so a
+    kernel source from before the wave rule is called as it expects)."""
+    return {"ctas_per_sm": params.CTAS_PER_SM} if params.get("CTAS_PER_SM", 0) else {}
+
 SPEC = TunableSpec(
     kernel="mla_decode",
     tunables=(
@@ -44,6 +50,11 @@ SPEC = TunableSpec(
         Tunable("BLOCK_H", BLOCK_H_VALUES, "BH", "a power of two from 16 to 128 (heads per tile)"),
         Tunable("num_warps", (1, 2, 4, 8, 16), "w", "a power of two from 1 to 16"),
         Tunable("num_stages", (1, 2, 3, 4, 5, 6), "s", "an integer from 1 to 6"),
+        # optional (issue 14): the split rule and the KV load path; their defaults are the seed's kernel
+        Tunable("CTAS_PER_SM", (0, 1, 2, 3, 4), "cps",
+                "0 (splits from TARGET_CTAS) or 1-4 (splits sized to whole waves of that many CTAs per SM)", default=0),
+        Tunable("TMA", (0, 1), "tma", "0 (gathered KV rows) or 1 (bulk tensor-descriptor loads of whole tiles)",
+                default=0),
     ),
     override_dims={"batch": "b"},
 )
@@ -204,7 +215,8 @@ class MLADecodeAdapter(KernelAdapter):
         from kinv.kernels.mla_decode import mla_decode_scratch, num_kv_splits
 
         b, h, _ = inputs["q"].shape
-        splits = num_kv_splits(b, math.ceil(h / params.BLOCK_H), inputs["max_seq_len"], params.BLOCK_T, target_ctas)
+        rule = _split_rule(params) if target_ctas is None else {}
+        splits = num_kv_splits(b, math.ceil(h / params.BLOCK_H), inputs["max_seq_len"], params.BLOCK_T, target_ctas, **rule)
         return mla_decode_scratch(b, h, splits, inputs["d_v"], inputs["q"].device)
 
     def reference(self, inputs: dict):
@@ -245,8 +257,11 @@ class MLADecodeAdapter(KernelAdapter):
 
         target = target_ctas_from_env(environ)
         head_tiles = math.ceil(level.heads / params.BLOCK_H)
-        splits = num_kv_splits(level.batch, head_tiles, level.context, params.BLOCK_T, target)
-        return {"TARGET_CTAS": target, "num_splits": splits, "head_tiles": head_tiles}
+        splits = num_kv_splits(level.batch, head_tiles, level.context, params.BLOCK_T, target, **_split_rule(params))
+        env = {"TARGET_CTAS": target, "num_splits": splits, "head_tiles": head_tiles}
+        if params.get("CTAS_PER_SM", 0):
+            env["split_rule"] = f"whole waves of {params.CTAS_PER_SM} CTAs per SM (TARGET_CTAS unused)"
+        return env
 
     def resources(self, params: Params, level: Level, device: DeviceSpec, compiled=None) -> Resources:
         d_qk, d_v = SHAPES[level.shape]

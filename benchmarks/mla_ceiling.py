@@ -1,0 +1,160 @@
+"""The MLA decode kernel against the copy-bandwidth ceiling (issue 14): every level of the goal, many configs.
+
+    python benchmarks/mla_ceiling.py --grid explore --out benchmarks/results/mla_ceiling_h200.json
+    python benchmarks/mla_ceiling.py --grid shipped --out ...   # the shipped config file, every level
+
+Standard library + the worker (torch, triton) only, so it runs on the GPU machine as it is.  Every figure
+comes from ``agent/tools/bench_worker.py`` (correctness on fresh random inputs with the output poisoned,
+then CUDA-graph replay with L2 rotated); the copy bandwidth is measured in the same run.  Configs are first
+compiled by ``--jobs`` workers side by side (Triton's cache keeps the binaries), then timed by one worker,
+one config at a time, so no two kernels ever share the GPU while timed.
+
+The peer figures are not measured here: they are the best graph-timed configs of vLLM's Triton MLA decode
+kernel on this H200 from ../shared/GPU.md and issue 14 (same levels, 16 heads, page 64).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kinv.agent.tools.worker_client import WorkerError, WorkerProcess  # noqa: E402
+
+# the goal's levels: both shapes at context 4096 and 16384, batch >= 32; batch 1 for latency
+LEVELS = [(shape, ctx, b) for ctx in (4096, 16384) for shape in ("v3", "v4flash") for b in (64, 96, 32)]
+LEVELS = [*LEVELS[:6], ("v3", 4096, 1), ("v4flash", 4096, 1), *LEVELS[6:]]
+# vLLM Triton MLA decode, best config per level, H200 graph-timed (GPU.md; issue 14's table)
+PEER_US = {("v3", 4096, 1): 26.2, ("v3", 4096, 32): 93.1, ("v3", 4096, 64): 159.2, ("v3", 4096, 96): 290.7,
+           ("v3", 16384, 32): 294.3, ("v3", 16384, 64): 559.4, ("v3", 16384, 96): 1028.8,
+           ("v4flash", 4096, 1): 25.8, ("v4flash", 4096, 32): 89.0, ("v4flash", 4096, 64): 151.8,
+           ("v4flash", 4096, 96): 264.8}  # fmt: skip
+
+
+def cfg(bt, w, s, cps=0, tma=0, bh=16) -> dict:
+    c = {"kernel": "mla_decode", "BLOCK_T": bt, "BLOCK_H": bh, "num_warps": w, "num_stages": s}
+    if cps:
+        c["CTAS_PER_SM"] = cps
+    if tma:
+        c["TMA"] = tma
+    return c
+
+
+def grid(name: str) -> list[dict]:
+    root = Path(__file__).resolve().parents[1]
+    shipped = json.loads((root / "kernels/configs/mla_decode.json").read_text())
+    shipped.pop("description", None)
+    if name == "shipped":
+        return [shipped]
+    seed = cfg(16, 4, 2)
+    campaign7 = {**cfg(64, 8, 3), "overrides": [{"batch_max": 1, "num_stages": 2},
+                                                 {"batch_min": 2, "batch_max": 8, "BLOCK_T": 128, "num_warps": 4}]}
+    if name == "explore":
+        space = [cfg(bt, w, s, cps, tma) for tma, cps, bt, w, s in
+                 itertools.product((0, 1), (0, 2), (32, 64), (4, 8), (2, 3))]
+        return [seed, campaign7, *space, cfg(64, 4, 4, 2, 1), cfg(32, 4, 4, 2, 1), cfg(64, 8, 4, 1, 1),
+                cfg(32, 4, 3, 3, 1), cfg(32, 4, 3, 1, 1), cfg(64, 4, 3, 1, 1)]
+    if name == "focus":
+        return [seed, shipped, *[cfg(bt, w, s, cps, 1) for cps, bt, w, s in
+                                 itertools.product((1, 2, 3), (32, 64), (4, 8), (3, 4))]]
+    raise SystemExit(f"unknown grid {name!r}; valid: explore, focus, shipped")
+
+
+def level_dict(shape, ctx, b):
+    return {"batch": b, "context": ctx, "shape": shape, "heads": 16, "page_size": 64}
+
+
+def warm(config) -> str:
+    """Compile (and check) one config at batch 1 of each shape in a worker of its own."""
+    try:
+        with WorkerProcess(label="warm") as w:
+            for shape in ("v3", "v4flash"):
+                s = w.request("setup", kernel="mla_decode", config=config, level=level_dict(shape, 4096, 1))
+                if s.get("key"):
+                    w.request("drop", key=s["key"])
+                if not s["correct"]:
+                    return f"incorrect at {shape}: {s.get('mismatched')} mismatches"
+        return "ok"
+    except WorkerError as exc:
+        return f"error: {exc}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--grid", default="explore")
+    ap.add_argument("--samples", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=12)
+    args = ap.parse_args()
+    configs = grid(args.grid)
+    t0 = time.time()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        warmed = list(pool.map(warm, configs))
+    bad = {i for i, s in enumerate(warmed) if s != "ok"}
+    for i in bad:
+        print(f"# dropped {configs[i]}: {warmed[i]}", flush=True)
+    print(f"# compiled {len(configs)} configs in {time.time() - t0:.0f} s", flush=True)
+    result = {"grid": args.grid, "configs": configs, "warm": warmed, "rows": [], "peer_us": {
+        f"{s}/{c}/b{b}": v for (s, c, b), v in PEER_US.items()}}
+    with WorkerProcess(label="ceiling") as w:
+        hello = w.request("hello", env_keys=["TARGET_CTAS"])
+        result["fingerprint"] = hello["fingerprint"]
+        result["harness_hash"] = hello["harness_hash"]
+        result["copy_gbps"] = copy = w.request("copy_bandwidth", mib=2048)["gbps"]
+        print(f"# {hello['fingerprint']['gpu']}  copy bandwidth {copy:.0f} GB/s", flush=True)
+        for shape, ctx, b in LEVELS:
+            best = None
+            for i, config in enumerate(configs):
+                if i in bad:
+                    continue
+                row = {"level": [shape, ctx, b], "config": i}
+                try:
+                    s = w.request("setup", kernel="mla_decode", config=config, level=level_dict(shape, ctx, b))
+                    row["correct"] = s["correct"]
+                    row["kernel_hash"] = s["kernel_hash"]
+                    row["splits"] = s["derived_env"].get("num_splits")
+                    row["resources"] = s["resources"]
+                    if s["correct"]:
+                        us = [w.request("sample", key=s["key"])["us"] for _ in range(args.samples)]
+                        w.request("drop", key=s["key"])
+                        row["us"] = statistics.median(us)
+                        row["samples_us"] = us
+                        kv = b * ctx * (576 if shape == "v3" else 512) * 2
+                        row["kv_gbps"] = kv / (row["us"] * 1e-6) / 1e9
+                        row["pct_copy"] = 100 * row["kv_gbps"] / copy
+                except WorkerError as exc:
+                    row["error"] = str(exc)[:300]
+                result["rows"].append(row)
+                if "us" in row and (best is None or row["us"] < best["us"]):
+                    best = row
+            if best:
+                peer = PEER_US.get((shape, ctx, b))
+                seed_us = next((r["us"] for r in result["rows"] if r["level"] == [shape, ctx, b]
+                                and r["config"] == 0 and "us" in r), float("nan"))  # fmt: skip
+                print(f"{shape:8s} ctx{ctx:6d} b{b:3d}  best {best['us']:8.1f} us {best['kv_gbps']:6.0f} GB/s "
+                      f"{best['pct_copy']:5.1f}%  splits {best['splits']}  {describe(configs[best['config']])}  "
+                      f"config0 {seed_us:8.1f} us  peer/kinv {peer / best['us'] if peer else float('nan'):.2f}x",
+                      flush=True)  # fmt: skip
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result, indent=1))
+    result["wall_s"] = time.time() - t0
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"# wrote {args.out} in {result['wall_s']:.0f} s")
+    return 0
+
+
+def describe(config: dict) -> str:
+    from kinv.kernels.launch_config import describe as d
+
+    return d(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
