@@ -38,10 +38,8 @@ PEER_US = {("v3", 4096, 1): 26.2, ("v3", 4096, 32): 93.1, ("v3", 4096, 64): 159.
            ("v4flash", 4096, 96): 264.8}  # fmt: skip
 
 
-def cfg(bt, w, s, cps=0, tma=0, bh=16, swap=0) -> dict:
+def cfg(bt, w, s, cps=0, tma=0, bh=16) -> dict:
     c = {"kernel": "mla_decode", "BLOCK_T": bt, "BLOCK_H": bh, "num_warps": w, "num_stages": s}
-    if swap:
-        c["SWAP"] = swap
     if cps:
         c["CTAS_PER_SM"] = cps
     if tma:
@@ -63,12 +61,7 @@ def grid(name: str) -> list[dict]:
                  itertools.product((0, 1), (0, 2), (32, 64), (4, 8), (2, 3))]
         return [seed, campaign7, *space, cfg(64, 4, 4, 2, 1), cfg(32, 4, 4, 2, 1), cfg(64, 8, 4, 1, 1),
                 cfg(32, 4, 3, 3, 1), cfg(32, 4, 3, 1, 1), cfg(64, 4, 3, 1, 1)]
-    if name == "focus":  # after the explore grid: the transposed products (SWAP) beside the best of explore
-        swapped = [cfg(64, w, s, cps, tma, swap=1) for w, s, cps, tma in
-                   itertools.product((4, 8), (2, 3, 4), (1, 2), (0, 1))]
-        return [seed, cfg(64, 4, 2, 2), cfg(64, 4, 2, 2, 1), cfg(32, 4, 3, 2, 1), cfg(64, 8, 2, 0, 1),
-                cfg(64, 4, 4, 2, 1), *swapped]
-    raise SystemExit(f"unknown grid {name!r}; valid: explore, focus, shipped")
+    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped")
 
 
 def level_dict(shape, ctx, b):

@@ -67,6 +67,9 @@ def prepare(store: Store, ws: str, vid: str) -> Adoption:
         raise AdoptError(f"{path} is at {live_sha}, not the baseline {row['baseline_hash']} that {ws} measured "
                          f"against; the file moved on (kinv backups shows its history)")  # fmt: skip
     base = configs.read_config(path, plan.adapter.name)
+    if exp["verdict"] == "mixed" and variant.source_patch:
+        raise AdoptError(f"{ws} {vid} is mixed and carries a source patch: a source change applies at every level, "
+                         "so it cannot be adopted only where it won; split the patch or tune the levels it lost")
     if exp["verdict"] == "mixed":
         cond = planner.level_conditional(plan, variant, levels)
         if cond is None:

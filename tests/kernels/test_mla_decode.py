@@ -131,17 +131,6 @@ def test_tma_path_in_the_interpreter(monkeypatch, shape, page_size, block_t):
         run_case([130, 37, 64], 16, shape, page_size, torch.float16, 1e-2, 1e-2, params=params, num_splits=num_splits)
 
 
-@pytest.mark.parametrize("shape", ["v3", "v4flash"])
-@pytest.mark.parametrize("tma", [0, 1])
-def test_swapped_products_in_the_interpreter(monkeypatch, shape, tma):
-    import kinv.kernels.mla_decode as mla
-
-    monkeypatch.setattr(mla, "_tma_ok", lambda p, kv, d_v: bool(p.TMA) and kv.shape[1] % p.BLOCK_T == 0)
-    params = mla_params(BLOCK_T=16, SWAP=1, TMA=tma, CTAS_PER_SM=2)
-    for num_splits in (1, 4, None):
-        run_case([96, 37, 5], 16, shape, 16, torch.float16, 1e-2, 1e-2, params=params, num_splits=num_splits)
-
-
 def test_stage2_merges_more_splits_than_one_load_holds():
     # 70 splits: three loads of STAGE2_BLOCK_S = 32 partial outputs, the last one masked
     run_case([1120, 300], 16, "v4flash", 16, torch.float32, 2e-3, 2e-3, num_splits=70)
@@ -196,9 +185,8 @@ def test_gpu_bf16_every_config(block_t, num_warps, num_stages, shape):
 @pytest.mark.parametrize("num_warps,num_stages", [(4, 3), (8, 4)])
 @pytest.mark.parametrize("shape", ["v3", "v4flash"])
 @pytest.mark.parametrize("page_size", [1, 16, 64])
-@pytest.mark.parametrize("swap", [0, 1])
-def test_gpu_bf16_tma_swap_and_wave_rule(block_t, num_warps, num_stages, shape, page_size, swap):
+def test_gpu_bf16_tma_and_wave_rule(block_t, num_warps, num_stages, shape, page_size):
     # bulk loads where BLOCK_T divides the page (64), gathered rows elsewhere (1, 16)
-    params = mla_params(BLOCK_T=block_t, num_warps=num_warps, num_stages=num_stages, CTAS_PER_SM=2, TMA=1, SWAP=swap)
+    params = mla_params(BLOCK_T=block_t, num_warps=num_warps, num_stages=num_stages, CTAS_PER_SM=2, TMA=1)
     for num_splits in (None, 1, 64):
         run_case([4096, 77, 2049], 16, shape, page_size, torch.bfloat16, 3e-2, 3e-2, params=params, num_splits=num_splits)
