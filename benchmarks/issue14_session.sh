@@ -4,7 +4,7 @@
 # timed at every level of the goal and put through the correctness gate.
 # Runs from a checkout with nothing installed; needs the wheels of .whl/ on PYTHONPATH (see gpu_session.sh).
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/kinv-out}; mkdir -p "$OUT"
+FINAL=${OUT:-/tmp/kinv-out}; OUT=/tmp/kinv-issue14; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
 ST=/tmp/kinv-state-8; rm -rf "$ST"
 kinv() { python3 -m kinv.agent.cli "$@"; }
 for ws in 8a 8b; do
@@ -13,13 +13,13 @@ for ws in 8a 8b; do
     --state-dir "$ST" 2>&1 | grep -v "\] round" | tail -14
   kinv experiments "$ws" --state-dir "$ST" 2>/dev/null | tail -12
   adopted=""
-  for v in ${ADOPT_ORDER:-S1 S2 S3 S4 V1 V2 V3}; do
+  for v in ${ADOPT_ORDER:-S3 S2 S1 V1}; do
     if kinv adopt "$ws" "$v" --yes --state-dir "$ST" > "$OUT/adopt-$ws-$v.txt" 2>&1; then
       adopted=$v; echo "adopted $ws $v"; tail -12 "$OUT/adopt-$ws-$v.txt"; break
     fi
   done
   # #8b's configs mean something only on the patched kernel
-  [ -z "$adopted" ] && { echo "nothing of $ws adopted"; tail -3 "$OUT"/adopt-$ws-*.txt; break; }
+  [ -z "$adopted" ] && { echo "nothing of $ws adopted"; tail -n 3 "$OUT"/adopt-$ws-*.txt; break; }
 done
 git diff --stat kernels; git diff kernels/configs > "$OUT/configs.diff"; cp kernels/configs/mla_decode.json "$OUT/"
 python3 benchmarks/mla_gate.py --out "$OUT/mla_gate_h200.json" 2>&1 | tail -5
@@ -27,3 +27,4 @@ timeout -s INT ${TABLE_S:-150} python3 benchmarks/mla_ceiling.py --grid shipped 
   --out "$OUT/mla_ceiling_shipped_h200.json" 2>&1 | grep -v "^$" | tail -16
 cp "$ST"/reports/* "$OUT"/ 2>/dev/null; cp "$ST/kinv.db" "$OUT/kinv-h200-8.db"
 cp "$ST"/adoptions/* "$OUT"/ 2>/dev/null; sha256sum kernels/mla_decode.py
+tar czf "$FINAL/issue14.tgz" -C "$OUT" . && ls -la "$OUT"

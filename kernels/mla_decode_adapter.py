@@ -39,9 +39,16 @@ BLOCK_H_VALUES = (16, 32, 64, 128)
 
 
 def _split_rule(params) -> dict:
-    """The split rule of a config as keywords of ``num_kv_splits``: none for the seed's TARGET_CTAS rule (so a
-    kernel source from before the wave rule is called as it expects)."""
-    return {"ctas_per_sm": params.CTAS_PER_SM} if params.get("CTAS_PER_SM", 0) else {}
+    """The split rule of a config as keywords of ``num_kv_splits``: none for the seed's TARGET_CTAS rule, and
+    none where the imported kernel source predates the wave rule (a process that imported the kernel before
+    a source patch added it: the orchestrator of #8a; its workers import the patched file and apply it)."""
+    import inspect
+
+    from kinv.kernels.mla_decode import num_kv_splits
+
+    if not params.get("CTAS_PER_SM", 0) or "ctas_per_sm" not in inspect.signature(num_kv_splits).parameters:
+        return {}
+    return {"ctas_per_sm": params.CTAS_PER_SM}
 
 SPEC = TunableSpec(
     kernel="mla_decode",
