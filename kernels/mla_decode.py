@@ -35,10 +35,22 @@ DeepSeek-V4-Flash style: D_QK = 512 (448 latent + 64 rope), D_V = 512.
 The launch configuration (BLOCK_T, BLOCK_H, num_warps, num_stages) is data:
 ``kernels/configs/mla_decode.json``, validated by ``kernels.launch_config``.
 The number of splits comes from TARGET_CTAS via :func:`num_kv_splits`.
+
+Two optional tunables (workstream #8a, issue 14), each off by default so that a
+config without them runs the seed's kernel:
+
+* ``CTAS_PER_SM`` k > 0: the split count is sized to whole waves of k resident
+  programs per SM instead of TARGET_CTAS (:func:`num_kv_splits`).
+* ``TMA`` 1: full tiles are read with bulk tensor-descriptor loads (one copy of
+  BLOCK_T consecutive rows of one page) when BLOCK_T divides the page size.
+
+Every split's last, partial tile is peeled off its loop (the loop's tiles need
+no mask), and stage 2 merges up to STAGE2_BLOCK_S splits per load.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -52,16 +64,39 @@ DEFAULT_TARGET_CTAS = 512
 LOG2E = 1.4426950408889634
 # Stage 2 splits D_V across programs so that a small batch still fills the GPU.
 STAGE2_BLOCK_DV = 128
+# ... and loads the partial outputs of up to STAGE2_BLOCK_S splits at once (one load, not one per split).
+STAGE2_BLOCK_S = 32
+# The wave rule's fixed cost of one program, in tokens of work (see num_kv_splits).
+WAVE_OVERHEAD_TOKENS = 64
 
 
 # --------------------------------------------------------------------------- #
 # Triton kernels
 # --------------------------------------------------------------------------- #
 @triton.jit
+def _mla_tile(q, q_tail, kv, kv_tail, m_i, l_i, acc, mask_t, qk_scale, D_TAIL: tl.constexpr, MASKED: tl.constexpr):
+    """One BLOCK_T tile of the online softmax: scores, running max and sum, accumulator."""
+    qk = tl.dot(q, tl.trans(kv))
+    if D_TAIL > 0:
+        qk += tl.dot(q_tail, tl.trans(kv_tail))
+    qk = qk * qk_scale
+    if MASKED:
+        qk = tl.where(mask_t[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _mla_decode_stage1(
     # pointers
     Q,
     KV,
+    KVDesc,  # tensor descriptor of KV rows, block [BLOCK_T, D_V] (USE_TMA), else KV again
+    KVTailDesc,  # the same for the rope tail, block [BLOCK_T, D_TAIL]
     BlockTable,
     SeqLens,
     PartialO,
@@ -85,6 +120,7 @@ def _mla_decode_stage1(
     D_TAIL: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -97,44 +133,57 @@ def _mla_decode_stage1(
     tiles_per_split = tl.cdiv(n_tiles, num_splits)
     start = pid_s * tiles_per_split * BLOCK_T
     end = tl.minimum(start + tiles_per_split * BLOCK_T, seq_len)
+    # full tiles need no mask; the one partial tile (the sequence's last) is peeled off after the loop
+    full_end = tl.maximum(start, start + ((end - start) // BLOCK_T) * BLOCK_T)
 
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
     offs_d = tl.arange(0, D_V)
+    offs_tt = tl.arange(0, BLOCK_T)
 
     # ---- queries stay in registers for the whole split ----------------------
     q_ptrs = Q + pid_b * stride_qb + offs_h[:, None] * stride_qh
     q = tl.load(q_ptrs + offs_d[None, :], mask=mask_h[:, None], other=0.0)
+    offs_tail = D_V + tl.arange(0, D_TAIL if D_TAIL > 0 else 16)
+    q_tail = q
     if D_TAIL > 0:
-        offs_tail = D_V + tl.arange(0, D_TAIL)
         q_tail = tl.load(q_ptrs + offs_tail[None, :], mask=mask_h[:, None], other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, D_V], dtype=tl.float32)
+    bt_row = BlockTable + pid_b * stride_bt_b
 
-    # ---- stream the split: gather a tile of latent rows, online softmax ----
-    for t0 in range(start, end, BLOCK_T):
-        offs_t = t0 + tl.arange(0, BLOCK_T)
+    # ---- stream the split's full tiles: online softmax, no masks ------------
+    for t0 in range(start, full_end, BLOCK_T):
+        if USE_TMA:
+            # BLOCK_T divides the page size: the tile is BLOCK_T consecutive rows of one page
+            row0 = tl.load(bt_row + t0 // page_size) * page_size + t0 % page_size
+            kv = KVDesc.load([row0, 0])
+            kv_tail = kv
+            if D_TAIL > 0:
+                kv_tail = KVTailDesc.load([row0, D_V])
+        else:
+            offs_t = t0 + offs_tt
+            page = tl.load(bt_row + offs_t // page_size)
+            kv_ptrs = KV + (page.to(tl.int64) * page_size + offs_t % page_size)[:, None] * stride_kv_row
+            kv = tl.load(kv_ptrs + offs_d[None, :])
+            kv_tail = kv
+            if D_TAIL > 0:
+                kv_tail = tl.load(kv_ptrs + offs_tail[None, :])
+        m_i, l_i, acc = _mla_tile(q, q_tail, kv, kv_tail, m_i, l_i, acc, offs_tt < BLOCK_T, qk_scale, D_TAIL, False)
+
+    # ---- the partial last tile, gathered with a mask ------------------------
+    if full_end < end:
+        offs_t = full_end + offs_tt
         mask_t = offs_t < end
-        page = tl.load(BlockTable + pid_b * stride_bt_b + offs_t // page_size, mask=mask_t, other=0)
-        rows = page.to(tl.int64) * page_size + offs_t % page_size
-        kv_ptrs = KV + rows[:, None] * stride_kv_row
+        page = tl.load(bt_row + offs_t // page_size, mask=mask_t, other=0)
+        kv_ptrs = KV + (page.to(tl.int64) * page_size + offs_t % page_size)[:, None] * stride_kv_row
         kv = tl.load(kv_ptrs + offs_d[None, :], mask=mask_t[:, None], other=0.0)
-
-        qk = tl.dot(q, tl.trans(kv))
+        kv_tail = kv
         if D_TAIL > 0:
             kv_tail = tl.load(kv_ptrs + offs_tail[None, :], mask=mask_t[:, None], other=0.0)
-            qk += tl.dot(q_tail, tl.trans(kv_tail))
-        qk = qk * qk_scale
-        qk = tl.where(mask_t[None, :], qk, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
-        m_i = m_new
+        m_i, l_i, acc = _mla_tile(q, q_tail, kv, kv_tail, m_i, l_i, acc, mask_t, qk_scale, D_TAIL, True)
 
     # ---- write the split's normalized partial output and its lse -----------
     has_tokens = l_i > 0.0
@@ -169,20 +218,25 @@ def _mla_decode_stage2(
     pid_h = tl.program_id(1)
     pid_d = tl.program_id(2)
 
-    # ---- weights of the splits: exp2(lse_s - max) --------------------------
+    # ---- the largest lse over all splits, BLOCK_S at a time ------------------
     offs_s = tl.arange(0, BLOCK_S)
     lse_ptrs = PartialLse + pid_b * stride_plb + pid_h * stride_plh
-    lse = tl.load(lse_ptrs + offs_s, mask=offs_s < num_splits, other=float("-inf"))
-    lse_max = tl.max(lse, axis=0)
-    denom = tl.sum(tl.exp2(lse - lse_max), axis=0)
+    lse_max = tl.max(tl.load(lse_ptrs + offs_s, mask=offs_s < num_splits, other=float("-inf")), axis=0)
+    for s0 in range(BLOCK_S, num_splits, BLOCK_S):
+        chunk = tl.load(lse_ptrs + s0 + offs_s, mask=s0 + offs_s < num_splits, other=float("-inf"))
+        lse_max = tl.maximum(lse_max, tl.max(chunk, axis=0))
 
-    # ---- weighted sum of the partial outputs, one D_V slice -----------------
+    # ---- weighted sum of the partial outputs: BLOCK_S splits per load ---------
     offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    po_ptrs = PartialO + pid_b * stride_pob + pid_h * stride_poh + offs_d
-    for s in range(0, num_splits):
-        w = tl.exp2(tl.load(lse_ptrs + s) - lse_max)
-        acc += w * tl.load(po_ptrs + s * stride_pos)
+    denom = 0.0
+    po_ptrs = PartialO + pid_b * stride_pob + pid_h * stride_poh + offs_d[None, :]
+    for s0 in range(0, num_splits, BLOCK_S):
+        mask_s = s0 + offs_s < num_splits
+        w = tl.exp2(tl.load(lse_ptrs + s0 + offs_s, mask=mask_s, other=float("-inf")) - lse_max)
+        po = tl.load(po_ptrs + (s0 + offs_s)[:, None] * stride_pos, mask=mask_s[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * po, axis=0)
+        denom += tl.sum(w, axis=0)
     out = acc / denom
     tl.store(Out + pid_b * stride_ob + pid_h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
 
@@ -205,21 +259,59 @@ def target_ctas_from_env(environ: dict | None = None) -> int:
 
 
 def num_kv_splits(
-    batch: int, head_tiles: int, max_seq_len: int, block_t: int, target_ctas: int | None = None
+    batch: int,
+    head_tiles: int,
+    max_seq_len: int,
+    block_t: int,
+    target_ctas: int | None = None,
+    *,
+    ctas_per_sm: int = 0,
+    sms: int | None = None,
 ) -> int:
     """Split count of the KV sequence, the one place it is computed.
 
-    ``splits = ceil(TARGET_CTAS / (batch * head_tiles))`` so that stage 1
-    launches about TARGET_CTAS programs, bounded below by 1 and above by the
-    number of BLOCK_T tiles of the longest sequence (a split never gets less
-    than one tile).  ``target_ctas`` defaults to the TARGET_CTAS environment
-    variable, itself defaulting to 512.
+    ``ctas_per_sm = 0`` (the seed's rule): ``splits = ceil(TARGET_CTAS / (batch * head_tiles))`` so that
+    stage 1 launches about TARGET_CTAS programs, bounded below by 1 and above by the number of BLOCK_T
+    tiles of the longest sequence (a split never gets less than one tile).  ``target_ctas`` defaults to
+    the TARGET_CTAS environment variable, itself defaulting to 512.
+
+    ``ctas_per_sm = k > 0``: splits sized by wave quantization.  With ``sms * k`` programs resident at once,
+    a split count ``s`` costs ``waves(s) * (ceil(tiles / s) + c)`` tile-times (``waves = ceil(batch *
+    head_tiles * s / (sms * k))``; ``c``, a program's fixed cost of loading its queries and writing and
+    merging its partial output, is taken as WAVE_OVERHEAD_TOKENS tokens); the cheapest wins, the fewest splits
+    on a tie (fewer partial outputs to merge).
+    ``sms`` defaults to the current GPU's SM count (the H200's 132 under the CPU interpreter).
     """
+    max_tiles = max(1, math.ceil(max_seq_len / block_t))
+    if ctas_per_sm:
+        overhead = max(1, WAVE_OVERHEAD_TOKENS // block_t)
+        return _wave_splits(max(1, batch * head_tiles), max_tiles, (sms or _sm_count()) * ctas_per_sm, overhead)
     if target_ctas is None:
         target_ctas = target_ctas_from_env()
     wanted = math.ceil(target_ctas / max(1, batch * head_tiles))
-    max_tiles = max(1, math.ceil(max_seq_len / block_t))
     return max(1, min(wanted, max_tiles))
+
+
+@functools.lru_cache(maxsize=4096)
+def _wave_splits(rows: int, tiles: int, slots: int, overhead: int) -> int:
+    return min(range(1, tiles + 1), key=lambda s: (math.ceil(rows * s / slots) * (math.ceil(tiles / s) + overhead), s))
+
+
+@functools.lru_cache(maxsize=1)
+def _sm_count() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 132
+
+
+def _tma_ok(params: LaunchParams, kv_cache: torch.Tensor, d_v: int) -> bool:
+    """Bulk tile loads need whole-page tiles (BLOCK_T divides the page size), a Hopper-class GPU and 16-byte
+    aligned rows; otherwise the kernel gathers rows as before."""
+    if not params.get("TMA", 0) or kv_cache.device.type != "cuda" or kv_cache.shape[1] % params.BLOCK_T:
+        return False
+    row_bytes = kv_cache.shape[2] * kv_cache.element_size()
+    return (torch.cuda.get_device_capability(kv_cache.device)[0] >= 9 and row_bytes % 16 == 0
+            and kv_cache.data_ptr() % 16 == 0 and d_v * kv_cache.element_size() % 16 == 0)
 
 
 def _check_inputs(q, kv_cache, block_table, seq_lens, d_v):
@@ -283,7 +375,9 @@ def mla_decode_launch(
         max_seq_len = int(seq_lens.max().item())
     head_tiles = triton.cdiv(num_heads, params.BLOCK_H)
     if num_splits is None:
-        num_splits = num_kv_splits(batch, head_tiles, max_seq_len, params.BLOCK_T, target_ctas)
+        # an explicit target_ctas (a correctness check's one split) overrides the config's split rule
+        num_splits = num_kv_splits(batch, head_tiles, max_seq_len, params.BLOCK_T, target_ctas,
+                                   ctas_per_sm=params.get("CTAS_PER_SM", 0) if target_ctas is None else 0)
 
     kv_rows = kv_cache.view(-1, d_qk)
     if scratch is None:
@@ -295,15 +389,22 @@ def mla_decode_launch(
     if out is None:
         out = torch.empty((batch, num_heads, d_v), dtype=q.dtype, device=q.device)
 
+    use_tma = _tma_ok(params, kv_cache, d_v)
+    kv_desc = kv_tail_desc = kv_rows
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        kv_desc = TensorDescriptor.from_tensor(kv_rows, [params.BLOCK_T, d_v])
+        kv_tail_desc = TensorDescriptor.from_tensor(kv_rows, [params.BLOCK_T, max(16, d_qk - d_v)])
     compiled = _mla_decode_stage1[(batch, head_tiles, num_splits)](
-        q, kv_rows, block_table, seq_lens, partial_o, partial_lse,
+        q, kv_rows, kv_desc, kv_tail_desc, block_table, seq_lens, partial_o, partial_lse,
         num_heads, page_size, sm_scale * LOG2E,
         q.stride(0), q.stride(1),
         kv_rows.stride(0),
         block_table.stride(0),
         partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
         partial_lse.stride(0), partial_lse.stride(1),
-        D_V=d_v, D_TAIL=d_qk - d_v, BLOCK_H=params.BLOCK_H, BLOCK_T=params.BLOCK_T,
+        D_V=d_v, D_TAIL=d_qk - d_v, BLOCK_H=params.BLOCK_H, BLOCK_T=params.BLOCK_T, USE_TMA=use_tma,
         num_warps=params.num_warps, num_stages=params.num_stages,
     )  # fmt: skip
     block_dv = min(STAGE2_BLOCK_DV, d_v)
@@ -313,7 +414,7 @@ def mla_decode_launch(
         partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
         partial_lse.stride(0), partial_lse.stride(1),
         out.stride(0), out.stride(1),
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_DV=block_dv,
+        BLOCK_S=min(STAGE2_BLOCK_S, triton.next_power_of_2(num_splits)), BLOCK_DV=block_dv,
         num_warps=4, num_stages=1,
     )  # fmt: skip
     return out, compiled
