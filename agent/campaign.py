@@ -18,7 +18,7 @@ plan's baseline, the campaign repeats, within its budget and under the approval 
    confirmed improvement there becomes the incumbent (a level-conditional config when levels differ).
 
 It stops when the goal is met, the budget is spent, the workstream cap is reached, or no expressible item
-is left.  Then a last workstream measures the final config against the starting baseline on disk (the
+is left.  Then a last workstream measures the final config against the starting baseline (on disk, or from the plan with ``baseline_on_disk: false``; the
 evidence for the change), and the campaign proposes it through the approval gate: with ``--approval
 auto`` it is written as a journaled patch with a commit message citing every close-out; otherwise an
 approval waits in ``kinv pending`` and the next ``kinv campaign PLAN`` writes it once approved.
@@ -741,7 +741,7 @@ class Campaign:
                            "parent_title": plan.workstream.parent_title},
             "kernel": plan.kernel, "hypothesis": hyp, "device": plan.device,
             "workload": json.loads(json.dumps(plan.workload)), "environment": dict(plan.environment),
-            "baseline": base, "baseline_on_disk": bool(final), "variants": variants,
+            "baseline": base, "baseline_on_disk": bool(final) and plan.baseline_on_disk, "variants": variants,
             "bounds": {k: list(v) for k, v in plan.bounds.items()},
             "stats": plan.stats.model_dump(), "budget": {"gpu_seconds": round(min(plan.budget.gpu_seconds, left_gpu), 1),
                                                         "wall_seconds": plan.budget.wall_seconds},
