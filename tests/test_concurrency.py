@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -25,6 +24,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.utils import write_seed_config
 
 pytestmark = pytest.mark.slow  # the slow lane: kills, races, fuzzing, drills (python -m pytest -m slow)
 
@@ -36,7 +37,7 @@ PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
 def env(tmp_path, state_dir):
     cfg_dir = tmp_path / "configs"
     cfg_dir.mkdir()
-    shutil.copy(ROOT / "kernels" / "configs" / "mla_decode.json", cfg_dir)
+    write_seed_config(cfg_dir)
     e = {k: v for k, v in os.environ.items() if k not in ("KINV_CRASH_AT", "KINV_COUNT_POINTS", "KINV_STOP_AT")}
     e.update(KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1",
              PYTHONPATH=str(ROOT))  # fmt: skip

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.utils import write_seed_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
@@ -21,7 +22,7 @@ PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
 def env(tmp_path, state_dir):
     cfg_dir = tmp_path / "configs"
     cfg_dir.mkdir()
-    shutil.copy(ROOT / "kernels" / "configs" / "mla_decode.json", cfg_dir)
+    write_seed_config(cfg_dir)
     e = dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1",
              KINV_FORCE_NO_GPU="1", PYTHONPATH=str(ROOT))  # fmt: skip
     return e

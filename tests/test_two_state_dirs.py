@@ -4,13 +4,14 @@ refusal names the other state dir and its pid."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.utils import write_seed_config
 
 pytestmark = pytest.mark.slow  # the slow lane: kills, races, fuzzing, drills (python -m pytest -m slow)
 
@@ -21,7 +22,7 @@ PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
 def test_a_second_state_dir_is_refused_while_the_first_edits_the_config(tmp_path):
     cfg_dir = tmp_path / "configs"
     cfg_dir.mkdir()
-    shutil.copy(ROOT / "kernels" / "configs" / "mla_decode.json", cfg_dir)
+    write_seed_config(cfg_dir)
     base = dict(os.environ, KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1",
                 PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")  # fmt: skip
     env_a = dict(base, KINV_STATE_DIR=str(tmp_path / "a"))
