@@ -183,15 +183,20 @@ def test_with_fewer_trials_than_configs_tpe_proposes_and_the_result_still_beats_
 
 
 @pytest.mark.slow
-def test_per_level_false_ends_with_one_config_for_every_level(tmp_path):
-    """campaign.per_level: false — the search's objective is the mean change over the levels, and the campaign
-    adopts one uniform config (no overrides), confirmed against the start at every level."""
+def test_per_level_false_searches_one_config_for_every_level_and_adopts_only_a_win_everywhere(tmp_path):
+    """campaign.per_level: false — the search's objective is the mean change over the levels and its finalists
+    are uniform configs (no overrides).  On the recorded H200 sweep of the patched kernel (issue 14) no uniform
+    config of the space beats the seed's BT16/w4/s2 at every level (BT64/w4/s2, the best, is mixed), so the
+    campaign confirms nothing, adopts nothing and leaves the live file as it was."""
+    env = replay_env(tmp_path, tmp_path / "state")
+    before = (Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json").read_bytes()
     summary, env = _variant_campaign(tmp_path, "7-uniform", lambda data: data["campaign"].update(per_level=False))
+    steps = [w for w in summary["workstreams"] if w["ws"]]
+    assert steps and all("[" not in f for w in steps for f in w["finalists"]), summary["workstreams"]
+    assert all(v != "accept" for w in steps for v in w["verdicts"].values())
+    assert not summary["adopted"] and summary["workstreams"][-1]["note"] == "no confirmed win: nothing to adopt"
     assert not summary["config_json"].get("overrides")
-    assert len({lv["config"] for lv in summary["levels"].values()}) == 1
-    assert all(lv["ci"][0] > 0 for lv in summary["levels"].values())
-    written = json.loads((Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json").read_text())
-    assert not written.get("overrides") and written["BLOCK_T"] == summary["config_json"]["BLOCK_T"]
+    assert (Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json").read_bytes() == before
 
 
 @pytest.mark.slow
