@@ -149,6 +149,22 @@ class KernelAdapter(ABC):
             return Path(os.environ["KINV_CONFIG_DIR"]) / f"{self.name}.json"
         return Path(inspect.getfile(type(self))).resolve().parent / "configs" / f"{self.name}.json"
 
+    def peer(self, level: Level, gpu_name: str | None) -> dict | None:
+        """The kernel a user would pick instead, at this level on this GPU, if the adapter ships its figures:
+        ``peers/<name>.json`` beside the adapter's module (``{"peer", "gpu", "us": {level key: µs}}``).
+        Returns ``{"peer", "us"}`` or None (no file, another GPU, a level without a figure)."""
+        import json
+
+        path = Path(inspect.getfile(type(self))).resolve().parent / "peers" / f"{self.name}.json"
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        us = data.get("us", {}).get(level.key)
+        if not us or not gpu_name or str(data.get("gpu", "")).lower() not in gpu_name.lower():
+            return None
+        return {"peer": data.get("peer", "peer"), "us": float(us)}
+
     # ---- configuration -----------------------------------------------------------------
     def bounds(self) -> dict[str, list[int]]:
         """Valid values of each tunable."""

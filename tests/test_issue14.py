@@ -64,3 +64,20 @@ def test_adopt_refuses_a_mixed_source_patch_and_shows_the_accepted_one(tmp_path)
     text = json.dumps(data)
     assert "8a-kernel-source.diff" in text and "+9.76%" in text and "+12.06%" in text
     assert cfg.read_bytes() == before
+
+
+def test_bench_shows_the_peer_kernel_beside_each_level_it_has_a_figure_for(tmp_path):
+    # the seed's config on replay (recorded on the H200): every level of #3a's workload has a vLLM figure
+    from tests.utils import SEED_MLA_CONFIG
+
+    cfg = tmp_path / "seed.json"
+    cfg.write_text(SEED_MLA_CONFIG)
+    env = replay_env(tmp_path, tmp_path / "state")
+    r = run_kinv(env, "bench", "--backend", "replay", "--config", cfg, "--samples", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {row["level"].rsplit("/", 1)[1]: row for row in json.loads(r.stdout)}
+    assert rows["b1"]["peer"] == "vLLM Triton MLA decode" and rows["b1"]["peer_us"] == 25.8
+    for row in rows.values():
+        assert abs(row["vs_peer"] - row["peer_us"] / row["us"]) < 1e-9 and 0 < row["frac_copy"] < 1
+    text = run_kinv(env, "bench", "--backend", "replay", "--config", cfg, "--samples", "3").stdout
+    assert "vLLM Triton MLA decode 264.8 µs" in text  # b96, in the table a person reads

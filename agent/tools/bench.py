@@ -618,7 +618,10 @@ def measure_config(store, exp_id, backend: Backend, kernel: str, config: dict, e
                  "copy_gbps": copy, "n": samples,
                  "cv": statistics.pstdev(us) / statistics.mean(us) if len(us) > 1 else 0.0,
                  "derived_env": setup.get("derived_env", {})}  # fmt: skip
-            store.add_measurements(exp_id, [{k: v for k, v in m.items() if k not in ("cv", "derived_env", "unit", "tflops")}])
+            peer = adapter.peer(level, (arm.fingerprint or {}).get("gpu"))
+            if peer:  # a reference figure of the kernel a user would pick instead (not measured here)
+                m.update(peer=peer["peer"], peer_us=peer["us"], vs_peer=peer["us"] / med)
+            store.add_measurements(exp_id, [{k: v for k, v in m.items() if k not in ("cv", "derived_env", "unit", "tflops", "peer", "peer_us", "vs_peer")}])
             out.append(m)
             if on_level:
                 on_level(m)
