@@ -45,6 +45,7 @@ from kinv.agent.cli import main
 from kinv.agent.models import MAX_PLAN_BYTES, load_plan
 from kinv.kernels.adapter import get_adapter
 from kinv.kernels.launch_config import load_config
+from tests.utils import SEED_MLA_CONFIG, write_seed_config
 
 pytestmark = pytest.mark.slow  # the slow lane: kills, races, fuzzing, drills (python -m pytest -m slow)
 
@@ -52,10 +53,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "plans" / "3a-attention-occupancy.yaml"
 CONFIG = ROOT / "kernels" / "configs" / "mla_decode.json"
 MLA = get_adapter("mla_decode")
-PARAMS = MLA.spec.names  # the kernel's tunables: BLOCK_T, BLOCK_H, num_warps, num_stages
+PARAMS = MLA.spec.required()  # the kernel's required tunables: BLOCK_T, BLOCK_H, num_warps, num_stages
 BASE_PLAN = yaml.safe_load(PLAN.read_text())
 BASE_PLAN["stats"]["level_thresholds"] = {"b1": 0.02}  # so that mutations reach it too
-BASE_CONFIG = json.loads(CONFIG.read_text())
+BASE_CONFIG = json.loads(SEED_MLA_CONFIG)  # the seed's config file, the one #3a was written against
 TOP_KEYS = tuple(BASE_PLAN)
 LABELS = tuple(f"b{b}" for b in BASE_PLAN["workload"]["levels"])  # the workload's level labels
 
@@ -83,7 +84,7 @@ def sandbox():
     before = repo_hashes()
     d = Path(tempfile.mkdtemp(prefix="kinv-bad-live-"))
     (d / "configs").mkdir()
-    shutil.copy(CONFIG, d / "configs")
+    write_seed_config(d / "configs")
     LIVE["path"] = d / "configs" / "mla_decode.json"
     LIVE["bytes"] = LIVE["path"].read_bytes()
     LIVE["repo_before"] = before
@@ -319,7 +320,7 @@ def test_the_bases_are_valid(tmp_path):
     plan, _ = load_plan(f)
     assert [lv.label for lv in plan.levels()] == list(LABELS)
     assert plan.stats.threshold_at("b1") == 0.02
-    assert load_config(CONFIG, "mla_decode")["num_warps"] == BASE_CONFIG["num_warps"]
+    assert load_config(CONFIG, "mla_decode")["BLOCK_H"] == BASE_CONFIG["BLOCK_H"]
     assert tuple(BASE_PLAN["baseline"]) == PARAMS
 
 
