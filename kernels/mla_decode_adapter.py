@@ -266,9 +266,10 @@ class MLADecodeAdapter(KernelAdapter):
 
         target = target_ctas_from_env(environ)
         head_tiles = math.ceil(level.heads / params.BLOCK_H)
-        splits = num_kv_splits(level.batch, head_tiles, level.context, params.BLOCK_T, target, **_split_rule(params))
+        rule = _split_rule(params)
+        splits = num_kv_splits(level.batch, head_tiles, level.context, params.BLOCK_T, target, **rule)
         env = {"TARGET_CTAS": target, "num_splits": splits, "head_tiles": head_tiles}
-        if params.get("CTAS_PER_SM", 0):
+        if rule:
             env["split_rule"] = f"whole waves of {params.CTAS_PER_SM} CTAs per SM (TARGET_CTAS unused)"
         return env
 
