@@ -163,11 +163,7 @@ class TunableSpec:
     def without_defaults(self, config: Mapping) -> dict:
         """``config`` less the optional tunables left at their defaults (what is hashed and written)."""
         d = self.defaults()
-        out = {k: v for k, v in config.items() if not (k in d and v == d[k])}
-        if "overrides" in config:
-            out["overrides"] = [{k: v for k, v in ov.items() if k not in d or v != config.get(k, d[k])}
-                                for ov in config["overrides"]]
-        return out
+        return {k: v for k, v in config.items() if not (k in d and v == d[k])}  # an override says what it sets
 
     # ---- validation ------------------------------------------------------------------
     def check_value(self, where: str, key: str, value) -> int:

@@ -126,7 +126,14 @@ def _sha_bytes(data: bytes) -> str:
 
 
 def render_config(config: dict) -> str:
-    """A config as its file text: JSON, indent 2, keys in the canonical order, trailing newline."""
+    """A config as its file text: JSON, indent 2, keys in the canonical order, trailing newline; optional
+    tunables at their defaults are left out (the same config: the diff a person reviews shows what changes)."""
+    try:
+        from kinv.kernels.launch_config import spec_of
+
+        config = spec_of(config["kernel"]).without_defaults(config)
+    except (KeyError, ImportError, ValueError, TypeError, AttributeError):
+        pass
     ordered = {k: config[k] for k in CONFIG_KEY_ORDER if k in config}
     ordered.update({k: v for k, v in config.items() if k not in ordered})
     return json.dumps(ordered, indent=2) + "\n"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import pytest
 from kinv.agent.store import Store
 from kinv.agent.tools import configs
 from kinv.agent.tools.configs import PatchError, RevertError
+from tests.utils import write_seed_config
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_CONFIG = ROOT / "kernels" / "configs" / "mla_decode.json"
@@ -34,7 +34,7 @@ def store(state_dir):
 def cfg_path(tmp_path):
     p = tmp_path / "kernels" / "configs" / "mla_decode.json"
     p.parent.mkdir(parents=True)
-    shutil.copyfile(REAL_CONFIG, p)
+    write_seed_config(p.parent)  # the seed's BT16/w4/s2, the file these patches were written against
     return p
 
 
