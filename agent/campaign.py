@@ -761,7 +761,12 @@ class Campaign:
     def confirm(self, step: dict) -> tuple[int, str]:
         from kinv.agent.investigation import EXIT_OK, run_plan
 
-        code, line = run_plan(step["plan_path"], self.s.backend, self.s.approval, self.s.state_dir, self.s.console)
+        be = self.executor.measuring_backend() if self.executor.name == "ray" else None
+        seen = len(be.losses) if be else 0
+        code, line = run_plan(step["plan_path"], self.s.backend, self.s.approval, self.s.state_dir, self.s.console,
+                              backend_obj=be)  # fmt: skip
+        if be:  # the workstream recorded each loss as it happened (its close-out says so)
+            self.losses = getattr(self, "losses", []) + be.losses[seen:]
         self.store.update_workstream(step["ws"], campaign=self.cid)
         if code != EXIT_OK:
             if "; then kinv resume" in line:  # the campaign, not the lone workstream, is what goes on

@@ -632,20 +632,10 @@ def _snapshot(ctx: Context) -> Path:
     dotted name (``snapshots/<kernel hash>/kinv/kernels``); the baseline arm puts it first on PYTHONPATH
     while a variant's source patch is on disk, and its worker proves that it imported the copy (the kernel
     hash it reports must be the snapshot's name)."""
-    import shutil
+    from kinv.agent.tools.snapshot import materialize, package_files
 
-    src = ctx.adapter.package_dir()
     dest = ctx.store.dir / "snapshots" / bench.kernel_hash(ctx.plan.kernel)
-    pkg = Path(*ctx.adapter.package_name().split("."))
-    if not (dest / pkg / "__init__.py").exists():
-        tmp = dest.with_name(dest.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp / pkg, ignore=shutil.ignore_patterns("recordings", "__pycache__", "*.json"))
-        if (src / "configs").is_dir():
-            shutil.copytree(src / "configs", tmp / pkg / "configs", dirs_exist_ok=True)
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-    return dest
+    return materialize(package_files(ctx.adapter.package_dir()), dest, ctx.adapter.package_name())
 
 
 def _seed() -> int:

@@ -56,7 +56,10 @@ def _progress(console):
     return show
 
 
-def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, new_version: bool = False) -> tuple[int, str]:
+def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, new_version: bool = False,
+             backend_obj=None) -> tuple[int, str]:  # fmt: skip
+    """``kinv run``: the workstream's graph from its plan.  ``backend_obj`` (a campaign's Ray backend) measures
+    in place of a backend made from the name ``backend``."""
     from langgraph.types import Command
 
     from kinv.agent import stats
@@ -116,7 +119,11 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
             "status": row["status"] if row else "open", "backend": backend, "approval": approval, "version": version,
         })  # fmt: skip
         ctx = Context(store=store, plan=plan, plan_path=str(plan_path), plan_hash=plan_hash, backend_name=backend,
-                      approval=approval, progress=_progress(console), version=version)  # fmt: skip
+                      approval=approval, progress=_progress(console), version=version,
+                      _backend=backend_obj)  # fmt: skip
+        if backend_obj is not None:
+            ctx.say("backend", message=backend_obj.describe())
+            backend_obj.on_loss = lambda loss: ctx.say("executor-loss", message=loss)  # into the close-out
         console.print(f"[bold]{ws}[/bold] {plan.workstream.title}" + (f" (plan version {version})" if version > 1 else ""))
         _ = ctx.backend  # resolves auto and says which, loudly
         graph = build_graph(ctx, open_checkpointer(store))

@@ -399,6 +399,16 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             f"rounds: {rounds}; samples stored: {n_samples}; budget {plan.budget.gpu_seconds:.0f} GPU s"
             f"{' — spent, close-out written anyway' if state.get('budget_exhausted') else ''}.",
             f"- Plan: `{ctx.plan_path}` (sha {ctx.plan_hash}); written {stamp(time.time())}.", ""]  # fmt: skip
+    places = store.places([e["id"] for e in data["experiments"]])
+    label = {lv.key: lv.label for lv in levels}
+    if places:  # a Ray backend: each level's pairs ran on one GPU; say which
+        out.insert(-1, "- Measured on (each level's baseline and variant on one GPU; GPUs compared only through "
+                       "their paired effects): " + "; ".join(f"{p}: {', '.join(label.get(k, k) for k in lvs)}"
+                                                              for p, lvs in places.items())
+                   + ".")  # fmt: skip
+        lost = [e["message"] for e in store.events(ws) if e["kind"] == "executor-loss"]
+        if lost:
+            out.insert(-1, f"- Lost during the workstream: {'; '.join(lost)}.")
     return "\n".join(out)
 
 

@@ -173,6 +173,12 @@ def m006_campaigns(db: sqlite_utils.Database) -> None:
     db["workstreams"].add_column("campaign", str)
 
 
+@migration
+def m007_sample_place(db: sqlite_utils.Database) -> None:
+    """Issue 16: which GPU of the node or cluster timed a sample (a Ray actor's place); empty in one process."""
+    db["samples"].add_column("place", str)
+
+
 def _while_locked(fn, seconds: float = 30.0):
     """Run ``fn``, again while SQLite answers "database is locked": switching a fresh file to WAL needs the
     database to itself and does not always wait on the busy timeout, so two first opens can collide there."""
@@ -399,6 +405,19 @@ class Store:
         with self.db.conn:
             self.db["samples"].insert_all(rows)
         faults.point("store.samples.after")
+
+    def places(self, exp_ids: list[int]) -> dict[str, list[str]]:
+        """Which place (a Ray actor's GPU) timed which levels of these experiments: place -> levels, in the
+        order first timed.  Empty when every sample was timed in one process."""
+        if not exp_ids:
+            return {}
+        marks = ",".join("?" * len(exp_ids))
+        rows = self._query(f"select place, level, min(id) as first from samples where experiment in ({marks}) "
+                           "and place is not null group by place, level order by first", list(exp_ids))  # fmt: skip
+        out: dict[str, list[str]] = {}
+        for r in rows:
+            out.setdefault(r["place"], []).append(r["level"])
+        return out
 
     def samples(self, exp_id: int) -> list[dict]:
         return self._rows("samples", "experiment = ?", [exp_id], order_by="id")

@@ -124,6 +124,22 @@ class Backend(ABC):
     def describe(self) -> str:
         return self.name
 
+    def prepare(self, arms: list[Arm], levels: list[Level]) -> None:
+        """Set up every arm at every level (a backend spread over GPUs sets up each level where it runs)."""
+        for a in arms:
+            for lv in levels:
+                a.setup(lv)
+
+    def sample_round(self, arms: list[Arm], levels: list[Level], round_index: int,
+                     orders: dict[str, list[int]]) -> dict[str, dict[int, dict]]:  # fmt: skip
+        """One round: at each level, arm ``j`` for ``j`` in ``orders[level]``.  Returns ``{level: {j: sample}}``.
+        Here every level in turn, in this process; the Ray backend times each level on the GPU that owns it,
+        its levels on several GPUs at once, and both arms of a level always on that one GPU."""
+        out: dict[str, dict[int, dict]] = {}
+        for lv in levels:
+            out[lv.key] = {j: arms[j].sample(lv, round_index) for j in orders[lv.key]}
+        return out
+
 
 # --------------------------------------------------------------------------- #
 # cuda
@@ -433,7 +449,7 @@ def _sample_row(exp_id, arm: Arm, level: Level, round_index: int, tag: str, s: d
         "experiment": exp_id, "round": round_index, "arm": tag, "level": level.key, "config_hash": arm.config_hash,
         "us": s["us"], "replays": s.get("replays"), "gpu_s": s.get("gpu_s"), "harness_hash": hashes[0],
         "reference_hash": hashes[1], "env": {"seen": arm.env_seen, "derived": s.get("derived_env", {})},
-        "backend": backend, "device": device, "t": time.time(),
+        "backend": backend, "device": device, "place": s.get("place"), "t": time.time(),
     }  # fmt: skip
 
 
@@ -463,17 +479,17 @@ def paired_round(store, exp_id, backend: Backend, arm_a: Arm, arm_b: Arm, levels
 
     hashes = (harness_hash(), reference_hash(arm_a.kernel))
     rows, pairs = [], {}
+    order = [0 if who == "A" else 1 for who in abba_order(round_index)]
+    got = backend.sample_round([arm_a, arm_b], levels, round_index, {lv.key: order for lv in levels})
     for level in levels:
-        order = abba_order(round_index)
-        got = {}
-        for who in order:
-            arm, tag = (arm_a, tags[0]) if who == "A" else (arm_b, tags[1])
-            s = arm.sample(level, round_index)
-            got[who] = s
+        for j in order:
+            s = got[level.key][j]
             acc.gpu_s += s.get("gpu_s") or 0.0
-            rows.append(_sample_row(exp_id, arm, level, round_index, tag, s, backend.name, hashes, device))
-        acc.add(level.key, got["A"]["us"], got["B"]["us"])
-        pairs[level.key] = (got["A"]["us"], got["B"]["us"])
+            rows.append(_sample_row(exp_id, (arm_a, arm_b)[j], level, round_index, tags[j], s, backend.name, hashes,
+                                    _device_of(store, s, device)))  # fmt: skip
+        a_us, b_us = got[level.key][0]["us"], got[level.key][1]["us"]
+        acc.add(level.key, a_us, b_us)
+        pairs[level.key] = (a_us, b_us)
     store.add_samples(rows)  # the round's samples commit together
     acc.rounds = round_index + 1
     return pairs
@@ -487,15 +503,22 @@ def aa_round(store, exp_id, backend: Backend, arms: list[Arm], levels: list[Leve
     rows, gpu_s = [], 0.0
     k = round_index % len(arms)
     order = list(range(len(arms)))[k:] + list(range(len(arms)))[:k]
+    got = backend.sample_round(arms, levels, round_index, {lv.key: order for lv in levels})
     for level in levels:
         per = acc.setdefault(level.key, [[] for _ in arms])
         for j in order:
-            s = arms[j].sample(level, round_index)
+            s = got[level.key][j]
             gpu_s += s.get("gpu_s") or 0.0
             per[j].append(s["us"])
-            rows.append(_sample_row(exp_id, arms[j], level, round_index, f"A{j}", s, backend.name, hashes, device))
+            rows.append(_sample_row(exp_id, arms[j], level, round_index, f"A{j}", s, backend.name, hashes,
+                                    _device_of(store, s, device)))  # fmt: skip
     store.add_samples(rows)  # the round's samples commit together
     return gpu_s
+
+
+def _device_of(store, s: dict, default: str | None) -> str | None:
+    """The device row of a sample: the GPU that timed it when the backend says so (Ray), else the arm's."""
+    return store.device(s["fingerprint"]) if s.get("fingerprint") else default
 
 
 def stored_rounds(store, exp_id: int, tags: list[str]) -> dict[int, dict[str, list[float]]]:
@@ -525,9 +548,7 @@ def run_aa(store, exp_id: int, backend: Backend, kernel: str, config: dict, env:
                 continue
             if not arms:
                 arms = [backend.open(f"A{j}", kernel, config, env, replica=j) for j in range(n_arms)]
-                for a in arms:
-                    for lv in levels:
-                        a.setup(lv)
+                backend.prepare(arms, levels)
             gpu_s += aa_round(store, exp_id, backend, arms, levels, r, acc, store.device(arms[0].fingerprint))
             if on_round:
                 on_round(r)
@@ -558,8 +579,7 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
         for a in arms:
             if on_open:
                 on_open(a)
-            for lv in levels:
-                a.setup(lv)
+        backend.prepare(arms, levels)
 
     def sample_fn(r: int) -> dict:
         if r in done:

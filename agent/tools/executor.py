@@ -119,7 +119,26 @@ class RayExecutor:
         self.lost += losses
         return results, losses  # type: ignore[return-value]
 
+    def measuring_backend(self) -> RayBackend:
+        """The measurement backend over these actors: the graph's A/As and A/Bs (a campaign's confirmation
+        workstreams and its final A/B) time each level on the actor that owns it."""
+        if getattr(self, "_backend", None) is None:
+            self._backend = RayBackend(self)
+        return self._backend
+
+    def replace(self, i: int, why: str) -> str:
+        """Actor ``i`` died: start a new one in its place; returns the loss line."""
+        what = f"actor {i} ({self.places[i]}) died {why}; a new actor takes its place"
+        self.lost.append(what)
+        if len(self.lost) > 8 * self.width + 8:
+            raise ExecutorError(f"Ray actors keep dying ({len(self.lost)} losses): {what}")
+        self.actors[i] = self._new(i)
+        self.places[i] = self.ray.get(self.actors[i].where.remote())
+        return what
+
     def close(self) -> None:
+        if getattr(self, "_backend", None) is not None:
+            self._backend.close()
         for a in self.actors:
             try:
                 self.ray.kill(a)
@@ -143,6 +162,260 @@ class _Bench:
 
     def screen(self, job: dict, where: str) -> dict:
         return screen_shard(**job, where=where)
+
+    # -- arms of the graph's A/As and A/Bs, hosted here (RayBackend) ------------------------------------
+    def _be(self):
+        if getattr(self, "_inner", None) is None:
+            from kinv.agent.tools import bench
+
+            self._inner, self._arms = bench.get_backend(self.backend), {}
+        return self._inner
+
+    def open_arm(self, aid: int, spec: dict) -> dict:
+        """Open arm ``aid`` from its own copy of the kernel package (``spec["files"]``, written under this
+        actor's directory, named by the source hash); returns what the driver's handle needs, or the error."""
+        import tempfile
+        from pathlib import Path
+
+        from kinv.agent.tools import bench
+        from kinv.agent.tools.snapshot import materialize
+
+        be = self._be()
+        self.close_arm(aid)  # opened here already (a replacement actor reopens before the call is re-sent)
+        root = Path(tempfile.gettempdir()) / f"kinv-actor{self.index}-{os.getpid()}" / spec["src_hash"]
+        snap = materialize(spec["files"], root, spec["package"])
+        # the worker imports the copy (and proves it: its kernel hash must be the copy's name); replay runs no
+        # kernel, and keeps its own check that a recording exists for this source
+        path = [str(snap)] if be.name == "cuda" or spec["snapshot_arm"] else None
+        try:
+            arm = be.open(spec["name"], spec["kernel"], spec["config"], spec["env"], replica=spec["replica"],
+                          pythonpath=path, partner=spec["partner"], role=spec["role"])  # fmt: skip
+        except (bench.VariantFailed, bench.NoRecording, bench.BackendError) as exc:
+            return {"error": type(exc).__name__, "message": str(exc)}
+        self._arms[aid] = arm
+        return {"fingerprint": arm.fingerprint, "env_seen": arm.env_seen, "snapshot": str(snap)}
+
+    def setup_arms(self, aids: list[int], levels: list[dict]) -> dict:
+        from kinv.agent.tools import bench
+        from kinv.kernels.adapter import get_adapter
+
+        try:
+            for aid in aids:
+                arm = self._arms[aid]
+                adapter = get_adapter(arm.kernel)
+                for d in levels:
+                    arm.setup(adapter.level(d))
+        except (bench.VariantFailed, bench.NoRecording, bench.BackendError) as exc:
+            return {"error": type(exc).__name__, "message": str(exc)}
+        return {}
+
+    def sample_part(self, part: list[tuple[dict, list[int]]], round_index: int, where: str) -> dict:
+        """This actor's levels of one round: at each level its arms in the given order, back to back."""
+        from kinv.agent.tools import bench
+        from kinv.kernels.adapter import get_adapter
+
+        _fault_arm("sample", where)
+        out = {}
+        try:
+            for d, aids in part:
+                lv = get_adapter(self._arms[aids[0]].kernel).level(d)
+                got = {}
+                for aid in aids:
+                    arm = self._arms[aid]
+                    smp = arm.sample(lv, round_index)
+                    got[aid] = {**smp, "place": where, "fingerprint": arm.fingerprint}
+                out[lv.key] = got
+        except (bench.VariantFailed, bench.NoRecording, bench.BackendError) as exc:
+            return {"error": type(exc).__name__, "message": str(exc)}
+        return {"samples": out}
+
+    def close_arm(self, aid: int) -> None:
+        arm = getattr(self, "_arms", {}).pop(aid, None)
+        if arm is not None:
+            arm.close()
+
+
+def _fault_arm(point: str, where: str) -> None:
+    from kinv.agent.tools.screening import _fault
+
+    _fault(point, where)
+
+
+class RemoteArm:
+    """The driver's handle of an arm hosted on the actors: one worker of the config on each actor that times
+    a level of the measurement (so both arms of a paired comparison run on one GPU)."""
+
+    def __init__(self, aid: int, spec: dict, first: dict):
+        self.aid, self.spec = aid, spec
+        self.name, self.kernel, self.config, self.env = spec["name"], spec["kernel"], spec["config"], spec["env"]
+        self.fingerprint, self.env_seen = first["fingerprint"], first["env_seen"]
+        self.setups: dict = {}
+
+    @property
+    def config_hash(self) -> str:
+        from kinv.kernels.launch_config import config_hash
+
+        return config_hash(self.config)
+
+    def setup(self, level) -> dict:  # the backend's prepare() sets up where each level runs
+        raise NotImplementedError("a RemoteArm is set up through RayBackend.prepare")
+
+    def sample(self, level, round_index: int) -> dict:
+        raise NotImplementedError("a RemoteArm is sampled through RayBackend.sample_round")
+
+    def close(self) -> None:
+        self.backend.close_arm(self)
+
+
+class RayBackend:
+    """The benchmark backend over a RayExecutor's actors.
+
+    Each level of a measurement is owned by one actor (levels dealt round-robin), and every arm of the
+    measurement has a worker on every actor: a round sends each actor its levels at once, so the levels run
+    on all GPUs in parallel while each paired comparison (baseline and variant at one level, one round) stays
+    on one GPU.  Each actor imports the kernel from its own copy of the package, sent by the driver when the
+    arm opens (the live source for a variant, the baseline snapshot for a baseline during a source patch).
+    An actor that dies loses only the round in flight (its rows were never stored): a new actor takes its
+    place, the arms are reopened and set up there, and the round runs again.
+    """
+
+    def __init__(self, ex: RayExecutor):
+        from kinv.agent.tools import bench
+
+        self.ex = ex
+        self.inner = bench.get_backend(ex.backend)  # the driver's view: name, copy bandwidth, description
+        self.name, self.loud = self.inner.name, self.inner.loud
+        self.arms: dict[int, RemoteArm] = {}
+        self.owner: dict[str, int] = {}
+        self.levels: dict[str, object] = {}
+        self.losses: list[str] = []
+        self.on_loss = None  # callable(line): the running workstream records the loss (run_plan sets it)
+        self._next = 0
+
+    def copy_bandwidth(self):
+        return self.inner.copy_bandwidth()
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} on {self.ex.width} Ray actors ({', '.join(self.ex.places)})"
+
+    # -- arms ------------------------------------------------------------------------------------------
+    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant"):
+        from pathlib import Path
+
+        from kinv.agent.tools import bench
+        from kinv.agent.tools.snapshot import package_files
+        from kinv.kernels.adapter import get_adapter
+
+        adapter = get_adapter(kernel)
+        if pythonpath:  # the baseline snapshot: its directory is named by its source hash
+            src, src_hash = Path(pythonpath[0]) / Path(*adapter.package_name().split(".")), Path(pythonpath[0]).name
+        else:
+            src, src_hash = adapter.package_dir(), bench.kernel_hash(kernel)
+        spec = {"name": name, "kernel": kernel, "config": config, "env": dict(env), "replica": replica,
+                "partner": partner, "role": role, "files": package_files(src), "src_hash": src_hash,
+                "package": adapter.package_name(), "snapshot_arm": bool(pythonpath)}  # fmt: skip
+        self._next += 1
+        aid = self._next
+        arm = RemoteArm(aid, spec, {"fingerprint": {}, "env_seen": {}})
+        arm.backend = self
+
+        def send(i):
+            return self.ex.actors[i].open_arm.remote(aid, spec)
+
+        refs = [send(i) for i in range(self.ex.width)]  # every actor starts its worker at once
+        self.arms[aid] = arm  # registered first: an actor replaced meanwhile reopens it too
+        try:
+            got = [self._get(i, ref, lambda i=i: send(i)) for i, ref in enumerate(refs)]
+        except Exception:
+            self.close_arm(arm)
+            raise
+        arm.fingerprint, arm.env_seen = got[0]["fingerprint"], got[0]["env_seen"]
+        arm.places = {self.ex.places[i]: g["fingerprint"] for i, g in enumerate(got)}
+        return arm
+
+    def close_arm(self, arm: RemoteArm) -> None:
+        if self.arms.pop(arm.aid, None) is None:
+            return
+        for a in self.ex.actors:
+            try:
+                self.ex.ray.get(a.close_arm.remote(arm.aid))
+            except Exception:  # noqa: BLE001 - a dead actor has closed its workers with it
+                pass
+
+    def close(self) -> None:
+        for arm in list(self.arms.values()):
+            self.close_arm(arm)
+
+    # -- levels ----------------------------------------------------------------------------------------
+    def _own(self, levels) -> dict[int, list]:
+        for lv in levels:
+            if lv.key not in self.owner:
+                self.owner[lv.key] = len(self.owner) % self.ex.width
+            self.levels[lv.key] = lv
+        by: dict[int, list] = {}
+        for lv in levels:
+            by.setdefault(self.owner[lv.key], []).append(lv)
+        return by
+
+    def prepare(self, arms, levels) -> None:
+        by = self._own(levels)
+        refs = {i: self.ex.actors[i].setup_arms.remote([a.aid for a in arms], [lv.to_dict() for lv in lvs])
+                for i, lvs in by.items()}  # fmt: skip
+        for i, ref in refs.items():
+            self._get(i, ref, lambda i=i: self.ex.actors[i].setup_arms.remote(
+                [a.aid for a in arms], [lv.to_dict() for lv in by[i]]))  # fmt: skip
+
+    def sample_round(self, arms, levels, round_index, orders):
+        by = self._own(levels)
+
+        def send(i):
+            part = [(lv.to_dict(), [arms[j].aid for j in orders[lv.key]]) for lv in by[i]]
+            return self.ex.actors[i].sample_part.remote(part, round_index, self.ex.places[i])
+
+        refs = {i: send(i) for i in by}
+        out: dict[str, dict[int, dict]] = {}
+        for i, ref in refs.items():
+            got = self._get(i, ref, lambda i=i: send(i))["samples"]
+            for lv in by[i]:
+                by_aid = got[lv.key]
+                out[lv.key] = {j: by_aid[arms[j].aid] for j in orders[lv.key]}
+        return out
+
+    # -- calls, errors, losses ---------------------------------------------------------------------------
+    def _get(self, i: int, ref, again):
+        """The result of a call on actor ``i``; an error the actor reports is raised here as its own kind; a
+        dead actor is replaced (its arms reopened and set up) and the call made again."""
+        from ray.exceptions import ActorDiedError, RayActorError
+
+        from kinv.agent.tools import bench
+
+        while True:
+            try:
+                got = self.ex.ray.get(ref)
+                break
+            except (RayActorError, ActorDiedError) as exc:
+                loss = self.ex.replace(i, f"during a measurement ({type(exc).__name__}); its round runs again")
+                self.losses.append(loss)
+                if self.on_loss:
+                    self.on_loss(loss)
+                self._revive(i)
+                ref = again()
+        if isinstance(got, dict) and "error" in got:
+            kind = {"VariantFailed": bench.VariantFailed, "NoRecording": bench.NoRecording}.get(got["error"],
+                                                                                             bench.BackendError)
+            raise kind(got["message"])
+        return got
+
+    def _revive(self, i: int) -> None:
+        """A new actor ``i``: the open arms get workers there, set up at the levels it owns."""
+        actor = self.ex.actors[i]
+        for aid, arm in self.arms.items():
+            self._get(i, actor.open_arm.remote(aid, arm.spec), lambda aid=aid, arm=arm: self.ex.actors[i]
+                      .open_arm.remote(aid, arm.spec))  # fmt: skip
+        mine = [lv.to_dict() for k, lv in self.levels.items() if self.owner.get(k) == i]
+        if self.arms and mine:
+            ids = list(self.arms)
+            self._get(i, actor.setup_arms.remote(ids, mine), lambda: self.ex.actors[i].setup_arms.remote(ids, mine))
 
 
 def get_executor(name: str, backend: str, address: str | None = None, actors: int | None = None):

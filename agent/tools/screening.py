@@ -77,7 +77,8 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
                         continue
                     gpu += smp.get("gpu_s") or 0.0
                     got[key] = smp["us"]
-                    rows.append(bench._sample_row(exp, a, lv, ri, tag, smp, be.name, hashes, None))
+                    place = None if where == "local" else where  # which GPU timed it (a Ray actor's)
+                    rows.append(bench._sample_row(exp, a, lv, ri, tag, {**smp, "place": place}, be.name, hashes, None))
                 for h in list(arms):
                     if h in got:
                         logs[h][lv.key].append(math.log(got["incumbent"] / got[h]))
