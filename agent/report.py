@@ -399,8 +399,12 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             f"rounds: {rounds}; samples stored: {n_samples}; budget {plan.budget.gpu_seconds:.0f} GPU s"
             f"{' — spent, close-out written anyway' if state.get('budget_exhausted') else ''}.",
             f"- Plan: `{ctx.plan_path}` (sha {ctx.plan_hash}); written {stamp(time.time())}.", ""]  # fmt: skip
-    places = store.places([e["id"] for e in data["experiments"]])
+    places = store.places([e["id"] for e in data["experiments"] if e["kind"] != "screen"])
+    screened_on = store.places([e["id"] for e in data["experiments"] if e["kind"] == "screen"])
     label = {lv.key: lv.label for lv in levels}
+    if screened_on:
+        out.insert(-1, f"- Screening spread its candidates over {', '.join(screened_on)} (each candidate paired with "
+                       "an incumbent worker on its own GPU).")  # fmt: skip
     if places:  # a Ray backend: each level's pairs ran on one GPU; say which
         out.insert(-1, "- Measured on (each level's baseline and variant on one GPU; GPUs compared only through "
                        "their paired effects): " + "; ".join(f"{p}: {', '.join(label.get(k, k) for k in lvs)}"

@@ -94,10 +94,10 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
 
 
 def _fault(point: str, where: str) -> None:
-    """A planted actor death for the tests: KINV_EXECUTOR_FAULT=screen:<where> kills the process that runs that
-    shard, once (a marker file beside it makes the second attempt live)."""
+    """A planted actor death for the tests: KINV_EXECUTOR_FAULT=<point>:<where, or its start> kills the process
+    that runs that shard or round, once (a marker file beside it makes the second attempt live)."""
     spec = os.environ.get("KINV_EXECUTOR_FAULT", "")
-    if spec != f"{point}:{where}":
+    if not spec or not f"{point}:{where}".startswith(spec):  # "sample:actor1@" matches actor 1 on any GPU
         return
     marker = os.environ.get("KINV_EXECUTOR_FAULT_MARKER")
     if marker:
