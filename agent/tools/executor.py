@@ -139,6 +139,10 @@ class RayExecutor:
     def close(self) -> None:
         if getattr(self, "_backend", None) is not None:
             self._backend.close()
+        try:  # workers closed and package copies removed; an actor already dead has nothing to clean
+            self.ray.wait([a.cleanup.remote() for a in self.actors], num_returns=len(self.actors), timeout=30)
+        except Exception:  # noqa: BLE001
+            pass
         for a in self.actors:
             try:
                 self.ray.kill(a)
@@ -174,15 +178,12 @@ class _Bench:
     def open_arm(self, aid: int, spec: dict) -> dict:
         """Open arm ``aid`` from its own copy of the kernel package (``spec["files"]``, written under this
         actor's directory, named by the source hash); returns what the driver's handle needs, or the error."""
-        import tempfile
-        from pathlib import Path
-
         from kinv.agent.tools import bench
         from kinv.agent.tools.snapshot import materialize
 
         be = self._be()
         self.close_arm(aid)  # opened here already (a replacement actor reopens before the call is re-sent)
-        root = Path(tempfile.gettempdir()) / f"kinv-actor{self.index}-{os.getpid()}" / spec["src_hash"]
+        root = self._dir() / spec["src_hash"]
         snap = materialize(spec["files"], root, spec["package"])
         # the worker imports the copy (and proves it: its kernel hash must be the copy's name); replay runs no
         # kernel, and keeps its own check that a recording exists for this source
@@ -233,6 +234,20 @@ class _Bench:
         arm = getattr(self, "_arms", {}).pop(aid, None)
         if arm is not None:
             arm.close()
+
+    def _dir(self):
+        import tempfile
+        from pathlib import Path
+
+        return Path(tempfile.gettempdir()) / f"kinv-actor{self.index}-{os.getpid()}"
+
+    def cleanup(self) -> None:
+        """Close every arm and remove this actor's package copies."""
+        import shutil
+
+        for aid in list(getattr(self, "_arms", {})):
+            self.close_arm(aid)
+        shutil.rmtree(self._dir(), ignore_errors=True)
 
 
 def _fault_arm(point: str, where: str) -> None:
