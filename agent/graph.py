@@ -121,6 +121,9 @@ class Context:
         return beat()
 
     def say(self, kind: str, **info) -> None:
+        from kinv.agent import signals
+
+        signals.check()  # a SIGTERM/SIGHUP whose first KeyboardInterrupt was swallowed stops the run here
         msg = info.get("message")
         if msg:
             self.store.event(self.plan.ws, kind, msg, {k: v for k, v in info.items() if k != "message"})

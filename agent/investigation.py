@@ -17,31 +17,11 @@ from kinv.agent.store import Store
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_PAUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
-class _Interrupted(KeyboardInterrupt):
-    def __init__(self, signame: str):
-        super().__init__(signame)
-        self.signame = signame
-
-
 def _on_signals():
     """SIGTERM and SIGHUP end a run the way Ctrl-C does (revert, mark interrupted, exit 130); returns a restorer."""
-    import signal
+    from kinv.agent import signals
 
-    def raise_interrupt(signum, _frame):
-        raise _Interrupted(signal.Signals(signum).name)
-
-    old = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        try:
-            old[sig] = signal.signal(sig, raise_interrupt)
-        except (ValueError, OSError):  # not the main thread, or not supported here
-            pass
-
-    def restore():
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-    return restore
+    return signals.install()
 
 
 def _progress(console):
@@ -165,6 +145,9 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
         store.event(ws, "stopped", str(exc))
         return (EXIT_BAD_INPUT if isinstance(exc, bench.NoRecording) else EXIT_FAIL), str(exc).splitlines()[0]
     except KeyboardInterrupt as exc:
+        from kinv.agent import signals
+
+        signals.handled()
         how = getattr(exc, "signame", "SIGINT")
         configs.recover(store)
         store.update_workstream(ws, status="interrupted")

@@ -90,3 +90,27 @@ def test_json_commands_print_json_only_on_stdout(env):
         assert r.returncode == 0, r.stderr
         data = json.loads(r.stdout)  # nothing but the JSON: the replay banner went to stderr
         assert data and "REPLAY" in r.stderr
+
+
+def test_a_signal_whose_interrupt_was_swallowed_still_stops_the_run_at_the_next_event():
+    """Python drops an exception raised inside a finalizer; the signal is remembered and raised again at the
+    next event the graph emits, so the run cannot close out as if it had not come."""
+    import gc
+
+    from kinv.agent import signals
+
+    restore = signals.install()
+    try:
+
+        class Finalized:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGHUP)  # the handler's KeyboardInterrupt is raised in __del__ ...
+
+        Finalized()
+        gc.collect()  # ... and dropped ("Exception ignored in ...")
+        with pytest.raises(KeyboardInterrupt) as got:
+            signals.check()
+        assert got.value.signame == "SIGHUP"
+    finally:
+        restore()
+    signals.check()  # handled: nothing pending once the run has dealt with it
