@@ -14,7 +14,9 @@ MODE=${MODE:-ray}
 FINAL=${OUT:-/tmp/kinv-out}; OUT=/tmp/kinv-issue16-$MODE${KILL:+-kill}; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
 ST=/tmp/kinv-state-16-$MODE${KILL:+-kill}; rm -rf "$ST" "$ST.fault"; CFG=/tmp/kinv-cfg-16-$MODE${KILL:+-kill}; rm -rf "$CFG"; mkdir -p "$CFG"
 cp kernels/configs/mla_decode.json "$CFG/"
-export KINV_STATE_DIR="$ST" KINV_CONFIG_DIR="$CFG"
+# a cold Triton cache for each run: a run never reuses another's compiles (the first H200 runs did: see RESULTS)
+export KINV_STATE_DIR="$ST" KINV_CONFIG_DIR="$CFG" TRITON_CACHE_DIR="/tmp/triton-cache-16-$MODE${KILL:+-kill}"
+rm -rf "$TRITON_CACHE_DIR"
 nvidia-smi --query-gpu=index,name,pci.bus_id --format=csv,noheader
 args=(campaign plans/7-decode-ceiling.yaml --backend cuda --approval auto --json)
 if [ "$MODE" = ray ]; then args+=(--executor ray); else export CUDA_VISIBLE_DEVICES=0; fi

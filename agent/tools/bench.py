@@ -521,6 +521,32 @@ def _device_of(store, s: dict, default: str | None) -> str | None:
     return store.device(s["fingerprint"]) if s.get("fingerprint") else default
 
 
+def open_arms(backend: Backend, specs: list[tuple[tuple, dict]]) -> list[Arm]:
+    """``backend.open(*args, **kwargs)`` for each spec, all at once (a worker's start, imports and CUDA context
+    take seconds, and the arms of a measurement need not wait for each other).  If any fails, the others are
+    closed and the first failure, in spec order, is raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(specs) == 1:
+        return [backend.open(*specs[0][0], **specs[0][1])]
+
+    def one(spec):
+        try:
+            return backend.open(*spec[0], **spec[1]), None
+        except Exception as exc:  # noqa: BLE001 - re-raised below, in spec order
+            return None, exc
+
+    with ThreadPoolExecutor(len(specs)) as pool:
+        got = list(pool.map(one, specs))
+    failed = next((exc for _a, exc in got if exc is not None), None)
+    if failed is not None:
+        for a, _exc in got:
+            if a is not None:
+                a.close()
+        raise failed
+    return [a for a, _exc in got]
+
+
 def stored_rounds(store, exp_id: int, tags: list[str]) -> dict[int, dict[str, list[float]]]:
     """Rounds of an experiment already committed: round -> level -> [time of each tag] (complete rounds only)."""
     by: dict = {}
@@ -547,7 +573,7 @@ def run_aa(store, exp_id: int, backend: Backend, kernel: str, config: dict, env:
                         acc[lv][j].append(us)
                 continue
             if not arms:
-                arms = [backend.open(f"A{j}", kernel, config, env, replica=j) for j in range(n_arms)]
+                arms = open_arms(backend, [((f"A{j}", kernel, config, env), {"replica": j}) for j in range(n_arms)])
                 backend.prepare(arms, levels)
             gpu_s += aa_round(store, exp_id, backend, arms, levels, r, acc, store.device(arms[0].fingerprint))
             if on_round:
@@ -572,10 +598,10 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
     arms: list[Arm] = []
     acc = PairedRounds()
 
-    def open_arms() -> None:
-        arms.append(backend.open(names[0], kernel, base_cfg, env, pythonpath=base_pythonpath, partner=var_cfg,
-                                 role="base"))  # fmt: skip
-        arms.append(backend.open(names[1], kernel, var_cfg, env, partner=base_cfg))
+    def start() -> None:
+        arms.extend(open_arms(backend, [
+            ((names[0], kernel, base_cfg, env), {"pythonpath": base_pythonpath, "partner": var_cfg, "role": "base"}),
+            ((names[1], kernel, var_cfg, env), {"partner": base_cfg})]))  # fmt: skip
         for a in arms:
             if on_open:
                 on_open(a)
@@ -585,7 +611,7 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
         if r in done:
             return done[r]
         if not arms:
-            open_arms()
+            start()
         pairs = paired_round(store, exp_id, backend, arms[0], arms[1], levels, r, acc, store.device(arms[0].fingerprint))
         if on_round:
             on_round(r)

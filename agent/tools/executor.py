@@ -22,7 +22,7 @@ import os
 from kinv.agent.tools.screening import screen_shard
 
 EXECUTORS = ("local", "ray")
-ENV_FOR_ACTORS = ("KINV_FORCE_NO_GPU", "KINV_RECORDINGS", "KINV_CONFIG_DIR", "TRITON_INTERPRET", "PYTHONPATH",
+ENV_FOR_ACTORS = ("KINV_FORCE_NO_GPU", "KINV_RECORDINGS", "KINV_CONFIG_DIR", "TRITON_INTERPRET", "TRITON_CACHE_DIR", "PYTHONPATH",
                   "KINV_EXECUTOR_FAULT", "KINV_EXECUTOR_FAULT_MARKER")  # fmt: skip
 
 
@@ -76,6 +76,8 @@ class RayExecutor:
         else:
             n = actors or 2
             self.options = {"num_cpus": 1}
+        # a threaded actor: the arms of one measurement start their workers at the same time
+        self.options["max_concurrency"] = 4
         self.backend = backend
         self.actor_cls = ray.remote(_Bench)
         self.actors = [self._new(i) for i in range(n)]
@@ -156,7 +158,11 @@ class _Bench:
     """One actor: one GPU (CUDA_VISIBLE_DEVICES set by Ray), the workers of the shards it is given."""
 
     def __init__(self, index: int, backend: str):
+        import threading
+
         self.index, self.backend = index, backend
+        self._lock = threading.Lock()  # calls may run at once (max_concurrency): the arms table is shared
+        self._closed: set[int] = set()
 
     def where(self) -> str:
         import socket
@@ -169,11 +175,12 @@ class _Bench:
 
     # -- arms of the graph's A/As and A/Bs, hosted here (RayBackend) ------------------------------------
     def _be(self):
-        if getattr(self, "_inner", None) is None:
-            from kinv.agent.tools import bench
+        with self._lock:
+            if getattr(self, "_inner", None) is None:
+                from kinv.agent.tools import bench
 
-            self._inner, self._arms = bench.get_backend(self.backend), {}
-        return self._inner
+                self._inner, self._arms = bench.get_backend(self.backend), {}
+            return self._inner
 
     def open_arm(self, aid: int, spec: dict) -> dict:
         """Open arm ``aid`` from its own copy of the kernel package (``spec["files"]``, written under this
@@ -182,9 +189,10 @@ class _Bench:
         from kinv.agent.tools.snapshot import materialize
 
         be = self._be()
-        self.close_arm(aid)  # opened here already (a replacement actor reopens before the call is re-sent)
+        self.close_arm(aid, final=False)  # opened here already (a replacement actor reopens, then the call re-sent)
         root = self._dir() / spec["src_hash"]
-        snap = materialize(spec["files"], root, spec["package"])
+        with self._lock:  # one writer: a copy in use is never replaced under a worker importing it
+            snap = materialize(spec["files"], root, spec["package"])
         # the worker imports the copy (and proves it: its kernel hash must be the copy's name); replay runs no
         # kernel, and keeps its own check that a recording exists for this source
         path = [str(snap)] if be.name == "cuda" or spec["snapshot_arm"] else None
@@ -193,7 +201,12 @@ class _Bench:
                           pythonpath=path, partner=spec["partner"], role=spec["role"])  # fmt: skip
         except (bench.VariantFailed, bench.NoRecording, bench.BackendError) as exc:
             return {"error": type(exc).__name__, "message": str(exc)}
-        self._arms[aid] = arm
+        with self._lock:
+            closed = aid in self._closed  # closed by the driver while it was opening: never leak its worker
+            if not closed:
+                self._arms[aid] = arm
+        if closed:
+            arm.close()
         return {"fingerprint": arm.fingerprint, "env_seen": arm.env_seen, "snapshot": str(snap)}
 
     def setup_arms(self, aids: list[int], levels: list[dict]) -> dict:
@@ -230,8 +243,11 @@ class _Bench:
             return {"error": type(exc).__name__, "message": str(exc)}
         return {"samples": out}
 
-    def close_arm(self, aid: int) -> None:
-        arm = getattr(self, "_arms", {}).pop(aid, None)
+    def close_arm(self, aid: int, final: bool = True) -> None:
+        with self._lock:
+            if final:
+                self._closed.add(aid)
+            arm = getattr(self, "_arms", {}).pop(aid, None)
         if arm is not None:
             arm.close()
 
@@ -260,11 +276,37 @@ class RemoteArm:
     """The driver's handle of an arm hosted on the actors: one worker of the config on each actor that times
     a level of the measurement (so both arms of a paired comparison run on one GPU)."""
 
-    def __init__(self, aid: int, spec: dict, first: dict):
-        self.aid, self.spec = aid, spec
+    def __init__(self, aid: int, spec: dict, backend: RayBackend, pending: list):
+        self.aid, self.spec, self.backend = aid, spec, backend
         self.name, self.kernel, self.config, self.env = spec["name"], spec["kernel"], spec["config"], spec["env"]
-        self.fingerprint, self.env_seen = first["fingerprint"], first["env_seen"]
         self.setups: dict = {}
+        self.places: dict = {}
+        self._pending = pending  # (actor index, ref, resend) of the opens still in flight
+        self._hello: dict | None = None
+
+    def resolve(self) -> None:
+        """Wait for this arm's workers (started on every actor when it was opened, alongside the other arms');
+        raises the open's error (VariantFailed, NoRecording) here."""
+        if self._hello is not None:
+            return
+        try:
+            got = [self.backend._get(i, ref, resend) for i, ref, resend in self._pending]
+        except Exception:
+            self.backend.close_arm(self)
+            raise
+        self._pending = []
+        self._hello = got[0]
+        self.places = {self.backend.ex.places[i]: g["fingerprint"] for i, g in enumerate(got)}
+
+    @property
+    def fingerprint(self) -> dict:
+        self.resolve()
+        return self._hello["fingerprint"]
+
+    @property
+    def env_seen(self) -> dict:
+        self.resolve()
+        return self._hello["env_seen"]
 
     @property
     def config_hash(self) -> str:
@@ -331,31 +373,24 @@ class RayBackend:
                 "package": adapter.package_name(), "snapshot_arm": bool(pythonpath)}  # fmt: skip
         self._next += 1
         aid = self._next
-        arm = RemoteArm(aid, spec, {"fingerprint": {}, "env_seen": {}})
-        arm.backend = self
 
         def send(i):
             return self.ex.actors[i].open_arm.remote(aid, spec)
 
-        refs = [send(i) for i in range(self.ex.width)]  # every actor starts its worker at once
-        self.arms[aid] = arm  # registered first: an actor replaced meanwhile reopens it too
-        try:
-            got = [self._get(i, ref, lambda i=i: send(i)) for i, ref in enumerate(refs)]
-        except Exception:
-            self.close_arm(arm)
-            raise
-        arm.fingerprint, arm.env_seen = got[0]["fingerprint"], got[0]["env_seen"]
-        arm.places = {self.ex.places[i]: g["fingerprint"] for i, g in enumerate(got)}
+        # every actor starts its worker now, and the caller's next open starts the next arm's alongside: the
+        # handle waits only when it is first used (RemoteArm.resolve)
+        arm = RemoteArm(aid, spec, self, [(i, send(i), lambda i=i: send(i)) for i in range(self.ex.width)])
+        self.arms[aid] = arm  # registered at once: an actor replaced meanwhile reopens it too
         return arm
 
     def close_arm(self, arm: RemoteArm) -> None:
         if self.arms.pop(arm.aid, None) is None:
             return
-        for a in self.ex.actors:
-            try:
-                self.ex.ray.get(a.close_arm.remote(arm.aid))
-            except Exception:  # noqa: BLE001 - a dead actor has closed its workers with it
-                pass
+        try:  # an open still in flight finishes first (the actor runs one call at a time), then closes
+            self.ex.ray.wait([a.close_arm.remote(arm.aid) for a in self.ex.actors], num_returns=self.ex.width,
+                             timeout=60)  # fmt: skip
+        except Exception:  # noqa: BLE001 - a dead actor has closed its workers with it
+            pass
 
     def close(self) -> None:
         for arm in list(self.arms.values()):
@@ -373,6 +408,8 @@ class RayBackend:
         return by
 
     def prepare(self, arms, levels) -> None:
+        for a in arms:
+            a.resolve()
         by = self._own(levels)
         refs = {i: self.ex.actors[i].setup_arms.remote([a.aid for a in arms], [lv.to_dict() for lv in lvs])
                 for i, lvs in by.items()}  # fmt: skip

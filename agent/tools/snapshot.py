@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 SKIP_DIRS = {"recordings", "__pycache__"}
@@ -37,7 +38,7 @@ def materialize(files: dict[str, bytes], root: Path, package_name: str) -> Path:
     pkg = Path(*package_name.split("."))
     if (root / pkg / "__init__.py").exists():
         return root
-    tmp = root.with_name(f"{root.name}.tmp{os.getpid()}")
+    tmp = root.with_name(f"{root.name}.tmp{os.getpid()}-{threading.get_ident()}")
     shutil.rmtree(tmp, ignore_errors=True)
     for rel, data in files.items():
         dest = tmp / pkg / rel
