@@ -765,8 +765,10 @@ class Campaign:
         seen = len(be.losses) if be else 0
         code, line = run_plan(step["plan_path"], self.s.backend, self.s.approval, self.s.state_dir, self.s.console,
                               backend_obj=be)  # fmt: skip
-        if be:  # the workstream recorded each loss as it happened (its close-out says so)
+        if be and be.losses[seen:]:  # the workstream recorded each loss as it happened (its close-out says so)
             self.losses = getattr(self, "losses", []) + be.losses[seen:]
+            step["losses"] = list(step.get("losses") or []) + be.losses[seen:]
+            self._update_step(step)
         self.store.update_workstream(step["ws"], campaign=self.cid)
         if code != EXIT_OK:
             if "; then kinv resume" in line:  # the campaign, not the lone workstream, is what goes on

@@ -135,19 +135,21 @@ def test_a_killed_campaign_resumes_to_the_same_config(tmp_path):
     import subprocess
     import time
 
-    env = replay_env(tmp_path, tmp_path / "state")
+    env = replay_env(tmp_path, tmp_path / "state", PYTHONUNBUFFERED="1")
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
     before = cfg.read_bytes()
     p = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "campaign", PLAN, "--backend", "replay",
                           "--approval", "auto-config"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    seen = ""
+    seen, in_7b = "", False
     t0 = time.time()
     while time.time() - t0 < 300:
         line = p.stdout.readline()
         seen += line
-        if "#7b" in line and "patched to" in line:  # a variant's config is live on disk
+        in_7b = in_7b or line.startswith("#7b ")  # the workstream's header; its patch lines name the variant
+        if (in_7b and "patched to" in line) or (not line and p.poll() is not None):  # a variant is live on disk
             break
+    assert p.poll() is None and in_7b and "patched to" in line, seen[-2000:]  # killed mid-#7b, not after the end
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     r = run_kinv(env, "campaign", PLAN, "--backend", "replay", "--approval", "auto-config", timeout=900)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from tests.utils import replay_env, run_kinv
 
 pytest.importorskip("ray")
 
+ROOT = Path(__file__).resolve().parents[1]
 PLAN = "plans/7-decode-ceiling.yaml"
 # the chosen config per level of the single-process replay campaign (benchmarks/RESULTS.md, issue 14 re-record)
 EXPECTED_LEVELS = {"b1": "BT64/BH16/w8/s1", "b8": "BT128/BH16/w4/s2", "b32": "BT64/BH16/w4/s2",
@@ -83,6 +85,7 @@ def test_an_actor_lost_during_an_ab_round_costs_that_round_only(tmp_path):
     assert levels == EXPECTED_LEVELS
     closeout = (tmp_path / "ray" / "state" / "reports" / "7a-closeout.md").read_text()
     assert "Lost during the workstream: actor 1" in closeout and "its round runs again" in closeout
+    assert any("during a measurement" in loss for loss in ray["workstreams"][0]["losses"])  # and the summary
     # no A/A or A/B round was stored twice: each (experiment, round, level, arm) once (a screening has an
     # incumbent per shard, so it is left out)
     con = sqlite3.connect(tmp_path / "ray" / "state" / "kinv.db")
@@ -100,3 +103,91 @@ def test_bad_executor_arguments_are_one_line_and_change_nothing(tmp_path):
         r = run_kinv(env, "campaign", PLAN, "--backend", "replay", *args)
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "state").exists()
+
+
+def _plan(tmp_path, change=None) -> str:
+    import yaml
+
+    data = yaml.safe_load((ROOT / PLAN).read_text())
+    if change:
+        change(data)
+    path = tmp_path / "7-plan.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_an_existing_ray_cluster_is_used_through_ray_address_and_left_running(tmp_path):
+    """`--ray-address` joins a cluster someone started (`ray start --head`): the campaign's actors run there,
+    it reaches the single-process decisions, and the cluster is still up when kinv is done."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    def btsweep_only(data):
+        data["backlog"] = [b for b in data["backlog"] if b["id"] in ("BTSWEEP", "OEA")]
+
+    plan = _plan(tmp_path, btsweep_only)
+    ray_cli = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    head = subprocess.run([ray_cli, "start", "--head", "--port", str(port), "--num-cpus", "2",
+                           "--include-dashboard", "false"], env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert head.returncode == 0, head.stdout[-1500:] + head.stderr[-1500:]
+    try:
+        for d in ("local", "cluster"):
+            (tmp_path / d).mkdir()
+        r = run_kinv(replay_env(tmp_path / "local", tmp_path / "local" / "state"), "campaign", plan, "--backend",
+                     "replay", "--approval", "auto", "--json", timeout=900)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-2000:]
+        local = json.loads(r.stdout)
+        cenv = replay_env(tmp_path / "cluster", tmp_path / "cluster" / "state", RAY_AUTH_MODE="disabled")
+        r = run_kinv(cenv, "campaign", plan, "--backend", "replay", "--approval", "auto", "--json", "--executor",
+                     "ray", "--ray-address", f"127.0.0.1:{port}", "--ray-actors", "2", timeout=900)  # fmt: skip
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        cluster = json.loads(r.stdout)
+        assert _decisions(cluster) == _decisions(local)
+        assert cluster["workstreams"][0]["executor"] == "ray" and len(cluster["workstreams"][0]["places"]) == 2
+        alive = subprocess.run([ray_cli, "status", "--address", f"127.0.0.1:{port}"], env=env, capture_output=True,
+                               text=True, timeout=120)  # fmt: skip
+        assert alive.returncode == 0, alive.stderr[-1000:]  # kinv disconnected; it did not stop the cluster
+    finally:
+        subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=180)
+
+
+@pytest.mark.slow
+def test_a_driver_killed_mid_campaign_under_ray_resumes_to_the_same_config(tmp_path):
+    """SIGKILL of the driver while a #7b variant is live on disk, the campaign running on Ray actors; the next
+    `kinv campaign --executor ray` restores the file, finishes the chain, and chooses what the unbroken run
+    chose at every level."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = replay_env(tmp_path, tmp_path / "state", RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
+    cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
+    before = cfg.read_bytes()
+    args = ["campaign", PLAN, "--backend", "replay", "--approval", "auto-config", "--executor", "ray",
+            "--ray-actors", "2"]  # fmt: skip
+    p = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    seen, t0, in_7b = "", time.time(), False
+    while time.time() - t0 < 600:
+        line = p.stdout.readline()
+        seen += line
+        in_7b = in_7b or line.startswith("#7b ")  # the workstream's header; its patch lines name the variant
+        if (in_7b and "patched to" in line) or (not line and p.poll() is not None):
+            break
+    assert p.poll() is None and in_7b and "patched to" in line, seen[-2000:]
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    r = run_kinv(env, *args, timeout=900)
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]  # auto-config: the adoption waits for a person
+    assert cfg.read_bytes() == before  # the variant the kill left on disk was restored; nothing adopted yet
+    summary = json.loads(run_kinv(env, "campaign", PLAN, "--backend", "replay", "--json").stdout)
+    assert {k: v["config"] for k, v in summary["levels"].items()} == EXPECTED_LEVELS
