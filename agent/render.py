@@ -130,10 +130,11 @@ def show(console, v) -> None:
     common, short = level_names([s.level for s in v.sample_summary] + [r.level for r in v.effects])
     title = f"levels {common}" if common else None
     if v.sample_summary:
-        t = table("level", "arm", "n", "median µs", "min", "max", "CV", title=title)
+        placed = any(s.place for s in v.sample_summary)  # a Ray run: which GPU timed each row
+        t = table("level", "arm", *(["GPU"] if placed else []), "n", "median µs", "min", "max", "CV", title=title)
         for s in v.sample_summary:
-            t.add_row(short[s.level], s.arm, str(s.n), f"{s.median_us:.2f}", f"{s.min_us:.2f}", f"{s.max_us:.2f}",
-                      f"{s.cv:.2%}")
+            t.add_row(short[s.level], s.arm, *([s.place or ""] if placed else []), str(s.n), f"{s.median_us:.2f}",
+                      f"{s.min_us:.2f}", f"{s.max_us:.2f}", f"{s.cv:.2%}")  # fmt: skip
         console.print(t)
     if v.effects:
         conf = v.effects[0].conf

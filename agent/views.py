@@ -177,6 +177,7 @@ class SampleSummary(View):
     min_us: float = Field(description="fastest sample, microseconds")
     max_us: float = Field(description="slowest sample, microseconds")
     cv: float = Field(description="coefficient of variation (population std / mean)")
+    place: str | None = Field(None, description="the GPU (Ray actor) that timed them; none in one process")
 
 
 class NoiseView(View):
@@ -433,17 +434,18 @@ def backups(store: Store) -> list[BackupView]:
 
 
 def summarize_samples(samples: Iterable[dict]) -> list[SampleSummary]:
-    """Samples grouped by (level, arm) in order of first appearance: n, median, min, max, cv."""
-    groups: dict[tuple[str, str], list[float]] = {}
+    """Samples grouped by (level, arm, place) in order of first appearance: n, median, min, max, cv.  Times from
+    different GPUs are never pooled: a screening on Ray has an incumbent arm on each."""
+    groups: dict[tuple[str, str, str | None], list[float]] = {}
     for s in samples:
         if s.get("us") is not None:
-            groups.setdefault((str(s.get("level")), str(s.get("arm"))), []).append(float(s["us"]))
+            groups.setdefault((str(s.get("level")), str(s.get("arm")), s.get("place")), []).append(float(s["us"]))
     out = []
-    for (level, arm), us in groups.items():
+    for (level, arm, place), us in groups.items():
         mean = statistics.fmean(us)
         cv = statistics.pstdev(us) / mean if len(us) > 1 and mean > 0 else 0.0
         out.append(SampleSummary(level=level, arm=arm, n=len(us), median_us=statistics.median(us), min_us=min(us),
-                                 max_us=max(us), cv=cv))  # fmt: skip
+                                 max_us=max(us), cv=cv, place=place))  # fmt: skip
     return out
 
 

@@ -420,3 +420,15 @@ def test_report_env_and_todo_exports_give_json_of_the_same_content(tmp_path, sta
     for fmt in ("opencode", "claude"):
         todos = json.loads(run_kinv(env, "todos", "3b", "--format", fmt).stdout)
         assert list(todos) == ["todos"] and {t["content"] for t in todos["todos"]} >= {"V1: BLOCK_T 32"}
+
+
+def test_sample_summaries_never_pool_times_from_two_gpus():
+    """A screening on Ray has an incumbent arm on each GPU: `kinv show` keeps them apart, one row per GPU."""
+    from kinv.agent.views import summarize_samples
+
+    rows = [{"level": "b1", "arm": "I", "us": 10.0, "place": "actor0@n/gpu0"},
+            {"level": "b1", "arm": "I", "us": 10.1, "place": "actor0@n/gpu0"},
+            {"level": "b1", "arm": "I", "us": 10.6, "place": "actor1@n/gpu1"}]  # fmt: skip
+    got = summarize_samples(rows)
+    assert [(s.place, s.n, s.median_us) for s in got] == [("actor0@n/gpu0", 2, 10.05), ("actor1@n/gpu1", 1, 10.6)]
+    assert summarize_samples([{"level": "b1", "arm": "A", "us": 1.0}])[0].place is None  # one process: no place
