@@ -191,3 +191,23 @@ def test_a_driver_killed_mid_campaign_under_ray_resumes_to_the_same_config(tmp_p
     assert cfg.read_bytes() == before  # the variant the kill left on disk was restored; nothing adopted yet
     summary = json.loads(run_kinv(env, "campaign", PLAN, "--backend", "replay", "--json").stdout)
     assert {k: v["config"] for k, v in summary["levels"].items()} == EXPECTED_LEVELS
+
+
+@pytest.mark.slow
+def test_a_lost_actor_that_cannot_be_replaced_stops_with_one_line_instead_of_waiting(monkeypatch):
+    """A node gone with its GPU: the replacement actor finds no room.  The executor waits a bounded time and says
+    so in one line (the campaign then stops; `kinv campaign` resumes it later), instead of hanging."""
+    from kinv.agent.tools.executor import ExecutorError, RayExecutor
+
+    monkeypatch.setenv("KINV_FORCE_NO_GPU", "1")
+    ex = RayExecutor("replay", actors=2)
+    try:
+        monkeypatch.setenv("KINV_RAY_PLACE_TIMEOUT_S", "0")  # no actor starts in no time
+        with pytest.raises(ExecutorError) as got:
+            ex.replace(1, "in a test")
+        msg = str(got.value)
+        assert "actor 1 died and no new actor could be placed within 0 s" in msg and "\n" not in msg
+        assert "run kinv campaign again to resume" in msg
+        assert ex.lost and "actor 1" in ex.lost[0]
+    finally:
+        ex.close()

@@ -114,8 +114,7 @@ class RayExecutor:
                 losses.append(what)
                 if len(losses) > 3 * len(jobs):
                     raise ExecutorError(f"Ray actors keep dying ({len(losses)} losses): {what}") from None
-                self.actors[i] = self._new(i)
-                self.places[i] = ray.get(self.actors[i].where.remote())
+                self._respawn(i)
                 queue.append(j)
                 free.append(i)
         self.lost += losses
@@ -134,9 +133,22 @@ class RayExecutor:
         self.lost.append(what)
         if len(self.lost) > 8 * self.width + 8:
             raise ExecutorError(f"Ray actors keep dying ({len(self.lost)} losses): {what}")
-        self.actors[i] = self._new(i)
-        self.places[i] = self.ray.get(self.actors[i].where.remote())
+        self._respawn(i)
         return what
+
+    def _respawn(self, i: int) -> None:
+        """A new actor ``i``, placed within KINV_RAY_PLACE_TIMEOUT_S (120 s): a cluster with no GPU left for it
+        (a node gone) stops the campaign with one line instead of waiting forever; `kinv campaign` resumes."""
+        from ray.exceptions import GetTimeoutError
+
+        limit = float(os.environ.get("KINV_RAY_PLACE_TIMEOUT_S", "120"))
+        self.actors[i] = self._new(i)
+        try:
+            self.places[i] = self.ray.get(self.actors[i].where.remote(), timeout=limit)
+        except GetTimeoutError:
+            need = "a GPU" if self.options.get("num_gpus") else "a CPU"
+            raise ExecutorError(f"actor {i} died and no new actor could be placed within {limit:g} s (the Ray cluster "
+                                f"has no {need} free for it); stopped: run kinv campaign again to resume") from None
 
     def close(self) -> None:
         if getattr(self, "_backend", None) is not None:
