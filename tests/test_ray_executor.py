@@ -211,3 +211,29 @@ def test_a_lost_actor_that_cannot_be_replaced_stops_with_one_line_instead_of_wai
         assert ex.lost and "actor 1" in ex.lost[0]
     finally:
         ex.close()
+
+
+@pytest.mark.slow
+def test_a_remote_arm_answers_setup_and_sample_like_a_local_one(monkeypatch):
+    """A Ray-hosted arm set up and sampled one level at a time gives the replay's sample for that round, the
+    same as the arm opened in this process, and says which actor timed it."""
+    from kinv.agent.tools import bench
+    from kinv.agent.tools.executor import RayExecutor
+
+    monkeypatch.setenv("KINV_FORCE_NO_GPU", "1")
+    seed = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
+    env = {"TARGET_CTAS": "512"}
+    from kinv.agent.models import load_plan
+
+    level = next(lv for lv in load_plan(str(ROOT / PLAN))[0].levels() if lv.label == "b32")
+    local = bench.get_backend("replay").open("A0", "mla_decode", seed, env, replica=0)
+    ex = RayExecutor("replay", actors=2)
+    try:
+        arm = ex.measuring_backend().open("A0", "mla_decode", seed, env, replica=0)
+        arm.setup(level)
+        got = arm.sample(level, 3)
+        assert got["us"] == local.sample(level, 3)["us"] and got["place"].startswith("actor")
+        arm.close()
+    finally:
+        ex.close()
+        local.close()

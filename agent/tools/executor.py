@@ -238,9 +238,10 @@ class _Bench:
     def sample_part(self, part: list[tuple[dict, list[int]]], round_index: int, where: str) -> dict:
         """This actor's levels of one round: at each level its arms in the given order, back to back."""
         from kinv.agent.tools import bench
+        from kinv.agent.tools.screening import _fault
         from kinv.kernels.adapter import get_adapter
 
-        _fault_arm("sample", where)
+        _fault("sample", where)
         out = {}
         try:
             for d, aids in part:
@@ -276,12 +277,6 @@ class _Bench:
         for aid in list(getattr(self, "_arms", {})):
             self.close_arm(aid)
         shutil.rmtree(self._dir(), ignore_errors=True)
-
-
-def _fault_arm(point: str, where: str) -> None:
-    from kinv.agent.tools.screening import _fault
-
-    _fault(point, where)
 
 
 class RemoteArm:
@@ -326,11 +321,15 @@ class RemoteArm:
 
         return config_hash(self.config)
 
-    def setup(self, level) -> dict:  # the backend's prepare() sets up where each level runs
-        raise NotImplementedError("a RemoteArm is set up through RayBackend.prepare")
+    def setup(self, level) -> dict:
+        """Set up one level on the actor that owns it (a measurement sets up all its levels at once through
+        RayBackend.prepare)."""
+        self.backend.prepare([self], [level])
+        return {}
 
     def sample(self, level, round_index: int) -> dict:
-        raise NotImplementedError("a RemoteArm is sampled through RayBackend.sample_round")
+        """One sample at a level, on the actor that owns it (a round goes through RayBackend.sample_round)."""
+        return self.backend.sample_round([self], [level], round_index, {level.key: [0]})[level.key][0]
 
     def close(self) -> None:
         self.backend.close_arm(self)
