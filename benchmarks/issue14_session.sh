@@ -3,11 +3,12 @@
 # patched kernel) run by kinv, each adopted through `kinv adopt` when it wins; then the shipped config file
 # timed at every level of the goal and put through the correctness gate.
 # Runs from a checkout with nothing installed; needs the wheels of .whl/ on PYTHONPATH (see gpu_session.sh).
+# Later rounds: WS="9a 9b" ADOPT_ORDER="S1 V1" OUT=... bash benchmarks/issue14_session.sh (#9a, #9b).
 export PYTHONUNBUFFERED=1
 FINAL=${OUT:-/tmp/kinv-out}; OUT=/tmp/kinv-issue14; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
-ST=/tmp/kinv-state-8; rm -rf "$ST"
+ST=/tmp/kinv-state-${WS:-8}; ST=${ST// /}; rm -rf "$ST"
 kinv() { python3 -m kinv.agent.cli "$@"; }
-for ws in 8a 8b; do
+for ws in ${WS:-8a 8b}; do
   plan=$(ls plans/$ws-*.yaml)
   /usr/bin/time -f "$ws wall %e s" python3 -m kinv.agent.cli run "$plan" --backend cuda --approval auto \
     --state-dir "$ST" 2>&1 | grep -v "\] round" | tail -14
@@ -18,13 +19,13 @@ for ws in 8a 8b; do
       adopted=$v; echo "adopted $ws $v"; tail -12 "$OUT/adopt-$ws-$v.txt"; break
     fi
   done
-  # #8b's configs mean something only on the patched kernel
+  # #8b's (#9b's) configs mean something only on the patched kernel
   [ -z "$adopted" ] && { echo "nothing of $ws adopted"; tail -n 3 "$OUT"/adopt-$ws-*.txt; break; }
 done
 git diff --stat kernels; git diff kernels/configs > "$OUT/configs.diff"; cp kernels/configs/mla_decode.json "$OUT/"
 python3 benchmarks/mla_gate.py --out "$OUT/mla_gate_h200.json" 2>&1 | tail -5
 timeout -s INT ${TABLE_S:-150} python3 benchmarks/mla_ceiling.py --grid shipped --jobs 2 \
   --out "$OUT/mla_ceiling_shipped_h200.json" 2>&1 | grep -v "^$" | tail -16
-cp "$ST"/reports/* "$OUT"/ 2>/dev/null; cp "$ST/kinv.db" "$OUT/kinv-h200-8.db"
+cp "$ST"/reports/* "$OUT"/ 2>/dev/null; cp "$ST/kinv.db" "$OUT/kinv-h200.db"
 cp "$ST"/adoptions/* "$OUT"/ 2>/dev/null; sha256sum kernels/mla_decode.py
 tar czf "$FINAL/issue14.tgz" -C "$OUT" . && ls -la "$OUT"

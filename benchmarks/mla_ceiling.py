@@ -2,6 +2,7 @@
 
     python benchmarks/mla_ceiling.py --grid explore --out benchmarks/results/mla_ceiling_h200.json
     python benchmarks/mla_ceiling.py --grid shipped --out ...   # the shipped config file, every level
+    python benchmarks/mla_ceiling.py --grid merge --out ...     # #9a's screening (needs its source patch)
 
 Standard library + the worker (torch, triton) only, so it runs on the GPU machine as it is.  Every figure
 comes from ``agent/tools/bench_worker.py`` (correctness on fresh random inputs with the output poisoned,
@@ -61,7 +62,13 @@ def grid(name: str) -> list[dict]:
                  itertools.product((0, 1), (0, 2), (32, 64), (4, 8), (2, 3))]
         return [seed, campaign7, *space, cfg(64, 4, 4, 2, 1), cfg(32, 4, 4, 2, 1), cfg(64, 8, 4, 1, 1),
                 cfg(32, 4, 3, 3, 1), cfg(32, 4, 3, 1, 1), cfg(64, 4, 3, 1, 1)]
-    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped")
+    if name == "merge":
+        # #9a's screening: the value columns in halves (every config) and the merge in stage 1 (MERGE 1) at
+        # batch >= 2; batch 1 keeps the separate merge (64 splits are too many for one program to merge)
+        b1 = {"batch_max": 1, "num_warps": 8, "num_stages": 2, "TMA": 1, "MERGE": 0}
+        return [shipped, *[{**cfg(64, 4, s, cps, tma), "MERGE": 1, "overrides": [b1]}
+                           for s, cps, tma in ((2, 2, 0), (3, 2, 0), (2, 2, 1), (3, 1, 1))]]
+    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped, merge")
 
 
 def level_dict(shape, ctx, b):

@@ -62,15 +62,17 @@ SPEC = TunableSpec(
                 "0 (splits from TARGET_CTAS) or 1-4 (splits sized to whole waves of that many CTAs per SM)", default=0),
         Tunable("TMA", (0, 1), "tma", "0 (gathered KV rows) or 1 (bulk tensor-descriptor loads of whole tiles)",
                 default=0),
+        Tunable("MERGE", (0, 1), "mrg",
+                "0 (a second kernel merges the splits) or 1 (the last split of each request merges them)", default=0),
     ),
     override_dims={"batch": "b"},
 )
 
 def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_stages: int = 2,
-               CTAS_PER_SM: int = 0, TMA: int = 0) -> Params:  # fmt: skip
+               CTAS_PER_SM: int = 0, TMA: int = 0, MERGE: int = 0) -> Params:  # fmt: skip
     """Launch parameters of the MLA kernel (defaults: the seed's baseline BT16/BH16/w4/s2)."""
     values = {"BLOCK_T": BLOCK_T, "BLOCK_H": BLOCK_H, "num_warps": num_warps, "num_stages": num_stages,
-              "CTAS_PER_SM": CTAS_PER_SM, "TMA": TMA}  # fmt: skip
+              "CTAS_PER_SM": CTAS_PER_SM, "TMA": TMA, "MERGE": MERGE}  # fmt: skip
     return SPEC.resolve(SPEC.validate({**values, "kernel": "mla_decode"}), {})
 
 
