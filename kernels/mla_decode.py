@@ -44,8 +44,20 @@ config without them runs the seed's kernel:
 * ``TMA`` 1: full tiles are read with bulk tensor-descriptor loads (one copy of
   BLOCK_T consecutive rows of one page) when BLOCK_T divides the page size.
 
-Every split's last, partial tile is peeled off its loop (the loop's tiles need
-no mask), and stage 2 merges up to STAGE2_BLOCK_S splits per load.
+With bulk loads, every split's last, partial tile is peeled off its loop (the
+loop's tiles need no mask); stage 2 merges up to STAGE2_BLOCK_S splits per load.
+
+Workstream #9a (issue 14): stage 1 keeps the value columns in two halves (two
+[BLOCK_H, D_V/2] accumulators and two operands per tile instead of one of each),
+and the gathering path has one loop body for every tile (the partial last tile
+clamps its rows and masks its scores) instead of a second, peeled copy; both
+lower register pressure, and the math is the same.  A third optional
+tunable, also off by default:
+
+* ``MERGE`` 1: no second launch.  Each split stores its partial output, then
+  takes a ticket from a per-(request, head tile) counter; the split that takes
+  the last ticket merges all partial outputs (read back from L2) and resets the
+  counter for the next launch.  One split writes its output directly.
 """
 
 from __future__ import annotations
@@ -74,9 +86,11 @@ WAVE_OVERHEAD_TOKENS = 64
 # Triton kernels
 # --------------------------------------------------------------------------- #
 @triton.jit
-def _mla_tile(q, q_tail, kv, kv_tail, m_i, l_i, acc, mask_t, qk_scale, D_TAIL: tl.constexpr, MASKED: tl.constexpr):
-    """One BLOCK_T tile of the online softmax: scores, running max and sum, accumulator."""
-    qk = tl.dot(q, tl.trans(kv))
+def _mla_tile(q0, q1, q_tail, kv0, kv1, kv_tail, m_i, l_i, acc0, acc1, mask_t, qk_scale,
+              D_TAIL: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """One BLOCK_T tile of the online softmax: scores, running max and sum, and the two value halves."""
+    qk = tl.dot(q0, tl.trans(kv0))
+    qk += tl.dot(q1, tl.trans(kv1))
     if D_TAIL > 0:
         qk += tl.dot(q_tail, tl.trans(kv_tail))
     qk = qk * qk_scale
@@ -86,8 +100,10 @@ def _mla_tile(q, q_tail, kv, kv_tail, m_i, l_i, acc, mask_t, qk_scale, D_TAIL: t
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
-    return m_new, l_i, acc
+    p = p.to(kv0.dtype)
+    acc0 = acc0 * alpha[:, None] + tl.dot(p, kv0)
+    acc1 = acc1 * alpha[:, None] + tl.dot(p, kv1)
+    return m_new, l_i, acc0, acc1
 
 
 @triton.jit
@@ -95,12 +111,14 @@ def _mla_decode_stage1(
     # pointers
     Q,
     KV,
-    KVDesc,  # tensor descriptor of KV rows, block [BLOCK_T, D_V] (USE_TMA), else KV again
+    KVDesc,  # tensor descriptor of KV rows, block [BLOCK_T, D_V // 2] (USE_TMA), else KV again
     KVTailDesc,  # the same for the rope tail, block [BLOCK_T, D_TAIL]
     BlockTable,
     SeqLens,
     PartialO,
     PartialLse,
+    Out,  # written here only with MERGE
+    Counters,  # int32 per (request, head tile), zero between launches (MERGE)
     # sizes
     num_heads,
     page_size,
@@ -115,12 +133,15 @@ def _mla_decode_stage1(
     stride_pos,
     stride_plb,
     stride_plh,
+    stride_ob,
+    stride_oh,
     # meta-parameters
     D_V: tl.constexpr,
     D_TAIL: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
     USE_TMA: tl.constexpr,
+    MERGE: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -133,65 +154,120 @@ def _mla_decode_stage1(
     tiles_per_split = tl.cdiv(n_tiles, num_splits)
     start = pid_s * tiles_per_split * BLOCK_T
     end = tl.minimum(start + tiles_per_split * BLOCK_T, seq_len)
-    # full tiles need no mask; the one partial tile (the sequence's last) is peeled off after the loop
+    # bulk loads (USE_TMA) take full tiles only; the one partial tile (the sequence's last) is peeled off
     full_end = tl.maximum(start, start + ((end - start) // BLOCK_T) * BLOCK_T)
 
+    HALF: tl.constexpr = D_V // 2
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
-    offs_d = tl.arange(0, D_V)
+    offs_a = tl.arange(0, HALF)  # a column of one value half: the second half is HALF + offs_a
     offs_tt = tl.arange(0, BLOCK_T)
 
     # ---- queries stay in registers for the whole split ----------------------
     q_ptrs = Q + pid_b * stride_qb + offs_h[:, None] * stride_qh
-    q = tl.load(q_ptrs + offs_d[None, :], mask=mask_h[:, None], other=0.0)
+    q0 = tl.load(q_ptrs + offs_a[None, :], mask=mask_h[:, None], other=0.0)
+    q1 = tl.load(q_ptrs + HALF + offs_a[None, :], mask=mask_h[:, None], other=0.0)
     offs_tail = D_V + tl.arange(0, D_TAIL if D_TAIL > 0 else 16)
-    q_tail = q
+    q_tail = q0
     if D_TAIL > 0:
         q_tail = tl.load(q_ptrs + offs_tail[None, :], mask=mask_h[:, None], other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, D_V], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
     bt_row = BlockTable + pid_b * stride_bt_b
 
-    # ---- stream the split's full tiles: online softmax, no masks ------------
-    for t0 in range(start, full_end, BLOCK_T):
-        if USE_TMA:
+    if USE_TMA:
+        # ---- stream the split's full tiles in bulk: online softmax, no masks ----
+        for t0 in range(start, full_end, BLOCK_T):
             # BLOCK_T divides the page size: the tile is BLOCK_T consecutive rows of one page
             row0 = tl.load(bt_row + t0 // page_size) * page_size + t0 % page_size
-            kv = KVDesc.load([row0, 0])
-            kv_tail = kv
+            kv0 = KVDesc.load([row0, 0])
+            kv1 = KVDesc.load([row0, HALF])
+            kv_tail = kv0
             if D_TAIL > 0:
                 kv_tail = KVTailDesc.load([row0, D_V])
-        else:
-            offs_t = t0 + offs_tt
-            page = tl.load(bt_row + offs_t // page_size)
+            m_i, l_i, acc0, acc1 = _mla_tile(q0, q1, q_tail, kv0, kv1, kv_tail, m_i, l_i, acc0, acc1,
+                                             offs_tt < BLOCK_T, qk_scale, D_TAIL, False)  # fmt: skip
+        # ---- the partial last tile, gathered with a mask --------------------
+        if full_end < end:
+            offs_t = full_end + offs_tt
+            mask_t = offs_t < end
+            page = tl.load(bt_row + offs_t // page_size, mask=mask_t, other=0)
             kv_ptrs = KV + (page.to(tl.int64) * page_size + offs_t % page_size)[:, None] * stride_kv_row
-            kv = tl.load(kv_ptrs + offs_d[None, :])
-            kv_tail = kv
+            kv0 = tl.load(kv_ptrs + offs_a[None, :], mask=mask_t[:, None], other=0.0)
+            kv1 = tl.load(kv_ptrs + HALF + offs_a[None, :], mask=mask_t[:, None], other=0.0)
+            kv_tail = kv0
+            if D_TAIL > 0:
+                kv_tail = tl.load(kv_ptrs + offs_tail[None, :], mask=mask_t[:, None], other=0.0)
+            m_i, l_i, acc0, acc1 = _mla_tile(q0, q1, q_tail, kv0, kv1, kv_tail, m_i, l_i, acc0, acc1,
+                                             mask_t, qk_scale, D_TAIL, True)  # fmt: skip
+    else:
+        # ---- one loop body for every tile: the partial last tile's rows are clamped to the split's last
+        # token (real data, never past the cache) and masked out of the scores ------------------------
+        for t0 in range(start, end, BLOCK_T):
+            offs_t = t0 + offs_tt
+            mask_t = offs_t < end
+            offs_c = tl.minimum(offs_t, end - 1)
+            page = tl.load(bt_row + offs_c // page_size)
+            kv_ptrs = KV + (page.to(tl.int64) * page_size + offs_c % page_size)[:, None] * stride_kv_row
+            kv0 = tl.load(kv_ptrs + offs_a[None, :])
+            kv1 = tl.load(kv_ptrs + HALF + offs_a[None, :])
+            kv_tail = kv0
             if D_TAIL > 0:
                 kv_tail = tl.load(kv_ptrs + offs_tail[None, :])
-        m_i, l_i, acc = _mla_tile(q, q_tail, kv, kv_tail, m_i, l_i, acc, offs_tt < BLOCK_T, qk_scale, D_TAIL, False)
+            m_i, l_i, acc0, acc1 = _mla_tile(q0, q1, q_tail, kv0, kv1, kv_tail, m_i, l_i, acc0, acc1,
+                                             mask_t, qk_scale, D_TAIL, True)  # fmt: skip
 
-    # ---- the partial last tile, gathered with a mask ------------------------
-    if full_end < end:
-        offs_t = full_end + offs_tt
-        mask_t = offs_t < end
-        page = tl.load(bt_row + offs_t // page_size, mask=mask_t, other=0)
-        kv_ptrs = KV + (page.to(tl.int64) * page_size + offs_t % page_size)[:, None] * stride_kv_row
-        kv = tl.load(kv_ptrs + offs_d[None, :], mask=mask_t[:, None], other=0.0)
-        kv_tail = kv
-        if D_TAIL > 0:
-            kv_tail = tl.load(kv_ptrs + offs_tail[None, :], mask=mask_t[:, None], other=0.0)
-        m_i, l_i, acc = _mla_tile(q, q_tail, kv, kv_tail, m_i, l_i, acc, mask_t, qk_scale, D_TAIL, True)
-
-    # ---- write the split's normalized partial output and its lse -----------
+    # ---- the split's normalized partial output and its lse -----------------
     has_tokens = l_i > 0.0
-    o = acc / tl.where(has_tokens, l_i, 1.0)[:, None]
+    inv_l = 1.0 / tl.where(has_tokens, l_i, 1.0)
     lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
-    po_ptrs = PartialO + pid_b * stride_pob + offs_h[:, None] * stride_poh + pid_s * stride_pos
-    tl.store(po_ptrs + offs_d[None, :], o, mask=mask_h[:, None])
-    tl.store(PartialLse + pid_b * stride_plb + offs_h * stride_plh + pid_s, lse, mask=mask_h)
+    out_ptrs = Out + pid_b * stride_ob + offs_h[:, None] * stride_oh
+    one_split = False
+    if MERGE:
+        one_split = num_splits == 1
+    if one_split:
+        # MERGE with one split: its partial output is the output
+        tl.store(out_ptrs + offs_a[None, :], (acc0 * inv_l[:, None]).to(Out.dtype.element_ty), mask=mask_h[:, None])
+        tl.store(out_ptrs + HALF + offs_a[None, :], (acc1 * inv_l[:, None]).to(Out.dtype.element_ty),
+                 mask=mask_h[:, None])  # fmt: skip
+    else:
+        po_ptrs = PartialO + pid_b * stride_pob + offs_h[:, None] * stride_poh
+        tl.store(po_ptrs + pid_s * stride_pos + offs_a[None, :], acc0 * inv_l[:, None], mask=mask_h[:, None])
+        tl.store(po_ptrs + pid_s * stride_pos + HALF + offs_a[None, :], acc1 * inv_l[:, None], mask=mask_h[:, None])
+        lse_ptrs = PartialLse + pid_b * stride_plb + offs_h * stride_plh
+        tl.store(lse_ptrs + pid_s, lse, mask=mask_h)
+        if MERGE:
+            # every thread's stores are done before the ticket is taken (the ticket releases them)
+            tl.debug_barrier()
+            counter = Counters + pid_b * tl.num_programs(1) + pid_h
+            ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if ticket == num_splits - 1:
+                # the last split: merge every split's partial output, read past L1 (.cg)
+                lse_max = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+                for s in range(0, num_splits):
+                    lse_s = tl.load(lse_ptrs + s, mask=mask_h, other=0.0, cache_modifier=".cg")
+                    lse_max = tl.maximum(lse_max, lse_s)
+                o0 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+                o1 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+                denom = tl.zeros([BLOCK_H], dtype=tl.float32)
+                for s in range(0, num_splits):
+                    w = tl.exp2(tl.load(lse_ptrs + s, mask=mask_h, other=0.0, cache_modifier=".cg") - lse_max)
+                    p0 = tl.load(po_ptrs + s * stride_pos + offs_a[None, :], mask=mask_h[:, None], other=0.0,
+                                 cache_modifier=".cg")  # fmt: skip
+                    p1 = tl.load(po_ptrs + s * stride_pos + HALF + offs_a[None, :], mask=mask_h[:, None],
+                                 other=0.0, cache_modifier=".cg")  # fmt: skip
+                    o0 += w[:, None] * p0
+                    o1 += w[:, None] * p1
+                    denom += w
+                inv = 1.0 / denom
+                tl.store(out_ptrs + offs_a[None, :], (o0 * inv[:, None]).to(Out.dtype.element_ty),
+                         mask=mask_h[:, None])  # fmt: skip
+                tl.store(out_ptrs + HALF + offs_a[None, :], (o1 * inv[:, None]).to(Out.dtype.element_ty),
+                         mask=mask_h[:, None])  # fmt: skip
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
@@ -340,6 +416,8 @@ def mla_decode_scratch(batch: int, num_heads: int, num_splits: int, d_v: int, de
     return {
         "partial_o": torch.empty((batch, num_heads, num_splits, d_v), dtype=torch.float32, device=device),
         "partial_lse": torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=device),
+        # MERGE's tickets, one per (request, head tile) at most; each launch leaves them at zero
+        "counters": torch.zeros((batch * num_heads,), dtype=torch.int32, device=device),
     }
 
 
@@ -390,23 +468,32 @@ def mla_decode_launch(
         out = torch.empty((batch, num_heads, d_v), dtype=q.dtype, device=q.device)
 
     use_tma = _tma_ok(params, kv_cache, d_v)
+    merge = bool(params.get("MERGE", 0))
+    counters = scratch.get("counters")
+    if merge and (counters is None or counters.numel() < batch * head_tiles):
+        raise ValueError("MERGE=1 needs scratch['counters'], zeroed int32 of batch * head tiles; "
+                         "mla_decode_scratch makes it")  # fmt: skip
     kv_desc = kv_tail_desc = kv_rows
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        kv_desc = TensorDescriptor.from_tensor(kv_rows, [params.BLOCK_T, d_v])
+        kv_desc = TensorDescriptor.from_tensor(kv_rows, [params.BLOCK_T, d_v // 2])
         kv_tail_desc = TensorDescriptor.from_tensor(kv_rows, [params.BLOCK_T, max(16, d_qk - d_v)])
     compiled = _mla_decode_stage1[(batch, head_tiles, num_splits)](
         q, kv_rows, kv_desc, kv_tail_desc, block_table, seq_lens, partial_o, partial_lse,
+        out, counters if merge else partial_lse,
         num_heads, page_size, sm_scale * LOG2E,
         q.stride(0), q.stride(1),
         kv_rows.stride(0),
         block_table.stride(0),
         partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
         partial_lse.stride(0), partial_lse.stride(1),
+        out.stride(0), out.stride(1),
         D_V=d_v, D_TAIL=d_qk - d_v, BLOCK_H=params.BLOCK_H, BLOCK_T=params.BLOCK_T, USE_TMA=use_tma,
-        num_warps=params.num_warps, num_stages=params.num_stages,
+        MERGE=merge, num_warps=params.num_warps, num_stages=params.num_stages,
     )  # fmt: skip
+    if merge:
+        return out, compiled
     block_dv = min(STAGE2_BLOCK_DV, d_v)
     _mla_decode_stage2[(batch, num_heads, d_v // block_dv)](
         partial_o, partial_lse, out,
