@@ -11,9 +11,9 @@ launches cycling through input sets whose KV together exceeds 3x L2; ms per repl
               the intercept of stage 1 over the context is the cost per launch that does not scale;
 * ``stream``: a kernel with stage 1's grid and loads that only sums the tiles (no dots, no softmax): the
               ceiling of the access pattern itself;
-* ``splits``: stage 1 + 2 at V3/4096/b64 and b1 with the split count forced;
-* ``chunked``: stage 1 with the 512 value columns in two halves of 256 (two accumulators, two PV dots,
-              smaller operands), correctness checked against the reference, then timed.
+* ``splits``: stage 1 + 2 at V3/4096/b64 and b1 with the split count forced.
+The first run (benchmarks/results/mla_anatomy_h200.json, kernel 6ec1a2667030) also timed a ``chunked`` part: stage 1
+with the value columns in two halves, which became #9a's source patch (kernel 41cae75d46c1) and left this script.
 
 Standard library, torch and triton only (runs on the GPU machine as it is).
 """
@@ -65,8 +65,8 @@ def splits_for(inp, p):
     return K.num_kv_splits(b, 1, inp["ctx"], p.BLOCK_T, ctas_per_sm=p.get("CTAS_PER_SM", 0))
 
 
-def launch(inp, p, scratch, out, *, stage1=True, stage2=True, kernel1=None, splits=None):
-    """The shipped launch, either stage alone; ``kernel1`` swaps stage 1 for an experimental one."""
+def launch(inp, p, scratch, out, *, stage1=True, stage2=True, splits=None):
+    """The shipped launch (the split merge as a second launch, MERGE 0), either stage alone."""
     q, kv, d_v, d_qk = inp["q"], inp["kv"], inp["d_v"], inp["d_qk"]
     b = q.shape[0]
     s = scratch["partial_o"].shape[2]
@@ -76,16 +76,16 @@ def launch(inp, p, scratch, out, *, stage1=True, stage2=True, kernel1=None, spli
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        half = d_v // 2 if kernel1 is _chunked_stage1 else d_v
-        desc = TensorDescriptor.from_tensor(rows, [p.BLOCK_T, half])
+        desc = TensorDescriptor.from_tensor(rows, [p.BLOCK_T, d_v // 2])
         tail = TensorDescriptor.from_tensor(rows, [p.BLOCK_T, max(16, d_qk - d_v)])
     po, pl = scratch["partial_o"], scratch["partial_lse"]
     if stage1:
-        (kernel1 or K._mla_decode_stage1)[(b, 1, s)](
-            q, rows, desc, tail, inp["bt"], inp["lens"], po, pl, HEADS, PAGE, d_qk ** -0.5 * K.LOG2E,
+        K._mla_decode_stage1[(b, 1, s)](
+            q, rows, desc, tail, inp["bt"], inp["lens"], po, pl, out, scratch["counters"],
+            HEADS, PAGE, d_qk ** -0.5 * K.LOG2E,
             q.stride(0), q.stride(1), rows.stride(0), inp["bt"].stride(0),
-            po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-            D_V=d_v, D_TAIL=d_qk - d_v, BLOCK_H=p.BLOCK_H, BLOCK_T=p.BLOCK_T, USE_TMA=use_tma,
+            po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1), out.stride(0), out.stride(1),
+            D_V=d_v, D_TAIL=d_qk - d_v, BLOCK_H=p.BLOCK_H, BLOCK_T=p.BLOCK_T, USE_TMA=use_tma, MERGE=False,
             num_warps=p.num_warps, num_stages=p.num_stages)  # fmt: skip
     if stage2:
         K._mla_decode_stage2[(b, HEADS, d_v // 128)](
@@ -122,79 +122,6 @@ def _stream_only(KV, BlockTable, SeqLens, Out, page_size, stride_kv_row, stride_
     tl.store(row + offs_d, acc)
     if D_TAIL > 0:
         tl.store(row + offs_tail, acc_t)
-
-
-@triton.jit
-def _chunked_stage1(
-    Q, KV, KVDesc, KVTailDesc, BlockTable, SeqLens, PartialO, PartialLse,
-    num_heads, page_size, qk_scale,
-    stride_qb, stride_qh, stride_kv_row, stride_bt_b, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
-    D_V: tl.constexpr, D_TAIL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, USE_TMA: tl.constexpr,
-):  # fmt: skip
-    """Stage 1 with the value columns in two halves: two [BLOCK_H, D_V/2] accumulators, each half of the
-    tile its own operand.  Same math; full tiles only (the experiment's contexts are whole tiles)."""
-    HALF: tl.constexpr = D_V // 2
-    pid_b = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    pid_s = tl.program_id(2)
-    seq_len = tl.load(SeqLens + pid_b)
-    n_tiles = tl.cdiv(seq_len, BLOCK_T)
-    per = tl.cdiv(n_tiles, tl.num_programs(2))
-    start = pid_s * per * BLOCK_T
-    end = tl.minimum(start + per * BLOCK_T, seq_len)
-    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask_h = offs_h < num_heads
-    offs_a = tl.arange(0, HALF)
-    offs_tt = tl.arange(0, BLOCK_T)
-    q_ptrs = Q + pid_b * stride_qb + offs_h[:, None] * stride_qh
-    q0 = tl.load(q_ptrs + offs_a[None, :], mask=mask_h[:, None], other=0.0)
-    q1 = tl.load(q_ptrs + HALF + offs_a[None, :], mask=mask_h[:, None], other=0.0)
-    offs_tail = D_V + tl.arange(0, D_TAIL if D_TAIL > 0 else 16)
-    q_tail = q0
-    if D_TAIL > 0:
-        q_tail = tl.load(q_ptrs + offs_tail[None, :], mask=mask_h[:, None], other=0.0)
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc0 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
-    bt_row = BlockTable + pid_b * stride_bt_b
-    for t0 in range(start, end, BLOCK_T):
-        if USE_TMA:
-            row0 = tl.load(bt_row + t0 // page_size) * page_size + t0 % page_size
-            kv0 = KVDesc.load([row0, 0])
-            kv1 = KVDesc.load([row0, HALF])
-            kvt = kv0
-            if D_TAIL > 0:
-                kvt = KVTailDesc.load([row0, D_V])
-        else:
-            offs_t = t0 + offs_tt
-            page = tl.load(bt_row + offs_t // page_size)
-            ptrs = KV + (page.to(tl.int64) * page_size + offs_t % page_size)[:, None] * stride_kv_row
-            kv0 = tl.load(ptrs + offs_a[None, :])
-            kv1 = tl.load(ptrs + HALF + offs_a[None, :])
-            kvt = kv0
-            if D_TAIL > 0:
-                kvt = tl.load(ptrs + offs_tail[None, :])
-        qk = tl.dot(q0, tl.trans(kv0))
-        qk += tl.dot(q1, tl.trans(kv1))
-        if D_TAIL > 0:
-            qk += tl.dot(q_tail, tl.trans(kvt))
-        qk = qk * qk_scale
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        pb = p.to(kv0.dtype)
-        acc0 = acc0 * alpha[:, None] + tl.dot(pb, kv0)
-        acc1 = acc1 * alpha[:, None] + tl.dot(pb, kv1)
-        m_i = m_new
-    has = l_i > 0.0
-    inv = 1.0 / tl.where(has, l_i, 1.0)
-    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    po = PartialO + pid_b * stride_pob + offs_h[:, None] * stride_poh + pid_s * stride_pos
-    tl.store(po + offs_a[None, :], acc0 * inv[:, None], mask=mask_h[:, None])
-    tl.store(po + HALF + offs_a[None, :], acc1 * inv[:, None], mask=mask_h[:, None])
-    tl.store(PartialLse + pid_b * stride_plb + offs_h * stride_plh + pid_s, lse, mask=mask_h)
 
 
 def n_sets_for(inp):
@@ -248,11 +175,24 @@ class Case:
         return time_us(lambda j: launch(self.sets[j], self.p, self.scr[j], self.out[j], splits=self.splits, **kw),
                        len(self.sets))
 
-    def check(self, kernel1=None) -> float:
+    def check(self) -> float:
         inp = self.sets[0]
-        launch(inp, self.p, self.scr[0], self.out[0], kernel1=kernel1)
+        launch(inp, self.p, self.scr[0], self.out[0])
         ref = mla_decode_reference(inp["q"], inp["kv"], inp["bt"], inp["lens"], d_v=inp["d_v"])
         return float((self.out[0].float() - ref.float()).abs().max())
+
+
+def stream_us(sets, splits) -> float:
+    """µs per launch of the access pattern alone (stage 1's grid and gathers, no dots) over ``sets``."""
+    d_qk = sets[0]["d_qk"]
+    sink = torch.empty((64 * splits, d_qk), dtype=torch.float32, device="cuda")
+
+    def one(j):
+        _stream_only[(64, 1, splits)](
+            sets[j]["kv"].view(-1, d_qk), sets[j]["bt"], sets[j]["lens"], sink, PAGE, d_qk, sets[j]["bt"].stride(0),
+            D_V=512, D_TAIL=d_qk - 512, BLOCK_T=64, num_warps=4, num_stages=3)  # fmt: skip
+
+    return time_us(one, len(sets))
 
 
 def part_ctx(rows, copy_gbps):
@@ -264,12 +204,7 @@ def part_ctx(rows, copy_gbps):
             r["pct_copy"] = 100 * c.kv_bytes / (r["both_us"] * 1e-6) / 1e9 / copy_gbps
             r["stage1_pct_copy"] = 100 * c.kv_bytes / (r["stage1_us"] * 1e-6) / 1e9 / copy_gbps
             # the pattern alone: the same grid and gathers, no dots
-            sets, s = c.sets, c.splits
-            d_qk = sets[0]["d_qk"]
-            sink = torch.empty((64 * s, d_qk), dtype=torch.float32, device="cuda")
-            r["stream_us"] = time_us(lambda j: _stream_only[(64, 1, s)](
-                sets[j]["kv"].view(-1, d_qk), sets[j]["bt"], sets[j]["lens"], sink, PAGE, d_qk,
-                sets[j]["bt"].stride(0), D_V=512, D_TAIL=d_qk - 512, BLOCK_T=64, num_warps=4, num_stages=3), len(sets))
+            r["stream_us"] = stream_us(c.sets, c.splits)
             r["stream_pct_copy"] = 100 * c.kv_bytes / (r["stream_us"] * 1e-6) / 1e9 / copy_gbps
             print(json.dumps(r), flush=True)
             rows.append(r)
@@ -291,27 +226,6 @@ def part_splits(rows, copy_gbps):
             del c
 
 
-def part_chunked(rows, copy_gbps):
-    for shape, ctx, b, p in (("v3", 4096, 64, params()), ("v3", 4096, 64, params(num_stages=3)),
-                             ("v3", 4096, 64, params(TMA=1, num_stages=3)), ("v3", 16384, 64, params()),
-                             ("v4flash", 4096, 64, params(TMA=1, num_stages=3)), ("v3", 4096, 32, params()),
-                             ("v3", 4096, 96, params())):
-        c = Case(shape, ctx, b, p)
-        r = {"part": "chunked", "shape": shape, "ctx": ctx, "batch": b, "config": p.short(), "splits": c.splits}
-        try:
-            r["err_shipped"] = c.check()
-            r["err_chunked"] = c.check(kernel1=_chunked_stage1)
-            r["shipped_us"] = c.t()
-            r["chunked_us"] = c.t(kernel1=_chunked_stage1)
-            r["pct_copy_shipped"] = 100 * c.kv_bytes / (r["shipped_us"] * 1e-6) / 1e9 / copy_gbps
-            r["pct_copy_chunked"] = 100 * c.kv_bytes / (r["chunked_us"] * 1e-6) / 1e9 / copy_gbps
-        except Exception as e:  # noqa: BLE001 - one failed variant must not lose the others' figures
-            r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        print(json.dumps(r), flush=True)
-        rows.append(r)
-        del c
-
-
 def copy_bandwidth() -> float:
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     bb = torch.empty_like(a)
@@ -322,19 +236,19 @@ def copy_bandwidth() -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--part", default="all", help="ctx, splits, chunked or all")
+    ap.add_argument("--part", default="all", help="ctx, splits or all")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("mla_anatomy.py: no CUDA GPU; it times kernels and needs one", file=sys.stderr)
         return 2
     t0 = time.time()
-    copy = copy_bandwidth()
+    copy = copy_bandwidth()  # a plain 1 GiB device copy; the worker's copy_bandwidth (mla_ceiling.py) is the reference
     print(f"copy bandwidth {copy:.0f} GB/s", flush=True)
     rows: list[dict] = []
-    parts = ("ctx", "splits", "chunked") if args.part == "all" else (args.part,)
+    parts = ("ctx", "splits") if args.part == "all" else (args.part,)
     try:
         for part in parts:
-            {"ctx": part_ctx, "splits": part_splits, "chunked": part_chunked}[part](rows, copy)
+            {"ctx": part_ctx, "splits": part_splits}[part](rows, copy)
     finally:
         Path(args.out).write_text(json.dumps({"copy_gbps": copy, "rows": rows, "wall_s": time.time() - t0,
                                               "gpu": torch.cuda.get_device_name(), "triton": triton.__version__,

@@ -3,6 +3,7 @@
     python benchmarks/mla_ceiling.py --grid explore --out benchmarks/results/mla_ceiling_h200.json
     python benchmarks/mla_ceiling.py --grid shipped --out ...   # the shipped config file, every level
     python benchmarks/mla_ceiling.py --grid merge --out ...     # #9a's screening (needs its source patch)
+    python benchmarks/mla_ceiling.py --grid occupancy --out ... # after #9b: programs per SM, stages, merge
 
 Standard library + the worker (torch, triton) only, so it runs on the GPU machine as it is.  Every figure
 comes from ``agent/tools/bench_worker.py`` (correctness on fresh random inputs with the output poisoned,
@@ -68,7 +69,15 @@ def grid(name: str) -> list[dict]:
         b1 = {"batch_max": 1, "num_warps": 8, "num_stages": 2, "TMA": 1, "MERGE": 0}
         return [shipped, *[{**cfg(64, 4, s, cps, tma), "MERGE": 1, "overrides": [b1]}
                            for s, cps, tma in ((2, 2, 0), (3, 2, 0), (2, 2, 1), (3, 1, 1))]]
-    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped, merge")
+    if name == "occupancy":
+        # after #9a/#9b: the fixed cost per program at 4096 (batch 32 at 61% of copy bandwidth); more programs
+        # resident per SM (2 warps, 32-token tiles, 3-4 CTAs/SM), deeper pipelines, the merge at every batch
+        b1 = {"batch_max": 1, "BLOCK_T": 64, "num_warps": 8, "num_stages": 2, "CTAS_PER_SM": 2, "TMA": 1, "MERGE": 0}
+        space = [(64, 4, 2, 2, 0), (32, 4, 3, 2, 0), (32, 4, 4, 2, 0), (32, 4, 2, 3, 0), (32, 2, 2, 4, 0),
+                 (32, 2, 3, 4, 0), (16, 2, 4, 4, 0), (32, 2, 2, 3, 0), (64, 4, 3, 2, 1), (32, 4, 3, 2, 1),
+                 (32, 2, 3, 4, 1)]
+        return [shipped, *[{**cfg(bt, w, s, cps, tma), "MERGE": 1, "overrides": [b1]} for bt, w, s, cps, tma in space]]
+    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped, merge, occupancy")
 
 
 def level_dict(shape, ctx, b):
