@@ -29,11 +29,11 @@ def test_a_source_patch_approval_shows_its_diff_title_and_rationale(env):
     assert r.returncode == 3, r.stdout + r.stderr  # F1 is a source patch: a person must see it
     item = json.loads(kinv(env, "pending", "--json").stdout)[0]
     assert item["variant"] == "F1" and item["kind"] == "source"
-    assert "+++ b/kernels/mla_decode.py" in item["diff"] and "tl.dot(q, kv)" in item["diff"]
+    assert "+++ b/kernels/mla_decode.py" in item["diff"] and "tl.dot(q0, kv0)" in item["diff"]
     assert item["title"].startswith("does not compile") and item["rationale"]
     assert item["plan_hash"] and item["patch_sha"]
     table = kinv(env, "pending")
-    assert "tl.dot(q, kv)" in table.stdout and "does not compile" in table.stdout
+    assert "tl.dot(q0, kv0)" in table.stdout and "does not compile" in table.stdout
     ws = next(w for w in json.loads(kinv(env, "status", "--json").stdout)["workstreams"] if w["id"] == "#6a")
     assert ws["status"] == f"waiting for approval {item['id']}"  # paused, not "running"
 

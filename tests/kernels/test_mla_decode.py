@@ -136,14 +136,43 @@ def test_stage2_merges_more_splits_than_one_load_holds():
     run_case([1120, 300], 16, "v4flash", 16, torch.float32, 2e-3, 2e-3, num_splits=70)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2, 7])
+def test_merge_in_stage1_is_correct_and_leaves_its_tickets_at_zero(num_splits):
+    # MERGE 1: the last split of each request merges in stage 1 (one split writes its output directly);
+    # the tickets it counts with must be back at zero so that the next launch (a CUDA graph replays the same
+    # scratch) merges again; two launches on one scratch, lengths that leave some splits empty
+    from kinv.kernels.mla_decode import mla_decode_launch, mla_decode_scratch
+
+    q, kv, bt, seq, d_v = make([200, 37, 1], 16, "v3", 16, torch.float16)
+    ref = mla_decode_reference(q, kv, bt, seq, d_v=d_v)
+    scratch = mla_decode_scratch(3, 16, num_splits, d_v, q.device)
+    for _ in range(2):
+        out = torch.full((3, 16, d_v), float("nan"), dtype=q.dtype, device=q.device)
+        mla_decode_launch(q, kv, bt, seq, mla_params(BLOCK_T=32, MERGE=1), d_v=d_v, num_splits=num_splits,
+                          scratch=scratch, out=out)  # fmt: skip
+        assert_verbose_allclose(out, ref, 1e-2, 1e-2)
+        assert int(scratch["counters"].abs().sum()) == 0
+
+
+def test_merge_refuses_a_scratch_without_tickets():
+    from kinv.kernels.mla_decode import mla_decode_launch, mla_decode_scratch
+
+    q, kv, bt, seq, d_v = make([40], 16, "v4flash", 16, torch.float16)
+    scratch = mla_decode_scratch(1, 16, 2, d_v, q.device)
+    del scratch["counters"]
+    with pytest.raises(ValueError, match="MERGE=1 needs scratch\\['counters'\\]"):
+        mla_decode_launch(q, kv, bt, seq, mla_params(MERGE=1), d_v=d_v, num_splits=2, scratch=scratch)
+
+
 def test_optional_tunables_left_out_or_at_default_are_the_same_config():
     from kinv.kernels.launch_config import ConfigError, config_hash, describe, validate_config
 
     seed = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
-    explicit = validate_config({**seed, "CTAS_PER_SM": 0, "TMA": 0})
+    explicit = validate_config({**seed, "CTAS_PER_SM": 0, "TMA": 0, "MERGE": 0})
     assert config_hash(explicit) == config_hash(seed) == "a5991bb8b0f6"  # the seed's hash since round 1
     assert describe(explicit) == "BT16/BH16/w4/s2"
     assert describe({**seed, "CTAS_PER_SM": 2, "TMA": 1}) == "BT16/BH16/w4/s2/cps2/tma1"
+    assert describe({**seed, "MERGE": 1}) == "BT16/BH16/w4/s2/mrg1"
     assert config_hash({**seed, "TMA": 1}) != config_hash(seed)
     with pytest.raises(ConfigError, match=r"TMA=2 is invalid: must be 0 \(gathered KV rows\) or 1"):
         validate_config({**seed, "TMA": 2})
@@ -190,3 +219,15 @@ def test_gpu_bf16_tma_and_wave_rule(block_t, num_warps, num_stages, shape, page_
     params = mla_params(BLOCK_T=block_t, num_warps=num_warps, num_stages=num_stages, CTAS_PER_SM=2, TMA=1)
     for num_splits in (None, 1, 64):
         run_case([4096, 77, 2049], 16, shape, page_size, torch.bfloat16, 3e-2, 3e-2, params=params, num_splits=num_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [0, 1])
+@pytest.mark.parametrize("shape", ["v3", "v4flash"])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_gpu_bf16_merge_in_stage1(tma, shape, page_size):
+    # the shipped batch >= 64 config (#9b): splits merged by the last one to finish, tickets across programs
+    params = mla_params(BLOCK_T=64, num_warps=4, num_stages=2, CTAS_PER_SM=2, TMA=tma, MERGE=1)
+    for num_splits in (None, 1, 4, 64):
+        run_case([4096, 77, 2049, 1], 16, shape, page_size, torch.bfloat16, 3e-2, 3e-2, params=params,
+                 num_splits=num_splits)  # fmt: skip
