@@ -330,7 +330,9 @@ def kernels_rows() -> list[dict]:
             continue
         rows.append({"name": a.name, "ref": ref, "tunables": {t.name: list(t.values) for t in a.spec.tunables},
                      "restrictions": [r.text for r in a.spec.restrictions], "level_dims": list(a.level_dims),
-                     "override_dims": list(a.spec.override_dims), "throughput_unit": a.throughput_unit,
+                     "override_dims": list(a.spec.override_dims),
+                     "override_choices": {d: list(v) for d, v in a.spec.override_choices.items()},
+                     "throughput_unit": a.throughput_unit,
                      "config": str(a.config_path())})  # fmt: skip
     return rows
 

@@ -13,7 +13,8 @@ the level dimensions an override may be conditioned on.  A config file
 
 ``overrides`` (optional) change some tunables for a range of a level dimension (``<dim>_min`` /
 ``<dim>_max`` inclusive, either may be omitted; MLA's is ``batch``): the batch-aware case of the seed's
-V3.  The first matching override wins.
+V3.  A categorical dimension is matched by value (``"shape": "v3"``; MLA's model shape).  The first
+matching override wins.
 
 This module imports only the standard library: the GPU worker uses it on a machine without pydantic.
 """
@@ -132,13 +133,16 @@ class TunableSpec:
     """Everything about a kernel's launch configuration: tunables, restrictions, label, override dimensions.
 
     ``override_dims`` maps each level dimension an override may be conditioned on to its abbreviation in
-    labels (MLA: ``{"batch": "b"}`` -> ``[b>=9: w8]``).
+    labels (MLA: ``{"batch": "b"}`` -> ``[b>=9: w8]``).  ``override_choices`` names the categorical ones and
+    their values: an override that says ``"shape": "v3"`` applies to that value only (MLA: ``{"shape":
+    ("v3", "v4flash")}`` -> ``[v3 b>=96: BT32]``).
     """
 
     kernel: str
     tunables: tuple[Tunable, ...]
     restrictions: tuple[Restriction, ...] = ()
     override_dims: Mapping[str, str] = field(default_factory=dict)
+    override_choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -186,7 +190,7 @@ class TunableSpec:
         """A normalized copy of ``data`` or ConfigError naming the field."""
         names = self.names
         top = set(names) | {"kernel", "overrides", "description"}
-        bound_keys = {f"{d}_{m}" for d in self.override_dims for m in ("min", "max")}
+        bound_keys = {f"{d}_{m}" for d in self.override_dims for m in ("min", "max")} | set(self.override_choices)
         if not isinstance(data, dict):
             raise ConfigError(f"config must be a JSON object with keys {', '.join(names)}; got {type(data).__name__}")
         unknown = sorted(set(map(str, data)) - top)
@@ -210,7 +214,7 @@ class TunableSpec:
         overrides = data.get("overrides", [])
         if not isinstance(overrides, list):
             raise ConfigError(f"overrides={brief_repr(overrides)} must be a list of objects")
-        if overrides and not self.override_dims:
+        if overrides and not (self.override_dims or self.override_choices):
             raise ConfigError(f"{self.kernel} takes no overrides (it declares no level dimension to condition on)")
         norm = []
         for i, ov in enumerate(overrides):
@@ -232,6 +236,12 @@ class TunableSpec:
                         item[k] = v
                 if item.get(f"{d}_min", 1) > item.get(f"{d}_max", MAX_DIM):
                     raise ConfigError(f"{where}{d}_min={item[f'{d}_min']} is above {d}_max={item[f'{d}_max']}")
+            for d, choices in self.override_choices.items():
+                if d in ov:
+                    if ov[d] not in choices:
+                        raise ConfigError(f"{where}{d}={brief_repr(ov[d])} is invalid: must be one of "
+                                          f"{', '.join(choices)}")  # fmt: skip
+                    item[d] = ov[d]
             params = {k: self.check_value(where, k, ov[k]) for k in names if k in ov}
             if not params:
                 raise ConfigError(f"{where[:-1]} changes no tunable; give at least one of {', '.join(names)}")
@@ -248,7 +258,8 @@ class TunableSpec:
         values = {k: config[k] for k in self.names}
         for ov in config.get("overrides", []):
             if all(ov.get(f"{d}_min", 1) <= dims.get(d, 0) <= ov.get(f"{d}_max", MAX_DIM)
-                   for d in self.override_dims if f"{d}_min" in ov or f"{d}_max" in ov):  # fmt: skip
+                   for d in self.override_dims if f"{d}_min" in ov or f"{d}_max" in ov) and all(
+                   ov[d] == dims.get(d) for d in self.override_choices if d in ov):  # fmt: skip
                 values.update({k: ov[k] for k in self.names if k in ov})
                 break
         return Params(values, self)
@@ -258,7 +269,7 @@ class TunableSpec:
         base = self.label(config)
         parts = []
         for ov in config.get("overrides", []):
-            rngs = []
+            rngs = [str(ov[d]) for d in self.override_choices if d in ov]
             for d, ab in self.override_dims.items():
                 lo, hi = ov.get(f"{d}_min"), ov.get(f"{d}_max")
                 if lo or hi:

@@ -66,6 +66,9 @@ SPEC = TunableSpec(
                 "0 (a second kernel merges the splits) or 1 (the last split of each request merges them)", default=0),
     ),
     override_dims={"batch": "b"},
+    # the model shape is categorical: an override may say "shape": "v3" (issue 14: V3 and V4-Flash want
+    # different tiles at some batches)
+    override_choices={"shape": tuple(SHAPES)},
 )
 
 def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_stages: int = 2,

@@ -943,7 +943,7 @@ def test_config_wrong_types(data):
 def test_config_unknown_keys(data):
     cfg = copy.deepcopy(BASE_CONFIG)
     key = data.draw(keys, label="key")
-    if not isinstance(key, str) or key in cfg or key == "overrides":
+    if not isinstance(key, str) or key in cfg or key in ("overrides", "shape"):
         reject()
     if data.draw(st.booleans()):
         cfg[key] = data.draw(any_value, label="value")
@@ -988,6 +988,7 @@ override_item = st.one_of(
         "num_warps": st.one_of(st.sampled_from([1, 2, 4, 8, 16]), bad_param),
         "BLOCK_T": st.one_of(st.sampled_from([16, 32, 64]), bad_param),
         "num_stages": bad_param,
+        "shape": st.one_of(st.sampled_from(["v2", "V3", "v3 ", "", "v4-flash", "v3,v4flash"]), scalars),
     }),
     scalars, st.lists(scalars, max_size=2),
 )  # fmt: skip

@@ -178,6 +178,26 @@ def test_optional_tunables_left_out_or_at_default_are_the_same_config():
         validate_config({**seed, "TMA": 2})
 
 
+def test_an_override_can_name_the_model_shape():
+    # issue 14: V3 and V4-Flash want different tiles at batch 96; "shape" is matched by value, first match wins
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.launch_config import ConfigError, describe, validate_config
+
+    cfg = validate_config({"kernel": "mla_decode", "BLOCK_T": 64, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2,
+                           "overrides": [{"shape": "v3", "batch_min": 96, "BLOCK_T": 32, "CTAS_PER_SM": 3},
+                                         {"batch_min": 64, "MERGE": 1}]})  # fmt: skip
+    assert describe(cfg) == "BT64/BH16/w4/s2 [v3 b>=96: BT32,cps3; b>=64: mrg1]"
+    a = get_adapter("mla_decode")
+
+    def at(shape, b):
+        return a.params_for(cfg, a.level({"shape": shape, "heads": 16, "page_size": 64, "context": 4096, "batch": b}))
+
+    assert at("v3", 96).short() == "BT32/BH16/w4/s2/cps3" and at("v3", 64).short() == "BT64/BH16/w4/s2/mrg1"
+    assert at("v4flash", 96).short() == "BT64/BH16/w4/s2/mrg1"
+    with pytest.raises(ConfigError, match=r"overrides\[0\]\.shape='v2' is invalid: must be one of v3, v4flash"):
+        validate_config({**cfg, "overrides": [{"shape": "v2", "BLOCK_T": 32}]})
+
+
 def test_bad_inputs_are_refused_with_the_shape():
     q, kv, bt, seq, d_v = make([8], 16, "v3", 16, torch.float16)
     with pytest.raises(ValueError, match="row width"):
