@@ -108,21 +108,34 @@ def next_variant(plan: Plan, results: dict, cancelled: set[str]) -> tuple[str | 
 
 
 def level_conditional(plan: Plan, variant: Variant, levels: dict[str, str]) -> dict | None:
-    """For a mixed verdict: overrides that use the variant only at the levels where it improved, conditioned on
-    the level dimensions the kernel's overrides accept (MLA: batch); None when the kernel takes no overrides."""
-    adapter = plan.adapter
-    dims = list(adapter.spec.override_dims)
+    """For a mixed verdict: the baseline plus overrides that run the variant only at the levels where it improved,
+    conditioned on the level dimensions the kernel's overrides accept (MLA: the batch, and the model shape by
+    value); None when the kernel takes no overrides or the variant changes nothing there.
+
+    Each new override says every tunable the variant runs with at its level that differs from the baseline's
+    own values, and goes before the baseline's overrides (the first match wins), so a variant whose change is
+    itself an override (``{shape: v3, batch_min: 96, ...}``) is adopted where it won as well as one that
+    changes the base tunables."""
+    spec = plan.adapter.spec
+    dims, choices = list(spec.override_dims), [d for d in spec.override_choices]
     by_key = {lv.key: lv for lv in plan.levels()}
     improved = [by_key[k] for k, v in levels.items() if v == "improved" and k in by_key]
-    if not improved or not dims:
+    if not improved or not (dims or choices):
         return None
-    cfg = plan.variant_config(variant)
-    changed = {k: cfg[k] for k in adapter.spec.names if cfg[k] != plan.baseline[k]}
-    if not changed:
+    cfg, base = plan.variant_config(variant), plan.baseline
+    overrides = []
+    for lv in improved:
+        want, have = spec.resolve(cfg, lv.dims), spec.resolve(base, lv.dims)
+        changed = {k: want[k] for k in spec.names if want[k] != base[k] or want[k] != have[k]}
+        if dict(want) == dict(have) or not changed:
+            continue
+        where = {f"{d}_{m}": lv.dims[d] for d in dims for m in ("min", "max")}
+        where.update({d: lv.dims[d] for d in choices if d in lv.dims})
+        overrides.append({**where, **changed})
+    if not overrides:
         return None
-    overrides = [{**{f"{d}_{m}": lv.dims[d] for d in dims for m in ("min", "max")}, **changed} for lv in improved]
     try:
-        return adapter.validate_config({**plan.baseline, "overrides": overrides})
+        return plan.adapter.validate_config({**base, "overrides": overrides + list(base.get("overrides", []))})
     except ValueError:
         return None
 

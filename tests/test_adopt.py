@@ -45,3 +45,25 @@ def test_adopt_refuses_what_was_not_a_win_and_names_what_was_measured(tmp_path, 
     r = run_kinv(env, "adopt", "3a", "V9")
     assert r.returncode == 2 and "measured: V1, V2" in r.stderr
     assert cfg.read_bytes() == before
+
+
+def test_a_mixed_variant_whose_change_is_an_override_is_adopted_only_where_it_won():
+    # #9c on the H200: V1 adds {shape: v3, batch_min: 96, ...}; improved at b96, regressed at b128. Adopting it
+    # where it won must put the b96 change first (the first matching override wins) and only for V3, the shape
+    # it was measured on; it used to find "no per-level overrides" because the base tunables were unchanged.
+    from kinv.agent import planner
+    from kinv.agent.models import load_plan
+    from kinv.kernels.launch_config import describe
+
+    plan, _ = load_plan("plans/9c-decode-shape.yaml")
+    key = {lv.dims["batch"]: lv.key for lv in plan.levels()}
+    cond = planner.level_conditional(plan, plan.variant("V1"), {key[64]: "equivalent", key[96]: "improved",
+                                                                key[128]: "regressed"})  # fmt: skip
+    assert describe(cond) == "BT64/BH16/w4/s2/cps2 [v3 b96-96: BT32,cps3,mrg1; b<=1: w8,tma1; b>=64: mrg1]"
+    a = plan.adapter
+    for shape, b, want in (("v3", 96, "BT32/BH16/w4/s2/cps3/mrg1"), ("v3", 128, "BT64/BH16/w4/s2/cps2/mrg1"),
+                           ("v4flash", 96, "BT64/BH16/w4/s2/cps2/mrg1"), ("v3", 1, "BT64/BH16/w8/s2/cps2/tma1")):
+        level = a.level({"shape": shape, "heads": 16, "page_size": 64, "context": 4096, "batch": b})
+        assert a.params_for(cond, level).short() == want
+    # nothing improved: nothing to adopt
+    assert planner.level_conditional(plan, plan.variant("V1"), {key[128]: "regressed"}) is None
