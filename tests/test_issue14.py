@@ -1,7 +1,7 @@
 """Issue 14: the MLA kernel kinv ships is the one kinv measured and adopted on the H200.
 
-These tests read the state kinv wrote live on the H200 for #8a and #8b (benchmarks/results/issue14_kinv_h200.db,
-copied into a temporary state dir): the shipped config and kernel source must be what those workstreams
+These tests read the state kinv wrote live on the H200 for #8a and #8b (benchmarks/results/issue14_kinv_h200.db)
+and for #9a-#9c (issue14_9_kinv_h200.db, issue14_9c_kinv_h200.db), copied into a temporary state dir: the shipped config and kernel source must be what those workstreams
 accepted, and `kinv adopt` must refuse what they did not.
 """
 
@@ -16,7 +16,9 @@ from kinv.kernels.launch_config import config_hash, load_config
 from tests.utils import replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[1]
-H200_DB = ROOT / "benchmarks" / "results" / "issue14_kinv_h200.db"
+H200_DB = ROOT / "benchmarks" / "results" / "issue14_kinv_h200.db"  # #8a, #8b
+H200_DB_9 = ROOT / "benchmarks" / "results" / "issue14_9_kinv_h200.db"  # #9a, #9b
+H200_DB_9C = ROOT / "benchmarks" / "results" / "issue14_9c_kinv_h200.db"  # #9c
 
 
 def _h200_state(tmp_path) -> tuple[dict, Path]:
@@ -31,8 +33,8 @@ def _h200_state(tmp_path) -> tuple[dict, Path]:
     return replay_env(tmp_path, state), state
 
 
-def _verdicts(tmp_path, ws: str) -> dict[str, str]:
-    shutil.copy(H200_DB, tmp_path / "kinv.db")
+def _verdicts(tmp_path, ws: str, db: Path = H200_DB) -> dict[str, str]:
+    shutil.copy(db, tmp_path / "kinv.db")
     store = Store(tmp_path)
     try:
         return {e["variant"]: e["verdict"] for e in store.experiments(ws) if e["kind"] == "ab"}
@@ -40,15 +42,36 @@ def _verdicts(tmp_path, ws: str) -> dict[str, str]:
         store.close()
 
 
-def test_the_shipped_config_is_8b_v1_which_kinv_accepted_on_the_h200(tmp_path):
+def test_the_shipped_config_and_source_are_what_kinv_accepted_on_the_h200(tmp_path):
+    # the chain: #8a S3 (source) and #8b V1 (config), then #9a S1 (source), #9b V1 (config: MERGE from batch 64)
+    # and #9c V1 (mixed: adopted where it won, V3 at batch 96), each `kinv adopt`ed from a live H200 run
+    import hashlib
+
+    from kinv.agent import planner
     from kinv.agent.models import load_plan
 
-    plan, _ = load_plan(ROOT / "plans" / "8b-decode-configs.yaml")
-    shipped = load_config(ROOT / "kernels" / "configs" / "mla_decode.json")
-    assert config_hash(shipped) == config_hash(plan.variant_config(plan.variant("V1")))
     assert _verdicts(tmp_path, "#8b") == {"V1": "accept"}
-    # the source it runs on is #8a's patch, the variant that won everywhere; the others were mixed
     assert _verdicts(tmp_path, "#8a") == {"S1": "mixed", "S2": "mixed", "S3": "accept"}
+    assert _verdicts(tmp_path, "#9a", H200_DB_9) == {"S1": "accept"}
+    assert _verdicts(tmp_path, "#9b", H200_DB_9) == {"V1": "accept"}
+    assert _verdicts(tmp_path, "#9c", H200_DB_9C) == {"V1": "mixed"}
+    plan_9b, _ = load_plan(ROOT / "plans" / "9b-decode-merge.yaml")
+    plan_9c, _ = load_plan(ROOT / "plans" / "9c-decode-shape.yaml")
+    # #9c measured against #9b's adopted config, and what it adopted is V1 at the levels it improved
+    assert config_hash(plan_9c.baseline) == config_hash(plan_9b.variant_config(plan_9b.variant("V1")))
+    shutil.copy(H200_DB_9C, tmp_path / "kinv.db")
+    store = Store(tmp_path)
+    try:
+        exp = next(e for e in store.experiments("#9c") if e["kind"] == "ab")
+        levels = {v["level"]: v["verdict"] for v in store.verdicts(exp["id"])}
+    finally:
+        store.close()
+    adopted = planner.level_conditional(plan_9c, plan_9c.variant("V1"), levels)
+    shipped = load_config(ROOT / "kernels" / "configs" / "mla_decode.json")
+    assert config_hash(shipped) == config_hash(adopted)
+    # the source it runs on is #9a's (the hash every H200 row of #9b and #9c carries)
+    source = hashlib.sha256((ROOT / "kernels" / "mla_decode.py").read_bytes()).hexdigest()
+    assert source.startswith("41cae75d46c1")
 
 
 def test_adopt_refuses_a_mixed_source_patch_and_shows_the_accepted_one(tmp_path):

@@ -52,7 +52,9 @@ def test_3a_closes_on_replay_with_data_decided_verdicts(env):
     assert "REPLAY backend" in r.stdout  # it says so, loudly
     t = todos(env)
     assert t["#3a.V1"]["status"] == "completed" and t["#3a.V1"]["reason"].startswith("reject")
-    assert t["#3a.V2"]["status"] == "completed" and t["#3a.V2"]["reason"].startswith("reject")
+    # num_stages 3: rejected on the seed's kernel; on the #9a kernel (recorded on the H200) +0.9-1.2% at b32-b96,
+    # at the plan's 1% threshold, so after the full budget it is neither won nor lost
+    assert t["#3a.V2"]["status"] == "completed" and t["#3a.V2"]["reason"].startswith("inconclusive")
     assert t["#3a.V3"]["status"] == "cancelled" and t["#3a.V3"]["reason"] == "moot: V1 regressed at every level"
     assert config_bytes(env) == before  # no kernel file left patched
     report = Path(env["KINV_STATE_DIR"]) / "reports" / "3a-closeout.md"
@@ -104,7 +106,7 @@ def test_killed_run_resumes_to_the_same_verdicts_and_leaves_no_patch(env):
     assert r.returncode == 0, r.stdout + r.stderr
     assert config_bytes(env) == before
     t = todos(env)
-    assert t["#3a.V1"]["reason"].startswith("reject") and t["#3a.V2"]["reason"].startswith("reject")
+    assert t["#3a.V1"]["reason"].startswith("reject") and t["#3a.V2"]["reason"].startswith("inconclusive")
     assert t["#3a.V3"]["status"] == "cancelled"
 
 
@@ -149,10 +151,10 @@ def test_missing_state_dir_says_how_to_start(env):
     assert r.returncode != 0 and "kinv run" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_a_null_drill_says_the_null_holds_and_an_unwon_investigation_is_refuted_only_when_fully_measured(env):
+def test_a_null_drill_says_the_null_holds_and_an_unwon_investigation_is_refuted_only_when_fully_measured(env, tmp_path):
     """#3c predicts no change at b1 and b8 (expect: no_change): its close-out says whether the null held there,
-    not that "the hypothesis is refuted" because nothing won.  #3a, where every variant was measured or moot
-    and none won, is refuted."""
+    not that "the hypothesis is refuted" because nothing won.  #3a without V2 (V1 rejected, V3 moot: every
+    variant measured or moot, none won) is refuted; the whole #3a, whose V2 ends inconclusive, is not."""
     r = kinv(env, "run", str(ROOT / "plans" / "3c-null-batch-aware.yaml"), "--backend", "replay", "--approval", "auto")
     assert r.returncode == 0, r.stdout + r.stderr
     text = (Path(env["KINV_STATE_DIR"]) / "reports" / "3c-closeout.md").read_text()
@@ -160,8 +162,19 @@ def test_a_null_drill_says_the_null_holds_and_an_unwon_investigation_is_refuted_
     assert "refuted" not in text.split("## Where this was measured")[0]
     r = kinv(env, "run", str(PLAN), "--backend", "replay", "--approval", "auto")
     assert r.returncode == 0, r.stdout + r.stderr
+    text = (Path(env["KINV_STATE_DIR"]) / "reports" / "3a-closeout.md").read_text()
+    assert "not refuted either; undecided levels in V2" in text and "refuted for this kernel shape" not in text
+    import yaml
+
+    plan = yaml.safe_load(PLAN.read_text())
+    plan["workstream"]["id"] = "#3d"
+    plan["variants"] = [v for v in plan["variants"] if v["id"] != "V2"]
+    short = tmp_path / "3d.yaml"
+    short.write_text(yaml.safe_dump(plan))
+    r = kinv(env, "run", str(short), "--backend", "replay", "--approval", "auto")
+    assert r.returncode == 0, r.stdout + r.stderr
     assert "The hypothesis is refuted for this kernel shape." in (Path(env["KINV_STATE_DIR"]) / "reports" /
-                                                                 "3a-closeout.md").read_text()  # fmt: skip
+                                                                 "3d-closeout.md").read_text()  # fmt: skip
 
 
 def test_the_wall_budget_is_enforced_on_time_spent_running(env, tmp_path):

@@ -65,7 +65,7 @@ def test_a_signal_restores_the_kernel_marks_interrupted_exits_130_and_resume_fin
     assert r.returncode == 0, r.stdout + r.stderr
     assert cfg.read_bytes() == before
     exps = {e["variant"]: e for e in json.loads(_kinv(env, "experiments", "3a", "--json").stdout)}
-    assert exps["V1"]["verdict"] == "reject" and exps["V2"]["verdict"] == "reject"
+    assert exps["V1"]["verdict"] == "reject" and exps["V2"]["verdict"] == "inconclusive"
 
 
 def test_reject_needs_a_reason(env):
