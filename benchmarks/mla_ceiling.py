@@ -4,6 +4,7 @@
     python benchmarks/mla_ceiling.py --grid shipped --out ...   # the shipped config file, every level
     python benchmarks/mla_ceiling.py --grid merge --out ...     # #9a's screening (needs its source patch)
     python benchmarks/mla_ceiling.py --grid occupancy --out ... # after #9b: programs per SM, stages, merge
+    python benchmarks/mla_ceiling.py --grid tail --contexts 4096 --min-batch 32 --out ...  # #9d (issue14_tail.sh)
 
 Standard library + the worker (torch, triton) only, so it runs on the GPU machine as it is.  Every figure
 comes from ``agent/tools/bench_worker.py`` (correctness on fresh random inputs with the output poisoned,
@@ -77,7 +78,16 @@ def grid(name: str) -> list[dict]:
                  (32, 2, 3, 4, 0), (16, 2, 4, 4, 0), (32, 2, 2, 3, 0), (64, 4, 3, 2, 1), (32, 4, 3, 2, 1),
                  (32, 2, 3, 4, 1)]
         return [shipped, *[{**cfg(bt, w, s, cps, tma), "MERGE": 1, "overrides": [b1]} for bt, w, s, cps, tma in space]]
-    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped, merge, occupancy")
+    if name == "tail":
+        # #9d: the merge at the end of stage 1 (MERGE 1) reads the lse values in one load and the partial
+        # outputs in one unrolled pass; so MERGE from batch 32, and V4-Flash at batch 96 (2.9 waves of 8 splits)
+        overrides = [o for o in shipped["overrides"] if o.get("batch_min") != 64]
+        from32 = {**shipped, "overrides": [*overrides, {"batch_min": 32, "MERGE": 1}]}
+        v4 = [{"shape": "v4flash", "batch_min": 96, "batch_max": 96, "MERGE": 1, **o} for o in (
+            {"BLOCK_T": 32, "CTAS_PER_SM": 3}, {"num_stages": 3}, {"BLOCK_T": 32}, {"num_warps": 8, "CTAS_PER_SM": 1},
+            {"BLOCK_T": 128, "num_warps": 8, "CTAS_PER_SM": 1})]
+        return [shipped, from32, *[{**from32, "overrides": [o, *from32["overrides"]]} for o in v4]]
+    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped, merge, occupancy, tail")
 
 
 def level_dict(shape, ctx, b):
@@ -105,7 +115,11 @@ def main() -> int:
     ap.add_argument("--grid", default="explore")
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=12)
+    ap.add_argument("--contexts", default="4096,16384", help="comma-separated contexts of the goal's levels to time")
+    ap.add_argument("--min-batch", type=int, default=1, help="time only levels at this batch or larger")
     args = ap.parse_args()
+    contexts = {int(c) for c in args.contexts.split(",")}
+    levels = [lv for lv in LEVELS if lv[1] in contexts and lv[2] >= args.min_batch]
     configs = grid(args.grid)
     t0 = time.time()
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -122,7 +136,7 @@ def main() -> int:
         result["harness_hash"] = hello["harness_hash"]
         result["copy_gbps"] = copy = w.request("copy_bandwidth", mib=2048)["gbps"]
         print(f"# {hello['fingerprint']['gpu']}  copy bandwidth {copy:.0f} GB/s", flush=True)
-        for shape, ctx, b in LEVELS:
+        for shape, ctx, b in levels:
             best = None
             for i, config in enumerate(configs):
                 if i in bad:
@@ -147,6 +161,8 @@ def main() -> int:
                 result["rows"].append(row)
                 if "us" in row and (best is None or row["us"] < best["us"]):
                     best = row
+            times = [f"{r['us']:.1f}" if "us" in r else "-" for r in result["rows"] if r["level"] == [shape, ctx, b]]
+            print(f"{shape:8s} ctx{ctx:6d} b{b:3d}  every config (us): {' '.join(times)}", flush=True)
             if best:
                 peer = PEER_US.get((shape, ctx, b))
                 seed_us = next((r["us"] for r in result["rows"] if r["level"] == [shape, ctx, b]
