@@ -117,7 +117,7 @@ def level_conditional(plan: Plan, variant: Variant, levels: dict[str, str]) -> d
     itself an override (``{shape: v3, batch_min: 96, ...}``) is adopted where it won as well as one that
     changes the base tunables."""
     spec = plan.adapter.spec
-    dims, choices = list(spec.override_dims), [d for d in spec.override_choices]
+    dims, choices = list(spec.override_dims), list(spec.override_choices)
     by_key = {lv.key: lv for lv in plan.levels()}
     improved = [by_key[k] for k, v in levels.items() if v == "improved" and k in by_key]
     if not improved or not (dims or choices):
@@ -127,7 +127,7 @@ def level_conditional(plan: Plan, variant: Variant, levels: dict[str, str]) -> d
     for lv in improved:
         want, have = spec.resolve(cfg, lv.dims), spec.resolve(base, lv.dims)
         changed = {k: want[k] for k in spec.names if want[k] != base[k] or want[k] != have[k]}
-        if dict(want) == dict(have) or not changed:
+        if dict(want) == dict(have):
             continue
         where = {f"{d}_{m}": lv.dims[d] for d in dims for m in ("min", "max")}
         where.update({d: lv.dims[d] for d in choices if d in lv.dims})
