@@ -50,41 +50,36 @@ from kinv.agent.store import Store  # noqa: E402
 LEVEL_PARTS = ("correctness", "noise", "rounds")
 
 
-def _first(events: list[dict], kind: str, t0: float, t1: float) -> float | None:
-    times = [e["t"] for e in events if e["kind"] == kind and t0 <= e["t"] <= t1]
-    return min(times) if times else None
+def _times(events: list[dict], kind: str, t0: float, t1: float) -> list[float]:
+    return [e["t"] for e in events if e["kind"] == kind and t0 <= e["t"] <= t1]
 
 
-def _last(events: list[dict], kind: str, t0: float, t1: float) -> float | None:
-    times = [e["t"] for e in events if e["kind"] == kind and t0 <= e["t"] <= t1]
-    return max(times) if times else None
-
-
-def workstream_parts(runs: list[dict], events: list[dict]) -> tuple[dict, int]:
-    """One workstream's seconds by part, and how many variants it measured."""
+def workstream_parts(runs: list[dict], events: list[dict]) -> tuple[dict, int, float]:
+    """One workstream's seconds by part, how many variants it measured, and its gates' seconds."""
     parts = dict.fromkeys(("correctness", "env", "noise", "worker starts", "rounds", "closeout", "other"), 0.0)
-    variants = 0
+    variants, gates = 0, 0.0
     for r in runs:
         t0, t1 = r["started"], r["finished"]
         span = t1 - t0
         if r["node"] == "baseline":
-            ok = _first(events, "correctness.ok", t0, t1) or t0
+            ok = min(_times(events, "correctness.ok", t0, t1), default=t0)
             parts["correctness"] += ok - t0
             parts["env"] += t1 - ok
         elif r["node"] == "noise":
             parts["noise"] += span
         elif r["node"] == "gate":
             parts["correctness"] += span
+            gates += span
         elif r["node"] == "measure":
             variants += 1
-            started = _last(events, "env.ok", t0, t1) or t0
+            started = max(_times(events, "env.ok", t0, t1), default=t0)
             parts["worker starts"] += started - t0
             parts["rounds"] += t1 - started
         elif r["node"] == "closeout":
             parts["closeout"] += span
         else:
             parts["other"] += span
-    return parts, variants
+    return parts, variants, gates
 
 
 def analyse(state_dir: Path, wall: float | None, gpus: list[int]) -> dict:
@@ -105,14 +100,14 @@ def analyse(state_dir: Path, wall: float | None, gpus: list[int]) -> dict:
         parts["setup"] = min(screen_starts) - camp["created"]
     for a, b in zip(sorted(screen_starts), sorted(screen_ends), strict=False):
         parts["screening"] += b - a
-    per_ws, finalists = {}, {}
-    for s in steps:
-        runs = store.node_runs(s["ws"])
-        ws_events = [e for e in events if e["workstream"] == s["ws"]]
-        per_ws[s["ws"]], finalists[s["ws"]] = workstream_parts(runs, ws_events)
+    runs = {s["ws"]: store.node_runs(s["ws"]) for s in steps}
+    per_ws, finalists, gates = {}, {}, {}
+    for ws, ws_runs in runs.items():
+        ws_events = [e for e in events if e["workstream"] == ws]
+        per_ws[ws], finalists[ws], gates[ws] = workstream_parts(ws_runs, ws_events)
     for p in next(iter(per_ws.values()), {}):
         parts[p] = sum(w[p] for w in per_ws.values())
-    end = max((r["finished"] for s in steps for r in store.node_runs(s["ws"])), default=camp["updated"])
+    end = max((r["finished"] for ws_runs in runs.values() for r in ws_runs), default=camp["updated"])
     parts["tail"] = max(0.0, camp["updated"] - end)
     total = sum(parts.values())
     out = {"state": str(state_dir), "campaign": camp["id"], "wall_s": wall, "span_s": span, "levels": len(levels),
@@ -131,7 +126,7 @@ def analyse(state_dir: Path, wall: float | None, gpus: list[int]) -> dict:
             k = finalists[ws]
             if k > 1:
                 share = (min(k, n) - 1) / k  # the part of the variants' time that overlaps the others'
-                var_level = (p["rounds"] + _gate_s(store, ws)) * level_share
+                var_level = (p["rounds"] + gates[ws]) * level_share
                 saved += share * (var_level + p["worker starts"])
         out["bounds"][str(n)] = {
             "level_share": round(level_share, 3),
@@ -141,10 +136,6 @@ def analyse(state_dir: Path, wall: float | None, gpus: list[int]) -> dict:
             "speedup_with_finalists_at_once": round(base / (t_levels - saved), 2),
         }
     return out
-
-
-def _gate_s(store: Store, ws: str) -> float:
-    return sum(r["finished"] - r["started"] for r in store.node_runs(ws) if r["node"] == "gate")
 
 
 def main() -> int:

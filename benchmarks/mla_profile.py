@@ -8,8 +8,8 @@
     bash benchmarks/mla_profile.sh   # the levels of the goal that miss 80%, one report each, on the GPU
 
 Every launch gets a KV cache of its own from a set larger than L2, as the worker's timing does, so the profiled
-launch reads its KV from memory.  It checks its output against the float32 reference once before the launches,
-so that a profile is never of a wrong kernel.  Standard library, torch and triton only.
+launch reads its KV from memory.  It runs the correctness gate (``agent/tools/correctness.check``) at the level
+first, so that a profile is never of a wrong kernel.  Standard library, torch and triton only.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kinv.agent.tools import correctness  # noqa: E402
 from kinv.kernels.adapter import get_adapter  # noqa: E402
 
 L2_BYTES = 60 * 2**20
@@ -41,18 +42,23 @@ def main() -> int:
     import torch
 
     adapter = get_adapter("mla_decode")
-    level = adapter.level(dims)
-    config = adapter.validate_config(json.loads(Path(args.config).read_text()))
-    params = adapter.params_for(config, level)
-    first = adapter.make_inputs(level, seed=0)
+    try:
+        level = adapter.level(dims)
+        config = adapter.validate_config(json.loads(Path(args.config).read_text()))
+        params = adapter.params_for(config, level)
+        first = adapter.make_inputs(level, seed=0)
+    except (OSError, ValueError) as exc:
+        print(f"kinv: {exc}", file=sys.stderr)
+        return 2
     kv_bytes = first["kv_cache"].numel() * first["kv_cache"].element_size()
     sets = [first] + [adapter.make_inputs(level, seed=i) for i in range(1, max(2, 1 + 3 * L2_BYTES // kv_bytes))]
-    out, _ = adapter.launch(first, params)
-    err = (out.float() - adapter.reference(first).float()).abs().max().item()
-    atol, _ = adapter.tolerance(out.dtype)
-    if not err <= atol:
-        print(f"kinv: {params.short()} at {level.key} is wrong (max abs err {err:.3g}); not profiling it", file=sys.stderr)
+    gate = correctness.check(adapter, config, [level], seed=0, device="cuda")
+    if not gate["ok"]:
+        print(f"kinv: {params.short()} at {level.key} fails the correctness check ({gate['reason']}); not profiling it",
+              file=sys.stderr)  # fmt: skip
         return 1
+    err = gate["levels"][0]["max_abs_err"]
+    out, _ = adapter.launch(first, params)
     scratch = adapter.make_scratch(first, params)
     for i in range(args.launches):
         adapter.launch(sets[i % len(sets)], params, out=out, scratch=scratch)
