@@ -71,12 +71,21 @@ def main() -> int:
     ap.add_argument("--plan", action="append", default=[],
                     help="plan whose baseline, config variants, levels and environment to record (repeatable)")
     ap.add_argument("--sweep", help="campaign plan whose whole space to record (every feasible config)")
+    ap.add_argument("--configs", nargs="+", metavar="CONFIG",
+                    help="with one --plan: record these config files (or inline JSON), level-conditional ones "
+                         "resolved per level, as a sweep at the plan's levels and environment, so that the replay "
+                         "backend serves them (kernels/configs/<kernel>.json: the shipped file)")
+    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="with --configs: also record the first config with these tunable changes (repeatable; "
+                         "what `kinv bench --variant` times against it)")
     ap.add_argument("--replicas", type=int, default=2, help="--sweep: workers per config")
     ap.add_argument("--jobs", type=int, default=8, help="--sweep: workers set up (compiled) at once")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.sweep:
         return record_sweep(args)
+    if args.configs:
+        return record_configs(args)
     if not args.plan:
         ap.error("give --plan (paired A/B recordings) or --sweep (a campaign's space)")
 
@@ -165,7 +174,6 @@ def write(out: str, lines: list[dict], resources: list[dict], t0: float) -> int:
 
 
 def record_sweep(args) -> int:
-    from concurrent.futures import ThreadPoolExecutor
 
     from kinv.agent.models import load_plan
     from kinv.agent.tools.space import feasibility, space_configs
@@ -173,12 +181,53 @@ def record_sweep(args) -> int:
     plan = load_plan(args.sweep)[0]
     if plan.campaign is None:
         raise SystemExit(f"{args.sweep} has no campaign: section (its space is what --sweep records)")
-    adapter, env = plan.adapter, dict(plan.environment)
-    levels = [lv.to_dict() for lv in plan.levels()]
     configs, pruned = [], []
     for cfg in space_configs(plan):
         ok, why = feasibility(plan, cfg)
         (configs if ok else pruned).append(cfg if ok else {"config": cfg, "reason": why})
+    return _sweep(args, plan, configs, pruned, args.sweep)
+
+
+def record_configs(args) -> int:
+    """A sweep of the uniform configs that the given config files run at each level of one plan.
+
+    A level-conditional config (one with ``overrides``) is served by the replay backend level by level from
+    the sweep's worker of the config that runs there (agent/tools/bench.py), so recording the per-level
+    configs of the shipped file, and of the variants timed against it, makes ``kinv bench``, ``kinv noise``
+    and ``kinv bench --variant`` replayable.  Every config is timed at every level, as in ``--sweep``, so
+    any two of them form a pair of one recording session.
+    """
+    from kinv.agent.models import load_plan
+    from kinv.agent.tools.space import effective
+    from kinv.kernels.launch_config import config_hash as chash
+
+    if len(args.plan) != 1:
+        raise SystemExit("--configs takes exactly one --plan (its levels and environment)")
+    plan = load_plan(args.plan[0])[0]
+    adapter = plan.adapter
+    given = []
+    for item in args.configs:
+        text = Path(item).read_text() if Path(item).is_file() else item
+        given.append(adapter.validate_config({**json.loads(text), "kernel": adapter.name}))
+    for spec in args.variant:
+        change = {}
+        for kv in spec.split(","):
+            k, _, v = kv.partition("=")
+            change[k.strip()] = int(v)
+        given.append(adapter.validate_config({**given[0], **change}))
+    configs: dict[str, dict] = {}
+    for cfg in given:
+        for lv in plan.levels():
+            eff = effective(adapter, cfg, lv)
+            configs.setdefault(chash(eff), eff)
+    return _sweep(args, plan, list(configs.values()), [], args.plan[0])
+
+
+def _sweep(args, plan, configs: list[dict], pruned: list[dict], plan_name: str) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    adapter, env = plan.adapter, dict(plan.environment)
+    levels = [lv.to_dict() for lv in plan.levels()]
     arms = {f"{describe(c)} R{j}": (config_hash(c), f"R{j}", c) for c in configs for j in range(args.replicas)}
     t0 = time.time()
     print(f"# sweep of {len(configs)} configs x {args.replicas} workers ({len(pruned)} pruned by the resource "
@@ -217,7 +266,7 @@ def record_sweep(args) -> int:
     w0, hello0, sets0 = next(iter(workers.values()))
     header = {"type": "header", "version": 2, "kernel": adapter.name, "fingerprint": hello0["fingerprint"],
               "harness_hash": hello0["harness_hash"], "env": hello0["env"], "rounds": args.rounds, "aa_rounds": 0,
-              "aa_arms": 0, "replicas": args.replicas, "levels": levels, "sweep": True, "plan": args.sweep,
+              "aa_arms": 0, "replicas": args.replicas, "levels": levels, "sweep": True, "plan": plan_name,
               "protocol": "every sample re-sets its arm; every config x replica timed in every round (sweep)",
               "configs": {describe(c): c for c in configs if config_hash(c) not in failed},
               "pruned": [{"config": describe(p["config"]), "reason": p["reason"]} for p in pruned],
