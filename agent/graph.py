@@ -266,8 +266,10 @@ def setup(state: State, runtime: Runtime[Context]) -> dict:
         "kernel": bench.kernel_hash(plan.kernel), "snapshot": str(_snapshot(ctx)),
     }  # fmt: skip
     planner.init_todos(store, plan)
+    parent = plan.workstream.parent
+    whose = f"campaign {parent}'s incumbent, " if parent and store.campaign(parent) else ""
     ctx.say("setup", message=f"{ws}: baseline {describe(base)} verified on disk" if plan.baseline_on_disk else
-            f"{ws}: baseline {describe(base)} from the plan (a campaign's incumbent, never written); the live "
+            f"{ws}: baseline {describe(base)} from the plan ({whose}never written); the live "
             f"file stays {describe(live)}")  # fmt: skip
     return {"ws": ws, "cancelled": state.get("cancelled", []),
             "baseline_hashes": hashes,

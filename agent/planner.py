@@ -140,8 +140,14 @@ def level_conditional(plan: Plan, variant: Variant, levels: dict[str, str]) -> d
         return None
 
 
+def _beat(levels: dict[str, str]) -> bool:
+    """Improved at some level and regressed at none (the close-out's "beat the baseline")."""
+    got = set(levels.values())
+    return "improved" in got and "regressed" not in got
+
+
 def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "copy bandwidth",
-              measured_by: str = "") -> list[dict]:
+              measured_by: str = "", unmeasured=(), implausible=()) -> list[dict]:
     """Rank the backlog: prior plausibility times what this investigation's evidence says.
 
     * occupancy items: refuted (x0.1) when every occupancy variant regressed or showed
@@ -150,13 +156,19 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
       applies at each level: copy bandwidth or the matrix peak);
     * tile-shape items: boosted (x1.3) when occupancy was refuted (the remaining kernel lever), and (x1.5)
       when a tile-shape variant won here (the lever works: its neighbours are next);
-    * work elsewhere: boosted (x1.5) when every kernel variant here was rejected.
+    * work elsewhere: boosted (x1.5) when no kernel variant here beat the baseline (improved at some level,
+      regressed at none).
+
+    ``unmeasured`` names variants never measured (a person rejected them, they never ran): occupancy is not
+    refuted while one of its variants is among them.  ``implausible`` names levels whose roofline fraction is not
+    to be believed (above the roofline, or inside L2): they are left out of ``headroom`` by the caller and said.
     """
     occupancy_ids = [v.id for v in plan.variants if v.targets == "occupancy"]
     occ = [results[i] for i in occupancy_ids if i in results]
-    occ_refuted = bool(occ) and all(r.get("verdict") in ("reject", "incorrect", "infeasible") for r in occ)
+    occ_refuted = (bool(occ) and all(r.get("verdict") in ("reject", "incorrect", "infeasible") for r in occ)
+                   and not set(occupancy_ids) & set(unmeasured))  # fmt: skip
     occ_won = any(r.get("verdict") == "accept" for r in occ)
-    all_rejected = bool(results) and all(r.get("verdict") != "accept" for r in results.values())
+    all_rejected = bool(results) and not any(_beat(r.get("levels") or {}) for r in results.values())
     tile_won = [v.id for v in plan.variants if v.targets == "tile_shape" and v.id in results
                 and results[v.id].get("verdict") in ("accept", "mixed")]  # fmt: skip
     incumbent = measured_by or "the baseline"
@@ -174,7 +186,10 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
         elif item.targets == "roofline_gap" and headroom is not None:
             score *= 0.5 + headroom
             verb, its = ("leave", "their") if "," in incumbent else ("leaves", "its")
-            why.append(f"{incumbent} {verb} {headroom:.0%} of {its} roofline ({bound}) unused")
+            why.append(f"{incumbent} {verb} {headroom:.0%} of {its} roofline ({bound}) unused"
+                       + (f" at the plausible levels (not {', '.join(implausible)})" if implausible else ""))
+        elif item.targets == "roofline_gap" and implausible:
+            why.append(f"roofline headroom unknown: implausible fractions at {', '.join(implausible)}")
         elif item.targets == "tile_shape" and tile_won:
             score *= 1.5
             why.append(f"a tile-shape variant won here ({', '.join(tile_won)}): its neighbours are next")

@@ -8,7 +8,7 @@ import math
 import time
 from pathlib import Path
 
-from kinv.agent import planner
+from kinv.agent import planner, summary
 from kinv.agent.ids import stamp
 from kinv.agent.store import Store
 from kinv.kernels.launch_config import describe
@@ -20,10 +20,14 @@ def _ordered(rows: list[dict], levels) -> list[tuple]:
     return [(lv, by[lv.key]) for lv in levels if lv.key in by]
 
 
-def collect(store: Store, ws: str) -> dict:
-    """Everything the close-out shows, from the store."""
+def collect(store: Store, ws: str, version: int | None = None) -> dict:
+    """Everything the close-out shows, from the store: the experiments of one plan version when ``version`` is
+    given (a new version's close-out never shows, relabels or counts an earlier version's work)."""
     exps = store.experiments(ws)
-    noise = store.noise(ws)
+    if version is not None:
+        exps = [e for e in exps if int(e.get("version") or 1) == int(version)]
+    ids = {e["id"] for e in exps}
+    noise = [n for n in store.noise(ws) if n["experiment"] in ids]
     ab = [e for e in exps if e["kind"] == "ab"]
     variants = []
     for e in ab:
@@ -35,14 +39,18 @@ def collect(store: Store, ws: str) -> dict:
             "todos": store.todos(ws), "events": store.events(ws, limit=500)}  # fmt: skip
 
 
-def roofline(store: Store, ws: str, adapter, levels, copy_gbps: float | None, matrix_tflops: float | None) -> dict:
+def roofline(store: Store, ws: str, adapter, levels, copy_gbps: float | None, matrix_tflops: float | None,
+             version: int | None = None, l2_bytes: int | None = None) -> dict:
     """Where the measured baseline sits against the roofline that bounds this kernel at each level.
 
     At each level the floor is ``max(bytes / copy bandwidth, FLOPs / matrix peak)``; the larger term names
-    the bound (memory or compute: the level's arithmetic intensity against the ridge point).  Returns
-    ``{"levels": {key: {bound, intensity, fraction}}, "headroom": 1 - best fraction, "bound": text}``.
+    the bound (memory or compute: the level's arithmetic intensity against the ridge point).  A fraction above
+    100% of the bound, or a memory-bound level whose bytes fit in the L2 cache (``l2_bytes``: then repeated
+    calls need not reach device memory at all), is *implausible*: it is kept with the reason and never counted
+    as headroom.  Returns ``{"levels": {key: {bound, intensity, fraction, implausible}}, "headroom": 1 - the
+    best plausible fraction (None without one), "bound": text}``.
     """
-    data = collect(store, ws)
+    data = collect(store, ws, version)
     base_us: dict[str, float] = {}
     best: dict[str, tuple[float, str]] = {}  # the fastest measured config per level: a confirmed win, else baseline
     for v in data["variants"]:
@@ -65,16 +73,42 @@ def roofline(store: Store, ws: str, adapter, levels, copy_gbps: float | None, ma
         bound = "compute" if comp is not None and (mem is None or comp > mem) else "memory"
         floor = max(x for x in (mem, comp) if x is not None)
         us, who = best.get(lv.key, (None, None))
+        fraction = floor / (us * 1e-6) if us else None
+        odd = None
+        if fraction is not None and fraction > 1.0:
+            odd = ("above 100% of the roofline, which no kernel reaches: the bytes or FLOPs it is charged, or the "
+                   "bound, are wrong for this level")  # fmt: skip
+        elif bound == "memory" and l2_bytes and b <= l2_bytes:
+            odd = (f"its working set ({b / 2**20:.1f} MiB) fits in L2 ({l2_bytes / 2**20:.0f} MiB), so a fraction "
+                   "of device-memory bandwidth says nothing there")  # fmt: skip
         out["levels"][lv.key] = {"label": lv.label, "bound": bound, "intensity": f / b if b else None,
-                                 "fraction": floor / (us * 1e-6) if us else None, "config": who}  # fmt: skip
-    fr = [x["fraction"] for x in out["levels"].values() if x["fraction"]]
+                                 "fraction": fraction, "config": who, "implausible": odd}  # fmt: skip
+    fr = [x["fraction"] for x in out["levels"].values() if x["fraction"] and not x["implausible"]]
     if fr:
         out["headroom"] = max(0.0, 1.0 - max(fr))
+    out["implausible"] = [x["label"] for x in out["levels"].values() if x["implausible"]]
     bounds = {x["bound"] for x in out["levels"].values()}
     out["bound"] = ("copy bandwidth" if bounds == {"memory"} else "matrix peak" if bounds == {"compute"}
                     else "copy bandwidth or matrix peak, by level") if bounds else "unknown"  # fmt: skip
     out["ridge"] = ridge
     return out
+
+
+def roofline_text(roof: dict) -> str:
+    """The Roofline section's sentence: each level's bound and fraction, an implausible one flagged as such."""
+    parts = []
+    for x in roof["levels"].values():
+        if x["implausible"]:
+            got = f", {x['fraction']:.0%} of it" if x["fraction"] else ""
+            parts.append(f"{x['label']} {x['bound']}-bound{got} flagged implausible ({x['implausible']})")
+        elif x["fraction"]:
+            parts.append(f"{x['label']} {x['bound']}-bound at {x['fraction']:.0%} of its bound ({x['config']})")
+        else:
+            parts.append(f"{x['label']} {x['bound']}-bound")
+    ridge = f" (ridge point {roof['ridge']:.0f} FLOP/byte)" if roof.get("ridge") else ""
+    return (f"Bound at each level by arithmetic intensity{ridge}: {'; '.join(parts)} (the fastest measured config "
+            "at that level, a confirmed win or else the baseline, against max(bytes / copy bandwidth, FLOPs / "
+            "matrix peak)).")  # fmt: skip
 
 
 def plot(data: dict, path: Path, adapter, levels, title: str = "") -> Path | None:
@@ -201,37 +235,80 @@ def _reason(verdict: str | None, reason: str | None) -> str:
     return text
 
 
-def _hypothesis_outcome(plan, results: dict, levels) -> str:
-    """One line: does the measured evidence support the plan's hypothesis?  For ``expect: improvement``,
-    a confirmed win supports it, and it is refuted only when every variant was measured and none won;
-    for ``expect: no_change`` (a null drill), it holds when every predicted level came out equivalent."""
-    measured = {v: r for v, r in results.items() if r.get("levels")}
-    unmeasured = sorted(set(results) - set(measured))
-    gap = f" ({', '.join(unmeasured)} never measured)" if unmeasured else ""
-    if not measured:
-        return "- Nothing was measured: the hypothesis is untested."
-    if plan.expect == "no_change":
-        label = {lv.key: lv.label for lv in levels}
-        where = set(plan.expect_levels) or set(label.values())
-        off = [f"{v} {label.get(k, k)} {verdict}" for v, r in measured.items() for k, verdict in r["levels"].items()
-               if label.get(k, k) in where and verdict != "equivalent"]  # fmt: skip
-        scope = ", ".join(lv for lv in label.values() if lv in where)
-        if not off:
-            return f"- The null holds: equivalent at {scope} for every measured variant{gap}."
-        if any(not x.endswith("undecided") for x in off):
-            return (f"- The null drill FAILED: {', '.join(off)} where no change was predicted: the measurement "
-                    "told a config from itself; do not trust other verdicts from this set-up.")  # fmt: skip
-        return f"- The null is not confirmed: {', '.join(off)} (not enough rounds to show equivalence){gap}."
-    accepted = [v for v, r in measured.items() if r["verdict"] == "accept"]
-    if accepted:
-        return (f"- Accepted: {', '.join(accepted)}. The baseline is restored on disk; adopting a variant is a "
-                "separate, reviewed change.")  # fmt: skip
-    undecided = [v for v, r in measured.items() if any(x == "undecided" for x in r["levels"].values())]
-    if unmeasured or undecided:
-        return (f"- No variant beat the baseline: {describe(plan.baseline)} stays. The hypothesis is not supported "
-                f"but not refuted either{gap}{'; undecided levels in ' + ', '.join(undecided) if undecided else ''}.")
-    return (f"- No variant beat the baseline: {describe(plan.baseline)} stays. The hypothesis is refuted for "
-            "this kernel shape.")
+def verdict_objects(plan, data: dict, levels) -> list[summary.VariantVerdict]:
+    """Each of the plan's variants as the close-out's tables show it: its latest A/B of this version (the same
+    rows its table prints), or why it has none (a person rejected it, it was moot, it failed before timing, it
+    never ran).  The summary sentences are :func:`kinv.agent.summary.summarize` of these."""
+    by_exp = {}
+    for v in data["variants"]:
+        by_exp[v["exp"]["variant"]] = v  # the latest experiment of each variant wins
+    todos = {t["id"]: t for t in data["todos"]}
+    out = []
+    for var in plan.variants:
+        changes = var.title
+        v = by_exp.get(var.id)
+        e = v["exp"] if v else {}
+        todo = todos.get(planner.todo_id(plan.ws, var.id)) or {}
+        reason = todo.get("reason") or e.get("reason") or ""
+        if v and (e.get("verdict") or "") in _MEASURED and v["verdicts"]:
+            rows = {r["level"]: r for r in v["verdicts"]}
+            lvs = tuple(summary.LevelVerdict(lv.label, rows[lv.key]["verdict"], rows[lv.key]["effect"],
+                                             rows[lv.key]["ci_low"], rows[lv.key]["ci_high"],
+                                             rows[lv.key]["threshold"])
+                        if lv.key in rows else summary.LevelVerdict(lv.label, "unmeasured") for lv in levels)  # fmt: skip
+            out.append(summary.VariantVerdict(var.id, "measured", e["verdict"], lvs, changes=changes))
+        elif reason.startswith("rejected by a person"):
+            out.append(summary.VariantVerdict(var.id, "rejected", note=reason, changes=changes))
+        elif reason.startswith("moot"):
+            out.append(summary.VariantVerdict(var.id, "moot", note=reason, changes=changes))
+        elif e.get("verdict"):
+            out.append(summary.VariantVerdict(var.id, "failed", e["verdict"], note=_reason(e["verdict"], e.get(
+                "reason")), changes=changes))  # fmt: skip
+        else:
+            out.append(summary.VariantVerdict(var.id, "not run", note=reason if todo.get("status") == "cancelled"
+                                              else "", changes=changes))  # fmt: skip
+    return out
+
+
+def summarize(store: Store, plan, data: dict, ctx) -> summary.Summary:
+    """The close-out's sentences for this workstream: :func:`kinv.agent.summary.summarize` of its verdicts, with
+    the live file as it is on disk."""
+    from kinv.agent.tools import configs
+
+    try:
+        live = describe(configs.read_config(ctx.config_path, ctx.adapter.name))
+    except Exception:  # noqa: BLE001 - an unreadable live file is named as such, the close-out still written
+        live = "(unreadable)"
+    parent = plan.workstream.parent
+    campaign = parent if parent and store.campaign(parent) else None
+    return summary.summarize(verdict_objects(plan, data, ctx.levels()), baseline=describe(plan.baseline), live=live,
+                             live_file=Path(ctx.config_path).name, expect=plan.expect,
+                             expect_levels=tuple(plan.expect_levels), incumbent_of=campaign)  # fmt: skip
+
+
+def recordings_source(be, kernel: str) -> str:
+    """Where a replay's recordings come from, in their own words: the GPU their headers name, or "synthetic"
+    when their header says so (a test fixture, not a measurement)."""
+    try:
+        headers = be.for_kernel(kernel).headers
+    except Exception:  # noqa: BLE001 - a backend without per-kernel recordings: its first header
+        headers = getattr(getattr(be, "recording", None), "headers", []) or []
+    if any(h.get("synthetic") for h in headers):
+        return "synthetic recordings (not measurements)"
+    gpus = sorted({str((h.get("fingerprint") or {}).get("gpu")) for h in headers if (h.get("fingerprint") or {}).get("gpu")})
+    return f"{', '.join(gpus)} recordings" if gpus else "recordings that name no GPU"
+
+
+def _l2_bytes(be, kernel: str) -> int | None:
+    """The L2 size the samples were taken with: the recordings' fingerprint on replay, the visible GPU live."""
+    try:
+        if be.name == "replay":
+            return int(be.for_kernel(kernel).headers[0]["fingerprint"].get("l2_bytes") or 0) or None
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).L2_cache_size) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - unknown: no L2 check
+        return None
 
 
 def _predicted_table(pred: dict, label: dict | None = None) -> list[str]:
@@ -265,10 +342,12 @@ def _num(x: float | None) -> str:
 def render(store: Store, plan, state: dict, ctx) -> str:
     ws = plan.ws
     levels = ctx.levels()
-    data = collect(store, ws)
+    data = collect(store, ws, getattr(ctx, "version", None))
     wsrow = store.workstream(ws)
     bands = {n["level"]: n for n in data["noise"]}
     results = state.get("results", {})
+    said = summarize(store, plan, data, ctx)
+    titles = {v.id: v.title for v in plan.variants}
     out = [f"# Close-out {ws}: {plan.workstream.title}", ""]
     if plan.workstream.parent:
         out += [f"Part of {plan.workstream.parent} ({plan.workstream.parent_title or ''}).", ""]
@@ -276,18 +355,14 @@ def render(store: Store, plan, state: dict, ctx) -> str:
 
     # ---- summary ------------------------------------------------------------------
     out += ["## Outcome", ""]
-    for v in plan.variants:
-        if v.id in results:
-            r = results[v.id]
-            out.append(f"- **{v.id}** ({v.title}): **{r['verdict']}** — {_reason(r['verdict'], r['reason'])}")
-        else:
-            todo = store.todo(planner.todo_id(ws, v.id)) or {}
-            out.append(f"- **{v.id}** ({v.title}): {todo.get('status', 'not run')} — {todo.get('reason', '')}")
-    out += [_hypothesis_outcome(plan, results, ctx.levels()), ""]
+    out += [f"- **{vid}** ({titles[vid]}): {line}" for vid, line in said.outcome.items()]
+    out += said.lines + [""]
 
     # ---- backend -------------------------------------------------------------------
     be = ctx.backend
-    out += ["## Where this was measured", "", f"- Backend: `{be.name}` — {be.loud}"]
+    loud = (f"REPLAY backend: no GPU is measured; serving {recordings_source(be, plan.kernel)}"
+            if be.name == "replay" else be.loud)  # fmt: skip
+    out += ["## Where this was measured", "", f"- Backend: `{be.name}` — {loud}"]
     env = " ".join(f"{k}={v}" for k, v in plan.environment.items()) or "(none)"
     out += [f"- Environment expected and confirmed in every worker: {env}", ""]
 
@@ -318,11 +393,12 @@ def render(store: Store, plan, state: dict, ctx) -> str:
                 f"the chance of any wrong claim in the whole workstream is at most {(1 - s.conf) / 2:.1%}.", ""]
 
     # ---- per-variant tables -------------------------------------------------------
+    latest = {v["exp"]["variant"]: v["exp"]["id"] for v in data["variants"]}
     for v in data["variants"]:
         e = v["exp"]
-        out += [f"## {e['variant']}: {plan.variant(e['variant']).title if e['variant'] in [x.id for x in plan.variants] else ''}",
-                "", f"Verdict: **{e['verdict'] or e['status']}** — {_reason(e['verdict'] or e['status'], e['reason'])}",
-                ""]  # fmt: skip
+        verdict_line = (said.outcome[e["variant"]] if latest.get(e["variant"]) == e["id"] and e["variant"] in said.outcome
+                        else f"**{e['verdict'] or e['status']}** — {_reason(e['verdict'] or e['status'], e['reason'])}")
+        out += [f"## {e['variant']}: {titles.get(e['variant'], '')}", "", f"Verdict: {verdict_line}", ""]  # fmt: skip
         if e["variant"] in [x.id for x in plan.variants]:
             var = plan.variant(e["variant"])
             src = f" + source patch `{var.source_patch}`" if var.source_patch else ""
@@ -369,17 +445,15 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     adapter = ctx.adapter
     from kinv.kernels.devices import get_device
 
-    roof = roofline(store, ws, adapter, levels, be.copy_bandwidth(), get_device(plan.device).matrix_tflops)
+    roof = roofline(store, ws, adapter, levels, be.copy_bandwidth(), get_device(plan.device).matrix_tflops,
+                    version=getattr(ctx, "version", None), l2_bytes=_l2_bytes(be, plan.kernel))  # fmt: skip
     if roof["levels"]:
-        per = ", ".join(f"{x['label']} {x['bound']}-bound"
-                        + (f" at {x['fraction']:.0%} ({x['config']})" if x["fraction"] else "")
-                        for x in roof["levels"].values())  # fmt: skip
-        ridge = f" (ridge point {roof['ridge']:.0f} FLOP/byte)" if roof.get("ridge") else ""
-        out += ["## Roofline", "", f"Bound at each level by arithmetic intensity{ridge}: {per} of its bound "
-                "(the fastest measured config at that level, a confirmed win or else the baseline, against "
-                "max(bytes / copy bandwidth, FLOPs / matrix peak)).", ""]  # fmt: skip
-    winners = sorted({x["config"] for x in roof["levels"].values() if x.get("config") not in (None, "baseline")})
-    ranked = planner.recommend(plan, results, roof["headroom"], roof["bound"], measured_by=", ".join(winners))
+        out += ["## Roofline", "", roofline_text(roof), ""]
+    winners = sorted({x["config"] for x in roof["levels"].values()
+                      if x.get("config") not in (None, "baseline") and not x["implausible"]})  # fmt: skip
+    never = [v.id for v in verdict_objects(plan, data, levels) if v.status in ("rejected", "not run")]
+    ranked = planner.recommend(plan, results, roof["headroom"], roof["bound"], measured_by=", ".join(winners),
+                               unmeasured=never, implausible=roof["implausible"])  # fmt: skip
     if ranked:
         top = ranked[0]
         out += ["## Recommendation", "", f"Next: **{top['id']} — {top['title']}**. {top['rationale']}", "",
@@ -387,9 +461,12 @@ def render(store: Store, plan, state: dict, ctx) -> str:
         out += [f"| {i + 1} | {r['id']}: {r['title']} | {r['score']:.2f} | {r['evidence']} |" for i, r in enumerate(ranked)]
         out.append("")
         store.update_workstream(ws, recommendation=f"{top['id']}: {top['title']}")
-    follow = [t for t in data["todos"] if t["reason"] == "proposed: mixed verdict"]
+    proposed = {t["id"].rsplit(".", 1)[-1].removesuffix("-cond"): t for t in data["todos"]
+                if (t["reason"] or "").startswith("proposed:")}  # fmt: skip
+    follow = [f"- {line}" + (f" ({proposed[vid]['content']})" if vid in proposed else "")
+              for vid, line in zip(said.follow_up_ids, said.follow_ups)]  # fmt: skip
     if follow:
-        out += ["Proposed follow-ups:"] + [f"- {t['content']}" for t in follow] + [""]
+        out += ["Proposed follow-ups:"] + follow + [""]
 
     # ---- ledger --------------------------------------------------------------------
     gpu = sum(e["gpu_s"] or 0 for e in data["experiments"])
@@ -442,8 +519,8 @@ def write_closeout(store: Store, plan, state: dict, ctx, out_dir: Path | None = 
     stem = plan.ws.lstrip("#") + "-closeout"
     md = render(store, plan, state, ctx)
     be = ctx.backend
-    mark = "REPLAY of H200 recordings" if be.name == "replay" else f"live, {be.name}"
-    png = plot(collect(store, plan.ws), out_dir / f"{stem}.png", ctx.adapter, ctx.levels(),
+    mark = f"REPLAY of {recordings_source(be, plan.kernel)}" if be.name == "replay" else f"live, {be.name}"
+    png = plot(collect(store, plan.ws, getattr(ctx, "version", None)), out_dir / f"{stem}.png", ctx.adapter, ctx.levels(),
                title=f"{plan.ws} {plan.workstream.title} [{mark}]")  # fmt: skip
     if png:
         md += f"\n![throughput by level]({png.name})\n"

@@ -41,3 +41,125 @@ def test_a_null_drill_equivalent_where_predicted_says_the_null_holds(tmp_path):
     text = _render(tmp_path, plan_file="3c-null-batch-aware.yaml", measured={"N1": ("accept", n1)})
     assert "- The null holds: equivalent at b1, b8 for every measured variant." in outcome(text)
     assert "refuted" not in outcome(text)
+
+
+# ---- sentences that contradicted their tables -------------------------------------------------------------
+SHIPPED = ('{\n  "kernel": "mla_decode",\n  "description": "shipped",\n  "BLOCK_T": 64,\n  "BLOCK_H": 16,\n'
+           '  "num_warps": 4,\n  "num_stages": 2\n}\n')
+
+
+def test_an_undecided_level_whose_interval_clears_the_margin_rules_a_regression_out(tmp_path):
+    """Live #3a: V2 improved at b64, undecided at b96 with [+0.06%, +1.09%]: a regression is ruled out there, V2
+    beat the baseline where it improved, and the file on disk (the shipped BT64 config) is named as it is."""
+    v2 = {**_levels("equivalent", 0.002, -0.003, 0.006, ALL[:3]), "b64": ("improved", 0.0112, 0.009, 0.013),
+          "b96": ("undecided", 0.0056, 0.0006, 0.0109)}
+    text = _render(tmp_path, measured={"V1": ("reject", _levels("regressed", -0.3, -0.32, -0.28)),
+                                       "V2": ("inconclusive", v2)},
+                   cancelled={"V3": "moot: V1 regressed at every level"}, live=SHIPPED)  # fmt: skip
+    out = outcome(text)
+    assert "not ruled out" not in out and "b96 (+0.56% [+0.06%, +1.09%]: a regression is ruled out)" in out, out
+    assert "No variant beat the baseline" not in out and "V2 beat the baseline at b64" in out, out
+    assert "BT16/BH16/w4/s2 stays" not in out and "mla_decode.json stays BT64/BH16/w4/s2" in out, out
+    assert "refuted" not in out.replace("not refuted", "") and "supported where a variant improved: V2 at b64" in out
+    assert "V2" in text.split("Proposed follow-ups:", 1)[1]
+
+
+def test_an_undecided_level_whose_interval_reaches_below_the_margin_leaves_a_regression_open(tmp_path):
+    v2 = {**_levels("equivalent", 0.002, -0.003, 0.006, ALL[:4]), "b96": ("undecided", 0.004, -0.02, 0.03)}
+    out = outcome(_render(tmp_path, measured={"V1": ("reject", _levels("regressed", -0.3, -0.32, -0.28)),
+                                              "V2": ("inconclusive", v2)},
+                          cancelled={"V3": "moot: V1 regressed at every level"}))  # fmt: skip
+    assert "b96 (+0.40% [-2.00%, +3.00%]: a regression is not ruled out)" in out, out
+
+
+def test_a_variant_that_improved_and_regressed_nowhere_beat_the_baseline_and_is_a_follow_up(tmp_path):
+    """#4a: V2 +12.96% / +3.08% / +3.11%, regressed nowhere, not accepted (levels left undecided)."""
+    v2 = {"t1": ("improved", 0.1296, 0.11, 0.15), "t8": ("improved", 0.0308, 0.02, 0.04),
+          "t32": ("improved", 0.0311, 0.02, 0.04), "t64": ("undecided", 0.01, -0.004, 0.02),
+          "t96": ("equivalent", 0.0, -0.005, 0.005)}
+    v1 = {lab: ("regressed", -0.1, -0.12, -0.08) for lab in ("t1", "t8", "t32", "t64", "t96")}
+    text = _render(tmp_path, plan_file="4a-expert-gemm-tiles.yaml",
+                   measured={"V1": ("reject", v1), "V2": ("inconclusive", v2)},
+                   cancelled={"V3": "moot: V1 regressed at every level"})  # fmt: skip
+    out = outcome(text)
+    assert "No variant beat the baseline" not in out and "V2 beat the baseline at t1 (+12.96%" in out, out
+    assert "V2" in text.split("Proposed follow-ups:", 1)[1].split("\n## ", 1)[0]
+
+
+def test_an_improved_level_is_never_printed_beside_refuted(tmp_path):
+    """#9c: V1 improved at b96 (+9.44%) and regressed at b64; nothing else measured."""
+    lv = {"b64": ("regressed", -0.05, -0.06, -0.04), "b96": ("improved", 0.0944, 0.08, 0.11),
+          "b128": ("equivalent", 0.0, -0.004, 0.004)}
+    text = _render(tmp_path, plan_file="9c-decode-shape.yaml", measured={"V1": ("mixed", lv)})
+    out = outcome(text)
+    assert "refuted" not in out and "supported where a variant improved: V1 at b96" in out, out
+    assert "No variant beat the baseline without regressing elsewhere: V1 improved at b96" in out, out
+
+
+def test_a_variant_rejected_by_a_person_was_never_measured_so_nothing_is_refuted(tmp_path):
+    text = _render(tmp_path, measured={"V1": ("reject", _levels("regressed", -0.3, -0.32, -0.28))},
+                   cancelled={"V2": "rejected by a person: not today", "V3": "moot: V1 regressed at every level"})
+    out = outcome(text)
+    assert "refuted for this kernel shape" not in out and "not supported but not refuted either" in out, out
+    assert "V2 was rejected by a person and never measured" in out and "num_stages 3 untested" in out, out
+
+
+def test_roofline_fractions_above_one_or_inside_l2_are_flagged_never_stated(tmp_path):
+    """#4a at t1: 100 µs for a call that must move ~470 MB at 4.1 TB/s is above the roofline: implausible.  #3a at
+    b1: a 4.7 MB working set fits in the H200's 60 MB L2, so a DRAM roofline fraction says nothing there."""
+    eq = {lab: ("equivalent", 0.0, -0.004, 0.004) for lab in ("t1", "t8", "t32", "t64", "t96")}
+    text = _render(tmp_path, plan_file="4a-expert-gemm-tiles.yaml", measured={"V1": ("reject", eq)})
+    roof = text.split("## Roofline", 1)[1].split("\n## ", 1)[0]
+    assert "t1 memory-bound at" not in roof and "implausible" in roof, roof
+    assert "0% of its roofline" not in text and "0% of their roofline" not in text
+    (tmp_path / "mla").mkdir()
+    text = _render(tmp_path / "mla", measured={"V1": ("reject", _levels("equivalent", 0.0, -0.004, 0.004))})
+    roof = text.split("## Roofline", 1)[1].split("\n## ", 1)[0]
+    assert "b1 memory-bound at" not in roof and "fits in L2" in roof, roof
+
+
+def test_a_standalone_plan_never_calls_its_baseline_a_campaigns_incumbent(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from kinv.agent import graph
+    from tests.utils import write_seed_config
+
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    write_seed_config(cfg)
+    monkeypatch.setenv("KINV_CONFIG_DIR", str(cfg))
+    store, plan, _state, _ctx = build(tmp_path)
+    said = []
+    ctx = graph.Context(store=store, plan=plan, plan_path=_ctx.plan_path, plan_hash=_ctx.plan_hash,
+                        backend_name="replay", approval="auto", progress=lambda kind, **i: said.append(i["message"]),
+                        _backend=_ctx.backend)  # fmt: skip
+    graph.setup({"ws": plan.ws}, SimpleNamespace(context=ctx))
+    line = next(m for m in said if "baseline" in m)
+    assert "incumbent" not in line and "campaign" not in line and "never written" in line, line
+
+
+# ---- defects ------------------------------------------------------------------------------------------------
+def test_a_new_plan_versions_close_out_shows_only_its_own_experiments(tmp_path):
+    store, plan, state, ctx = build(tmp_path, measured={"V1": ("reject", _levels("regressed", -0.3, -0.32, -0.28))},
+                                    version=2, gpu_s=1.0)  # fmt: skip
+    old = store.new_experiment(workstream=plan.ws, todo=f"{plan.ws}.V2", variant="V2", kind="ab", status="done",
+                               verdict="accept", reason="old", rounds=8, gpu_s=50.0, version=1)  # fmt: skip
+    from tests.closeout_fixture import level_row
+
+    store.add_verdicts(old, [level_row(lv.key, "improved", 0.2, 0.1, 0.3) for lv in plan.levels()])
+    text = report.render(store, plan, state, ctx)
+    assert "## V2" not in text and "+20.00%" not in text
+    assert "GPU time in samples: 2.00 s" in text, text.split("## Ledger")[1]  # noise + V1 of version 2 only
+
+
+def test_a_replay_close_out_names_where_its_recordings_come_from(tmp_path, monkeypatch):
+    from tests.closeout_fixture import FakeReplay
+
+    be = FakeReplay([{"synthetic": True, "fingerprint": {"gpu": "a synthetic test fixture (not a measurement)"}}])
+    store, plan, state, ctx = build(tmp_path, measured={"V1": ("reject", _levels("regressed", -0.3, -0.32, -0.28))},
+                                    backend=be)  # fmt: skip
+    titles = []
+    monkeypatch.setattr(report, "plot", lambda data, path, adapter, levels, title="": titles.append(title))
+    path = report.write_closeout(store, plan, state, ctx, out_dir=tmp_path / "reports")
+    assert titles and "H200" not in titles[0] and "synthetic" in titles[0], titles
+    assert "H200" not in path.read_text()
