@@ -572,11 +572,13 @@ def decide(state: State, runtime: Runtime[Context]) -> dict:
     vid = state["current"]
     res = state["results"][vid]
     planner.finish(store, ws, vid, "completed", f"{res['verdict']}: {res['reason']}")
-    if res["verdict"] == "mixed":
+    if res["verdict"] in ("mixed", "inconclusive") and "improved" in res.get("levels", {}).values():
+        # improved somewhere and not accepted: the variant where it won, the baseline elsewhere
         cond = planner.level_conditional(plan, plan.variant(vid), res.get("levels", {}))
         if cond:
+            why = "proposed: mixed verdict" if res["verdict"] == "mixed" else "proposed: improved, not accepted"
             planner.add_follow_up(store, ws, f"{vid}-cond", f"{vid} as a level-conditional config: {describe(cond)}",
-                                  "proposed: mixed verdict")  # fmt: skip
+                                  why)  # fmt: skip
     return {"decision": f"{vid} closed: {res['verdict']}"}
 
 
