@@ -111,11 +111,11 @@ def roofline_text(roof: dict) -> str:
             "matrix peak)).")  # fmt: skip
 
 
-def plot(data: dict, path: Path, adapter, levels, title: str = "") -> Path | None:
+def plot(data: dict, path: Path, adapter, levels, title: str = "", baseline: str = "") -> Path | None:
     """Write :func:`figure` to ``path`` (PNG); None when no variant was measured."""
     import matplotlib.pyplot as plt
 
-    fig = figure(data, adapter, levels, title)
+    fig = figure(data, adapter, levels, title, baseline)
     if fig is None:
         return None
     fig.savefig(path, dpi=110)
@@ -123,10 +123,11 @@ def plot(data: dict, path: Path, adapter, levels, title: str = "") -> Path | Non
     return path
 
 
-def figure(data: dict, adapter, levels, title: str = ""):
+def figure(data: dict, adapter, levels, title: str = "", baseline: str = ""):
     """The close-out's figure: a forest plot of every measured variant's throughput change per level with its
-    interval against the plan's threshold band (left), beside throughput by level (right).  The change axis
-    is linear within a few thresholds and logarithmic beyond, so a 1% effect stays visible beside a 50% one.
+    interval against the plan's threshold band (left), beside throughput by level (right, its legend naming the
+    ``baseline`` config).  The change axis is linear within a few thresholds and logarithmic beyond, so a 1%
+    effect stays visible beside a 50% one; its limits and ticks (:func:`change_axis`) cover every point.
     Variants never measured (voided, failed, rejected by a person) are not drawn."""
     import matplotlib
 
@@ -163,9 +164,10 @@ def figure(data: dict, adapter, levels, title: str = ""):
     fx.axvline(0, color="k", lw=0.8)
     lin = max(2.0, 300 * thr_max)
     fx.set_xscale("symlog", linthresh=lin)
-    lo_x, hi_x = fx.get_xlim()
-    ticks = [t for t in (-50, -20, -10, -5, -2, -1, 0, 1, 2, 5, 10, 20, 50, 100, 200)
-             if lo_x <= t <= hi_x and (abs(t) <= lin or abs(t) >= 2 * lin or t in (-10, 10))]  # fmt: skip
+    every = [100 * _exp_m1(r[k]) for _, rows in measured for _, r in rows for k in ("effect", "ci_low", "ci_high")
+             if r.get(k) is not None and math.isfinite(r[k])]  # fmt: skip
+    (lo_x, hi_x), ticks = change_axis(every + [-100 * thr_max, 100 * thr_max], lin)
+    fx.set_xlim(lo_x, hi_x)
     fx.set_xticks(ticks, [f"{t:+g}%" if t else "0" for t in ticks])
     fx.minorticks_off()
     fx.set_yticks(range(len(shown)), [lv.label for lv in shown])
@@ -178,7 +180,8 @@ def figure(data: dict, adapter, levels, title: str = ""):
     unit = adapter.throughput_unit
     _, rows0 = measured[0]
     xs = [pos[lv.key] for lv, _ in rows0]
-    tx.plot([adapter.throughput(lv, r["base_us"]) for lv, r in rows0], xs, "k-o", ms=4, label="baseline")
+    tx.plot([adapter.throughput(lv, r["base_us"]) for lv, r in rows0], xs, "k-o", ms=4,
+            label=f"baseline {baseline}" if baseline else "baseline")
     for j, (v, rows) in enumerate(measured):
         tx.plot([adapter.throughput(lv, r["variant_us"]) for lv, r in rows], [pos[lv.key] for lv, _ in rows], "s--",
                 color=colors[j % len(colors)], ms=4, label=v["exp"]["variant"])  # fmt: skip
@@ -190,9 +193,38 @@ def figure(data: dict, adapter, levels, title: str = ""):
     tx.set_ylim(len(shown) - 0.5, -0.5)
     tx.set_xlabel(f"throughput ({unit})")
     tx.grid(alpha=0.3)
+    tx.legend(fontsize=7, loc="best")
     fig.suptitle(title or f"{adapter.name}: throughput change by level", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+LADDER = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+"""The change axis's tick values (percent): labelled steps of 1-2-5 per decade."""
+
+
+def change_axis(values: list[float], lin: float) -> tuple[tuple[float, float], list[float]]:
+    """Limits and ticks (percent) for the forest plot's symlog change axis: every value lies inside the limits,
+    with a labelled tick at or beyond the most extreme value on each side, and the decades' 1-2-5 steps between
+    (±10, ±20, ±50 ... wherever they fall inside), so no point sits beyond the last tick or off the axis."""
+    lo = min([0.0, *values])
+    hi = max([0.0, *values])
+
+    def outer(x: float) -> float:
+        return next((t for t in LADDER if t >= x), LADDER[-1]) if x > 0 else 0.0
+
+    left, right = -outer(-lo), outer(hi)
+    left, right = min(left, -1.0), max(right, 1.0)  # the zero line is never at an edge
+    ticks = [0.0] + [s * t for t in LADDER for s in (-1, 1) if (-t >= left if s < 0 else t <= right)
+                     and (t <= lin or t >= 2 * lin or t == 10 or t in (-left, right))]  # fmt: skip
+    pad = 0.12  # in the symlog's own units, so the outer ticks and points sit inside the frame
+
+    def expand(x: float) -> float:  # move x outwards by ``pad`` decades of the symlog transform
+        if abs(x) <= lin:
+            return x + math.copysign(pad * lin, x)
+        return math.copysign(abs(x) * 10**pad, x)
+
+    return (expand(left), expand(right)), sorted(set(ticks))
 
 
 def _exp_m1(x: float) -> float:
@@ -521,7 +553,7 @@ def write_closeout(store: Store, plan, state: dict, ctx, out_dir: Path | None = 
     be = ctx.backend
     mark = f"REPLAY of {recordings_source(be, plan.kernel)}" if be.name == "replay" else f"live, {be.name}"
     png = plot(collect(store, plan.ws, getattr(ctx, "version", None)), out_dir / f"{stem}.png", ctx.adapter, ctx.levels(),
-               title=f"{plan.ws} {plan.workstream.title} [{mark}]")  # fmt: skip
+               title=f"{plan.ws} {plan.workstream.title} [{mark}]", baseline=describe(plan.baseline))  # fmt: skip
     if png:
         md += f"\n![throughput by level]({png.name})\n"
     path = out_dir / f"{stem}.md"

@@ -38,3 +38,29 @@ def test_the_forest_plot_draws_each_measured_variant_per_level_and_never_an_unme
     assert (x1 - x0) / width > 0.05
     assert forest.get_xscale() == "symlog" and len(forest.collections) >= 5  # one threshold band per level
     assert figure({"variants": data["variants"][2:]}, plan.adapter, levels) is None
+
+
+def test_the_change_axis_ticks_cover_every_point_and_the_throughput_legend_names_the_baseline():
+    """Effects of -31% to -41% and +72% all lie inside the axis, with a labelled tick at or beyond each extreme
+    (none piled up past the last tick, none clipped); the throughput panel's legend names the baseline."""
+    plan, _ = load_plan(ROOT / "plans" / "3a-attention-occupancy.yaml")
+    levels = plan.levels()
+    changes = [-0.31, -0.35, -0.38, -0.41, 0.72]
+    rows = [r for lv, c in zip(levels, changes) for r in _rows([lv], c, 0.01)]
+    data = {"variants": [{"exp": {"variant": "V1", "verdict": "mixed"}, "verdicts": rows}]}
+    fig = figure(data, plan.adapter, levels, baseline="BT16/BH16/w4/s2")
+    forest, thr = fig.axes
+    fig.canvas.draw()
+    lo, hi = forest.get_xlim()
+    points = [100 * math.expm1(r[k]) for r in rows for k in ("effect", "ci_low", "ci_high")]
+    assert lo < min(points) and max(points) < hi, (lo, hi, points)
+    ticks = [t for t in forest.get_xticks() if lo <= t <= hi]
+    assert min(ticks) <= min(points) and max(ticks) >= max(points), ticks
+    assert -50 in ticks and 100 in ticks and -20 in ticks and 10 in ticks, ticks
+    labels = {t.get_text() for t in forest.get_xticklabels()}
+    assert {"-50%", "+100%", "0"} <= labels, labels
+    legend = thr.get_legend()
+    assert legend is not None and "baseline BT16/BH16/w4/s2" in [t.get_text() for t in legend.get_texts()]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
