@@ -86,9 +86,15 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
                     "both), or restore the plan")  # fmt: skip
             if row.get("report_path") and Path(row["report_path"]).is_file():
                 old = Path(row["report_path"])
+                kept = old.with_name(old.name.replace("-closeout", f"-v{version}-closeout"))
                 for f in (old, old.with_suffix(".png")):
                     if f.is_file():
                         f.rename(f.with_name(f.name.replace("-closeout", f"-v{version}-closeout")))
+                if kept.is_file():  # its plot link follows the plot's new name, not the next version's plot
+                    png = old.with_suffix(".png").name
+                    kept.write_text(kept.read_text().replace(f"]({png})", f"]({kept.with_suffix('.png').name})"))
+                # history points at the renamed file: the next version's close-out writes the old path
+                store.update_workstream(ws, report_path=str(kept))
             version = store.archive_version(ws)
             row = store.workstream(ws)
             console.print(f"{ws}: plan version {version - 1} kept in history; starting version {version}")

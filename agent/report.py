@@ -215,8 +215,7 @@ def change_axis(values: list[float], lin: float) -> tuple[tuple[float, float], l
 
     left, right = -outer(-lo), outer(hi)
     left, right = min(left, -1.0), max(right, 1.0)  # the zero line is never at an edge
-    ticks = [0.0] + [s * t for t in LADDER for s in (-1, 1) if (-t >= left if s < 0 else t <= right)
-                     and (t <= lin or t >= 2 * lin or t == 10 or t in (-left, right))]  # fmt: skip
+    ticks = [0.0] + [s * t for t in LADDER for s in (-1, 1) if (-t >= left if s < 0 else t <= right)]
     pad = 0.12  # in the symlog's own units, so the outer ticks and points sit inside the frame
 
     def expand(x: float) -> float:  # move x outwards by ``pad`` decades of the symlog transform

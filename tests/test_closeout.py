@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kinv.agent import report
 from tests.closeout_fixture import build, outcome
 
@@ -163,3 +165,27 @@ def test_a_replay_close_out_names_where_its_recordings_come_from(tmp_path, monke
     path = report.write_closeout(store, plan, state, ctx, out_dir=tmp_path / "reports")
     assert titles and "H200" not in titles[0] and "synthetic" in titles[0], titles
     assert "H200" not in path.read_text()
+
+
+def test_an_archived_plan_version_keeps_its_own_close_out_which_the_next_version_never_overwrites(tmp_path):
+    """Version 1's close-out is renamed when version 2 starts: the history row must point at the renamed file, not
+    at the path version 2's close-out then writes."""
+    from kinv.agent.store import Store
+    from tests.utils import replay_env, run_kinv
+
+    env = replay_env(tmp_path, tmp_path / "state")
+    store = Store(tmp_path / "state")
+    reports = tmp_path / "state" / "reports"
+    reports.mkdir(parents=True)
+    (reports / "9c-closeout.md").write_text("version 1's close-out\n![throughput by level](9c-closeout.png)\n")
+    (reports / "9c-closeout.png").write_bytes(b"png of version 1")
+    store.upsert_workstream({"id": "#9c", "title": "old", "kernel": "mla_decode", "status": "closed", "version": 1,
+                             "plan_hash": "0ld", "plan_path": "old.yaml", "report_path": str(reports / "9c-closeout.md")})
+    # 9c's baseline is on disk and the live file here is the seed's: setup refuses right after version 2 begins
+    r = run_kinv(env, "run", "plans/9c-decode-shape.yaml", "--backend", "replay", "--new-version", timeout=120)
+    assert "version 1 kept in history" in r.stdout, r.stdout + r.stderr
+    old = Store(tmp_path / "state").plan_versions("#9c")[0]["report_path"]
+    assert old and Path(old).read_text().startswith("version 1's close-out\n"), old
+    link = Path(old).read_text().split("](", 1)[1].split(")", 1)[0]
+    assert (Path(old).parent / link).read_bytes() == b"png of version 1", link  # its own plot, not version 2's
+    assert Path(old) != reports / "9c-closeout.md"  # the path version 2's close-out writes
