@@ -234,8 +234,8 @@ def summarize(variants: list[VariantVerdict], *, baseline: str, live: str, live_
                            + (f"; it failed where {', '.join(against)}" if against else "") + f"{gap}.")
         elif not gaps and not undecided:
             s.hypothesis = "refuted"
-            s.lines.append("- The hypothesis is refuted for this kernel shape: no variant improved at any level it "
-                           f"was measured at{'; moot: ' + ', '.join(moot) if moot else ''}.")  # fmt: skip
+            s.lines.append("- The hypothesis is refuted for this kernel shape. No variant improved at any level it "
+                           f"was measured at{' (moot: ' + ', '.join(moot) + ')' if moot else ''}.")  # fmt: skip
         else:
             s.hypothesis = "neither"
             s.lines.append(f"- The hypothesis is not supported but not refuted either{gap}"

@@ -161,7 +161,7 @@ def test_a_replay_close_out_names_where_its_recordings_come_from(tmp_path, monke
     store, plan, state, ctx = build(tmp_path, measured={"V1": ("reject", _levels("regressed", -0.3, -0.32, -0.28))},
                                     backend=be)  # fmt: skip
     titles = []
-    monkeypatch.setattr(report, "plot", lambda data, path, adapter, levels, title="": titles.append(title))
+    monkeypatch.setattr(report, "plot", lambda data, path, adapter, levels, title="", **kw: titles.append(title))
     path = report.write_closeout(store, plan, state, ctx, out_dir=tmp_path / "reports")
     assert titles and "H200" not in titles[0] and "synthetic" in titles[0], titles
     assert "H200" not in path.read_text()
