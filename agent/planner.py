@@ -140,9 +140,12 @@ def level_conditional(plan: Plan, variant: Variant, levels: dict[str, str]) -> d
         return None
 
 
-def _beat(levels: dict[str, str]) -> bool:
-    """Improved at some level and regressed at none (the close-out's "beat the baseline")."""
-    got = set(levels.values())
+def _beat(result: dict) -> bool:
+    """Improved at some level and regressed at none (the close-out's "beat the baseline"); a result that carries
+    no levels (a campaign's summary) beat it when it was accepted."""
+    got = set((result.get("levels") or {}).values())
+    if not got:
+        return result.get("verdict") == "accept"
     return "improved" in got and "regressed" not in got
 
 
@@ -168,7 +171,7 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
     occ_refuted = (bool(occ) and all(r.get("verdict") in ("reject", "incorrect", "infeasible") for r in occ)
                    and not set(occupancy_ids) & set(unmeasured))  # fmt: skip
     occ_won = any(r.get("verdict") == "accept" for r in occ)
-    all_rejected = bool(results) and not any(_beat(r.get("levels") or {}) for r in results.values())
+    all_rejected = bool(results) and not any(_beat(r) for r in results.values())
     tile_won = [v.id for v in plan.variants if v.targets == "tile_shape" and v.id in results
                 and results[v.id].get("verdict") in ("accept", "mixed")]  # fmt: skip
     incumbent = measured_by or "the baseline"

@@ -104,6 +104,7 @@ def test_a_variant_rejected_by_a_person_was_never_measured_so_nothing_is_refuted
     out = outcome(text)
     assert "refuted for this kernel shape" not in out and "not supported but not refuted either" in out, out
     assert "V2 was rejected by a person and never measured" in out and "num_stages 3 untested" in out, out
+    assert "occupancy refuted" not in text  # nor in the recommendation's evidence: half of it was never measured
 
 
 def test_roofline_fractions_above_one_or_inside_l2_are_flagged_never_stated(tmp_path):
