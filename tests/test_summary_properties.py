@@ -52,7 +52,7 @@ def at(v, verdict):
     return [lv for lv in v.levels if lv.verdict == verdict] if v.status == "measured" else []
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(case())
 def test_every_sentence_agrees_with_the_tables(c):
     vs, expect, expect_levels, live, campaign = c
