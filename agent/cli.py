@@ -160,7 +160,8 @@ def mcp(
 @app.command()
 def resume(
     ws: str = typer.Argument(..., help="workstream id, e.g. 3a or #3a"),
-    backend: str = typer.Option("auto", help="auto | cuda | replay"),
+    backend: str = typer.Option("auto", help="auto | cuda | replay (a run continues on the backend it started "
+                                             "with; another one is refused)"),
     approval: str = typer.Option(None, help="ask | auto-config | auto (default: the policy the run started with)"),
     state_dir: str = StateOpt,
 ):

@@ -98,6 +98,11 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
             version = store.archive_version(ws)
             row = store.workstream(ws)
             console.print(f"{ws}: plan version {version - 1} kept in history; starting version {version}")
+        started_on = _run_backend(store, row, version)
+        if started_on and backend not in ("auto", started_on):
+            return EXIT_BAD_INPUT, (f"{ws} started on the {started_on} backend, so it continues on {started_on}: one A/B "
+                                    f"never mixes backends; resume it without --backend {backend}")  # fmt: skip
+        backend = started_on or backend
         store.upsert_workstream({
             "id": ws, "parent": plan.workstream.parent, "parent_title": plan.workstream.parent_title,
             "title": plan.workstream.title, "hypothesis": plan.hypothesis, "kernel": plan.kernel,
@@ -112,6 +117,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
             backend_obj.on_loss = lambda loss: ctx.say("executor-loss", message=loss)  # into the close-out
         console.print(f"[bold]{ws}[/bold] {plan.workstream.title}" + (f" (plan version {version})" if version > 1 else ""))
         _ = ctx.backend  # resolves auto and says which, loudly
+        store.update_workstream(ws, backend=ctx.backend.name)  # what a resume continues on
         graph = build_graph(ctx, open_checkpointer(store))
         cfg = run_config(ws, version)
         snap = graph.get_state(cfg)
@@ -166,6 +172,17 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
         file_lock.__exit__(None, None, None)
         store.release_lock(kernel_lock, os.getpid())
         store.release_lock(ws, os.getpid())
+
+
+def _run_backend(store: Store, row: dict | None, version: int) -> str | None:
+    """The backend an unfinished run of this plan version measured on (its experiments say), or None when it
+    has measured nothing yet or is closed: a resumed run goes on there."""
+    if not row or row.get("status") == "closed":
+        return None
+    for e in store.experiments(row["id"]):
+        if int(e.get("version") or 1) == version and e.get("backend") in ("cuda", "replay"):
+            return e["backend"]
+    return None
 
 
 def _paused(store: Store, aid: str, console) -> tuple[int, str]:
