@@ -271,7 +271,13 @@ class UnknownKernelError(ValueError):
     pass
 
 
+#: the spec a caller gave (a registered name, or package.module:Class) -> its adapter
 _LOADED: dict[str, KernelAdapter] = {}
+#: kernel name -> the adapter loaded under it by package.module:Class (a plugin that is not registered): a
+#: config's ``"kernel": name`` finds it again in this process
+_BY_NAME: dict[str, KernelAdapter] = {}
+#: folders that ``package.module:Class`` specs were imported from, which a child process must see too
+_IMPORT_ROOTS: list[str] = []
 
 
 def registered() -> dict[str, str]:
@@ -287,9 +293,16 @@ def registered() -> dict[str, str]:
     return out
 
 
+def import_path() -> list[str]:
+    """The folders this process imported ``package.module:Class`` adapters from (the working directory, say),
+    for a child's PYTHONPATH after its own entries: the correctness child and the benchmark workers start with
+    ``python -P`` elsewhere, and must import the class the CLI imported."""
+    return list(_IMPORT_ROOTS)
+
+
 def get_adapter(name: str) -> KernelAdapter:
     """The adapter of kernel ``name`` (a registered name or ``package.module:Class``); an unknown name
-    lists the valid ones."""
+    lists the valid ones.  Adapters are cached by that spec: two classes that share a kernel name stay two."""
     if not isinstance(name, str):
         raise UnknownKernelError(f"kernel must be a name or package.module:Class, got {brief_repr(name)}")
     if name in _LOADED:
@@ -299,9 +312,19 @@ def get_adapter(name: str) -> KernelAdapter:
     else:
         known = registered()
         if name not in known:
+            if name in _BY_NAME:
+                return _BY_NAME[name]
             raise UnknownKernelError(f"unknown kernel {brief_repr(name)}; valid kernels: {', '.join(sorted(known))} "
                                      "(or package.module:Class of an adapter)")  # fmt: skip
         ref = known[name]
+    adapter = _LOADED.get(ref) or _load(name, ref, by_ref=ref == name)
+    _LOADED[ref] = _LOADED[name] = adapter
+    if ref == name:
+        _BY_NAME.setdefault(adapter.name, adapter)
+    return adapter
+
+
+def _load(name: str, ref: str, by_ref: bool) -> KernelAdapter:
     module, cls = ref.split(":")
     try:
         mod = importlib.import_module(module)
@@ -319,8 +342,23 @@ def get_adapter(name: str) -> KernelAdapter:
         raise UnknownKernelError(f"kernel {brief_repr(name)}: {ref} cannot be instantiated: {_said(exc)}") from None
     if not NAME.fullmatch(adapter.name or ""):
         raise UnknownKernelError(f"kernel {ref}: its adapter's name {brief_repr(adapter.name)} is not a valid name")
-    _LOADED[name] = _LOADED.setdefault(adapter.name, adapter)
-    return _LOADED[name]
+    if by_ref:
+        root = _import_root(mod)
+        if root and root not in _IMPORT_ROOTS:
+            _IMPORT_ROOTS.append(root)
+    return adapter
+
+
+def _import_root(mod) -> str | None:
+    """The folder on whose path ``mod`` was found (``/x`` for ``pkg.adapter`` at ``/x/pkg/adapter.py``); None for
+    kinv's own modules and for modules without a file."""
+    parts = mod.__name__.split(".")
+    if parts[0] == "kinv" or not getattr(mod, "__file__", None):
+        return None
+    path = Path(mod.__file__).resolve()
+    if path.name == "__init__.py":
+        path = path.parent
+    return str(path.parents[len(parts) - 1])
 
 
 def _said(exc: BaseException) -> str:
@@ -336,6 +374,7 @@ __all__ = [
     "Resources",
     "UnknownKernelError",
     "get_adapter",
+    "import_path",
     "project_root",
     "registered",
 ]

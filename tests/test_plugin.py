@@ -182,22 +182,24 @@ def _write_package(root: Path) -> Path:
     return src
 
 
-def _recording(path: Path, env: dict) -> None:
-    """A synthetic replay recording in the v2 layout (benchmarks/record.py), labelled as such."""
+def _recording(path: Path, env: dict, kernel: str = "tiled_matmul", cwd: Path = ROOT) -> None:
+    """A synthetic replay recording in the v2 layout (benchmarks/record.py), labelled as such; ``kernel`` as the
+    plan names it (a registered name, or package.module:Class importable from ``cwd``)."""
     code = textwrap.dedent("""
         import json, sys
         from kinv.agent.tools import bench, bench_worker
         from kinv.kernels.adapter import get_adapter
         from kinv.kernels.launch_config import config_hash
-        a = get_adapter("tiled_matmul")
+        kernel = sys.argv[1]
+        a = get_adapter(kernel)
         base = a.validate_config({"kernel": "tiled_matmul", "TILE_M": 16, "TILE_N": 16, "TILE_K": 16, "num_warps": 1})
         var = a.validate_config({**base, "TILE_N": 32})
-        print(json.dumps({"kernel_hash": bench.kernel_hash("tiled_matmul"), "reference_hash": bench.reference_hash("tiled_matmul"),
+        print(json.dumps({"kernel_hash": bench.kernel_hash(kernel), "reference_hash": bench.reference_hash(kernel),
                           "harness_hash": bench_worker.harness_hash(), "base": base, "var": var,
                           "hb": config_hash(base), "hv": config_hash(var)}))
     """)
-    info = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                     check=True, cwd=ROOT).stdout)  # fmt: skip
+    info = json.loads(subprocess.run([sys.executable, "-c", code, kernel], env=env, capture_output=True, text=True,
+                                     check=True, cwd=cwd).stdout)  # fmt: skip
     levels = [{"M": 32, "N": 32, "K": 32}, {"M": 32, "N": 64, "K": 32}]
     keys = [f"M{lv['M']}xN{lv['N']}/K{lv['K']}" for lv in levels]
     header = {"type": "header", "version": 2, "kernel": "tiled_matmul", "synthetic": True,

@@ -190,7 +190,10 @@ def check_isolated(kernel: str, config: dict, levels: list[Level], *, seed: int,
     from kinv import IMPORT_ROOT as root
 
     env = {**os.environ, **{k: str(v) for k, v in (env or {}).items()}}
-    env["PYTHONPATH"] = os.pathsep.join([*(pythonpath or []), root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    from kinv.kernels.adapter import import_path
+
+    paths = [*(pythonpath or []), root, env.get("PYTHONPATH", ""), *import_path()]  # import_path: a plugin's folder
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
     job = {"kernel": kernel, "config": config, "levels": [lv.to_dict() for lv in levels], "seed": seed,

@@ -56,6 +56,10 @@ class RayExecutor:
         self.started_here = not ray.is_initialized()
         if self.started_here:
             env = {k: os.environ[k] for k in ENV_FOR_ACTORS if k in os.environ}
+            from kinv.kernels.adapter import import_path
+
+            if import_path():  # a package.module:Class adapter imported from a folder only this process sees
+                env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), *import_path()) if p)
             kwargs = {"address": address, "include_dashboard": False, "log_to_driver": False,
                       "runtime_env": {"env_vars": env}}  # fmt: skip
             if address is None and actors:

@@ -34,7 +34,10 @@ class WorkerProcess:
         self.label = label
         full_env = {k: v for k, v in os.environ.items()}
         full_env.update(env or {})
-        paths = [*(pythonpath or []), IMPORT_ROOT, full_env.get("PYTHONPATH", "")]
+        from kinv.kernels.adapter import import_path
+
+        # after the snapshot and kinv itself: the folders the CLI imported a package.module:Class adapter from
+        paths = [*(pythonpath or []), IMPORT_ROOT, full_env.get("PYTHONPATH", ""), *import_path()]
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.started = time.time()
