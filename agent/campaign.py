@@ -198,14 +198,44 @@ def run(s: Settings) -> tuple[int, str, dict]:
         store.acquire_lock(f"campaign:{cid}", os.getpid())
     except StoreError as exc:
         return EXIT_FAIL, str(exc), {}
+    from kinv.agent import signals
+    from kinv.agent.investigation import EXIT_INTERRUPTED
+
+    restore_signals = signals.install()  # SIGTERM and SIGHUP end a campaign the way Ctrl-C does
     try:
         return _run_locked(s, store, plan, plan_hash, cid)
+    except KeyboardInterrupt as exc:  # outside a workstream's graph (screening, between steps): run_plan had none
+        signals.handled()
+        how = getattr(exc, "signame", "SIGINT")
+        _restore_kernel_files(store, plan)
+        store.upsert_campaign({"id": cid, "status": "interrupted"})
+        store.event(None, "interrupted", f"campaign {cid}: {how}: stopped; every kernel file restored to its baseline")
+        return EXIT_INTERRUPTED, (f"interrupted ({how}): kernel files restored, campaign {cid} marked interrupted; "
+                                  f"continue with: kinv campaign {s.plan_path}"), {}  # fmt: skip
     finally:
+        restore_signals()
         store.release_lock(f"campaign:{cid}", os.getpid())
 
 
+def _restore_kernel_files(store: Store, plan: Plan) -> None:
+    """Revert any patch the campaign's workstreams left on disk, under the kernel's lock (a patch another live run
+    holds is that run's own: it is left alone)."""
+    from kinv.agent.store import StoreError
+    from kinv.agent.tools import configs
+
+    lock = f"kernel:{plan.kernel}"
+    try:
+        store.acquire_lock(lock, os.getpid())
+    except StoreError:
+        return
+    try:
+        configs.recover(store)
+    finally:
+        store.release_lock(lock, os.getpid())
+
+
 def _run_locked(s: Settings, store: Store, plan: Plan, plan_hash: str, cid: str) -> tuple[int, str, dict]:
-    from kinv.agent.investigation import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, EXIT_PAUSED
+    from kinv.agent.investigation import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PAUSED
 
     row = store.campaign(cid)
     if row and row["plan_hash"] != plan_hash:
@@ -234,8 +264,8 @@ def _run_locked(s: Settings, store: Store, plan: Plan, plan_hash: str, cid: str)
         c.close()
     summary = c.summary()
     store.upsert_campaign({"id": cid, "summary": summary})
-    if code == EXIT_PAUSED:
-        store.upsert_campaign({"id": cid, "status": "paused"})
+    if code in (EXIT_PAUSED, EXIT_INTERRUPTED):
+        store.upsert_campaign({"id": cid, "status": "paused" if code == EXIT_PAUSED else "interrupted"})
     return code, line, summary
 
 
@@ -267,7 +297,9 @@ class Campaign:
         return self.store.campaign_gpu_s(self.ws_list())
 
     def wall(self) -> float:
-        return time.time() - float(self.row["created"])
+        """Seconds the campaign has spent running: its screenings and its workstreams' graph nodes (kinv.db's
+        history), counted as a workstream's wall budget counts them: never the time paused for a person."""
+        return self.store.campaign_wall_s(self.ws_list())
 
     # ---- the loop ---------------------------------------------------------------------------
     def go(self) -> tuple[int, str]:
@@ -773,6 +805,8 @@ class Campaign:
         if code != EXIT_OK:
             if "; then kinv resume" in line:  # the campaign, not the lone workstream, is what goes on
                 line = line.split("; then kinv resume")[0] + f"; then continue: kinv campaign {self.s.plan_path}"
+            elif "; continue with: kinv resume" in line:  # interrupted inside the workstream's graph
+                line = line.split("; continue with: kinv resume")[0] + f"; continue with: kinv campaign {self.s.plan_path}"
             return code, line
         ws = step["ws"]
         wrow = self.store.workstream(ws)
@@ -857,8 +891,14 @@ class Campaign:
             self.save(status="done")
             return EXIT_OK, f"campaign {self.cid} done ({why}); adopted: {last['adopted']}"
         aid = f"{self.cid.lstrip('#')}-adopt"
-        a = self.adoption(ws)
         appr = self.store.approval(aid)
+        if appr is not None and appr["status"] == "rejected":  # a person's no stands, whatever the policy now
+            last["adoption"] = f"rejected by a person ({appr.get('reason') or 'no reason given'})"
+            self._update_step(last)
+            self.save(status="done")
+            return EXIT_OK, (f"campaign {self.cid} done ({why}); adoption {last['adoption']}: the recorded rejection "
+                             f"of {aid} stands under --approval {self.s.approval}")  # fmt: skip
+        a = self.adoption(ws)
         if self.s.approval != "auto" and appr is None:
             self.store.add_approval(id=aid, workstream=ws, todo=f"{ws}.adopt", variant="V1", kind="adopt",
                                     diff=a.diff, hypothesis=a.message, resources="{}")  # fmt: skip
@@ -874,6 +914,9 @@ class Campaign:
             self._update_step(last)
             self.save(status="done")
             return EXIT_OK, f"campaign {self.cid} done ({why}); adoption {last['adoption']}"
+        if appr is not None and appr["status"] == "pending":  # --approval auto decides it: none is left pending
+            self.store.decide_approval(aid, "approved", "decided by --approval auto (kinv campaign)")
+            self.store.event(ws, "approval", f"{aid} approved: decided by --approval auto (kinv campaign)")
         done = self.write_adoption(a)
         last["adopted"] = f"{describe(a.new_config)} into {done['path']} (patch #{done['patch']})"
         last["commit_message"] = done["message_file"]
@@ -925,9 +968,10 @@ class Campaign:
         per = {}
         for lv in plan.levels():
             info = (final or {}).get("levels", {}).get(lv.key, {}) if final and final.get("phase") == "done" else {}
-            per[lv.label] = {"level": lv.key, "config": describe(chosen[lv.key]),
-                             "change_vs_start": info.get("effect", 0.0 if final and final.get("phase") == "done" else None),
-                             "ci": info.get("ci"), "conf": info.get("conf")}  # fmt: skip
+            # a level the final A/B never measured has no change: None, never 0.0
+            per[lv.label] = {"level": lv.key, "config": describe(chosen[lv.key]), "change_vs_start": info.get("effect"),
+                             "ci": info.get("ci"), "conf": info.get("conf"),
+                             "measured": "effect" in info}  # fmt: skip
         return {
             "campaign": self.cid, "plan": row["plan_path"], "status": row["status"], "backend": row["backend"],
             "start_config": describe(row["start_config"]), "config": describe(row["incumbent"]),

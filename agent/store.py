@@ -521,6 +521,18 @@ class Store:
                                 f"s.experiment = e.id where e.workstream in ({marks})", ws_ids).fetchone()  # fmt: skip
         return float(row[0]), int(row[1])
 
+    def campaign_wall_s(self, ws_ids: list[str]) -> float:
+        """Wall seconds these workstreams spent running: their screenings (a running one until now) and their graph
+        nodes (node_runs, which end where a node pauses for a person), never the time paused between them."""
+        if not ws_ids:
+            return 0.0
+        marks = ",".join("?" * len(ws_ids))
+        nodes = self.conn.execute(f"select coalesce(sum(finished - started), 0) from node_runs where workstream in "
+                                  f"({marks})", ws_ids).fetchone()[0]  # fmt: skip
+        screens = self.conn.execute(f"select coalesce(sum(coalesce(finished, ?) - started), 0) from experiments where "
+                                    f"kind = 'screen' and workstream in ({marks})", [now(), *ws_ids]).fetchone()[0]  # fmt: skip
+        return float(nodes) + float(screens)
+
     # ---- env checks, approvals, events -------------------------------------------
     def add_env_check(self, **row) -> int:
         for k in ("expected", "seen"):
