@@ -293,7 +293,7 @@ def _bench_line(m: dict, short: dict) -> str:
     frac = f"{m['frac_copy']:.0%}" if m.get("frac_copy") else "n/a"
     peer = f"  {m['peer']} {m['peer_us']:.1f} µs: {m['vs_peer']:.2f}x" if m.get("peer_us") else ""
     return (f"{short.get(m['level'], m['level']):>8s} {m['us']:9.1f} µs {m['gbps']:7.0f} GB/s {frac:>4s} of copy "
-            f"{m['tokens_per_s']:13,.0f} {m.get('unit', '')}{peer}")  # fmt: skip
+            f"{m['throughput']:13,.{0 if m['throughput'] >= 100 else 2}f} {m.get('throughput_unit', '')}{peer}")  # fmt: skip
 
 
 def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_n: int = 4):

@@ -91,7 +91,7 @@ def m001_initial(db: sqlite_utils.Database) -> None:
     )  # fmt: skip
     db["measurements"].create(
         {"id": int, "experiment": int, "level": str, "config": str, "us": float, "gbps": float,
-         "frac_copy": float, "tokens_per_s": float, "copy_gbps": float, "n": int, "t": float},
+         "frac_copy": float, "tokens_per_s": float, "copy_gbps": float, "n": int, "t": float},  # m008 renames it
         pk="id", foreign_keys=[("experiment", "experiments", "id")],
     )  # fmt: skip
     db["backups"].create(
@@ -177,6 +177,33 @@ def m006_campaigns(db: sqlite_utils.Database) -> None:
 def m007_sample_place(db: sqlite_utils.Database) -> None:
     """Issue 16: which GPU of the node or cluster timed a sample (a Ray actor's place); empty in one process."""
     db["samples"].add_column("place", str)
+
+
+@migration
+def m008_throughput_unit(db: sqlite_utils.Database) -> None:
+    """measurements.tokens_per_s held each kernel's own throughput (TFLOP/s for the MoE expert GEMM): the column
+    is now ``throughput``, with its unit beside it (the adapter's throughput_unit).  Rows written before get the
+    unit their kernel's adapter declares, or none when that kernel cannot be loaded here."""
+    db.execute("alter table measurements rename column tokens_per_s to throughput")
+    db.execute("alter table measurements add column throughput_unit text")
+    kernel_of = ("select e.id, case when json_valid(e.config_json) then json_extract(e.config_json, '$.kernel') end, "
+                 "w.kernel from experiments e left join workstreams w on e.workstream = w.id "
+                 "where e.id in (select distinct experiment from measurements)")  # fmt: skip
+    for exp, kernel, ws_kernel in db.execute(kernel_of).fetchall():
+        unit = _throughput_unit(kernel or ws_kernel)
+        if unit:
+            db.execute("update measurements set throughput_unit = ? where experiment = ?", [unit, exp])
+
+
+def _throughput_unit(kernel: str | None) -> str | None:
+    if not kernel:
+        return None
+    try:
+        from kinv.kernels.adapter import get_adapter
+
+        return get_adapter(kernel).throughput_unit
+    except Exception:  # noqa: BLE001 - a kernel no longer installed: its rows keep no unit rather than a guess
+        return None
 
 
 def _while_locked(fn, seconds: float = 30.0):

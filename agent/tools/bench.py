@@ -640,7 +640,8 @@ def verdict_rows(result) -> list[dict]:
 
 def measure_config(store, exp_id, backend: Backend, kernel: str, config: dict, env: dict, levels: list[Level],
                    samples: int = 5, on_level: Callable | None = None) -> list[dict]:  # fmt: skip
-    """``kinv bench`` of one config: per level µs, GB/s, fraction of copy bandwidth, tokens/s; all stored."""
+    """``kinv bench`` of one config: per level µs, GB/s, fraction of copy bandwidth, throughput in the adapter's
+    unit; all stored."""
     adapter = get_adapter(kernel)
     copy = backend.copy_bandwidth()
     hashes = (harness_hash(), reference_hash(kernel))
@@ -659,15 +660,15 @@ def measure_config(store, exp_id, backend: Backend, kernel: str, config: dict, e
             med = statistics.median(us)
             gbps = adapter.bytes_moved(level) / (med * 1e-6) / 1e9
             m = {"level": level.key, "config": describe(config), "us": med, "gbps": gbps,
-                 "frac_copy": gbps / copy if copy else None, "tokens_per_s": adapter.throughput(level, med),
-                 "unit": adapter.throughput_unit, "tflops": adapter.flops(level) / (med * 1e-6) / 1e12,
+                 "frac_copy": gbps / copy if copy else None, "throughput": adapter.throughput(level, med),
+                 "throughput_unit": adapter.throughput_unit, "tflops": adapter.flops(level) / (med * 1e-6) / 1e12,
                  "copy_gbps": copy, "n": samples,
                  "cv": statistics.pstdev(us) / statistics.mean(us) if len(us) > 1 else 0.0,
                  "derived_env": setup.get("derived_env", {})}  # fmt: skip
             peer = adapter.peer(level, (arm.fingerprint or {}).get("gpu"))
             if peer:  # a reference figure of the kernel a user would pick instead (not measured here)
                 m.update(peer=peer["peer"], peer_us=peer["us"], vs_peer=peer["us"] / med)
-            store.add_measurements(exp_id, [{k: v for k, v in m.items() if k not in ("cv", "derived_env", "unit", "tflops", "peer", "peer_us", "vs_peer")}])
+            store.add_measurements(exp_id, [{k: v for k, v in m.items() if k not in ("cv", "derived_env", "tflops", "peer", "peer_us", "vs_peer")}])
             out.append(m)
             if on_level:
                 on_level(m)
