@@ -100,8 +100,9 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
             console.print(f"{ws}: plan version {version - 1} kept in history; starting version {version}")
         started_on = _run_backend(store, row, version)
         if started_on and backend not in ("auto", started_on):
-            return EXIT_BAD_INPUT, (f"{ws} started on the {started_on} backend, so it continues on {started_on}: one A/B "
-                                    f"never mixes backends; resume it without --backend {backend}")  # fmt: skip
+            return EXIT_BAD_INPUT, (f"--backend {backend}: {ws} started on the {started_on} backend and continues there "
+                                    f"(one A/B never mixes backends); leave --backend out, or give --backend "
+                                    f"{started_on}")  # fmt: skip
         backend = started_on or backend
         store.upsert_workstream({
             "id": ws, "parent": plan.workstream.parent, "parent_title": plan.workstream.parent_title,
