@@ -153,7 +153,7 @@ class CampaignStep(View):
 
 class CampaignView(View):
     id: str = Field(description="campaign id, e.g. '#7'")
-    status: str | None = Field(None, description="running, paused, done or stopped")
+    status: str | None = Field(None, description="running, paused, interrupted, done or stopped")
     plan_path: str | None = Field(None, description="the campaign plan")
     start_config: str | None = Field(None, description="the config it started from")
     incumbent: str | None = Field(None, description="the config confirmed so far (per level where it differs)")
