@@ -668,7 +668,13 @@ def variant_verdict(effects: dict[str, Effect], budget_exhausted: bool) -> tuple
     when = "after the full budget" if budget_exhausted else "so far (more rounds needed)"
     und_text = f"undecided at {_levels_text(und, short)} {when}"
     if imp:
-        return "inconclusive", f"improved at {_levels_text(imp, short)} but {und_text}: a regression is not ruled out"
+        # a practical regression (an effect at or below -T) is ruled out where the interval's lower bound clears -T
+        open_ = [e for e in und if e.ci_low <= -e.threshold]
+        if not open_:
+            return "inconclusive", (f"improved at {_levels_text(imp, short)} but {und_text}: a regression beyond the "
+                                    "threshold is ruled out there, a gain of the threshold is not shown")
+        return "inconclusive", (f"improved at {_levels_text(imp, short)} but {und_text}: a regression is not ruled "
+                                f"out at {', '.join(short.get(e.level, e.level) for e in open_)}")
     return "inconclusive", und_text + ", no level improved or regressed"
 
 

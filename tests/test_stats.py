@@ -717,8 +717,15 @@ def test_variant_verdict_inconclusive():
     v, why = variant_verdict(_effects(b1="equivalent", b8="undecided"), budget_exhausted=True)
     assert v == "inconclusive" and "undecided at b8" in why and "full budget" in why, why
     # a gain elsewhere does not excuse an undecided level: it may hide a regression
-    v, why = variant_verdict(_effects(b1="improved", b8="undecided"), budget_exhausted=True)
-    assert v == "inconclusive" and "regression is not ruled out" in why, why
+    wide = {**_effects(b1="improved"), "b8": Effect("b8", 32, 0.0, -0.03, 0.03, 1.0, 0.02, "undecided")}
+    v, why = variant_verdict(wide, budget_exhausted=True)
+    assert v == "inconclusive" and "regression is not ruled out at b8" in why, why
+    # an undecided level whose interval clears the threshold's negative side: a regression is ruled out there
+    # (live #3a's V2: b96 +0.56% [+0.06%, +1.09%] at a 1% threshold), still no acceptance
+    narrow = {**_effects(b1="improved"), "b8": Effect("b8", 32, 0.0056, 0.0006, 0.0109, 1.0056, 0.01, "undecided")}
+    v, why = variant_verdict(narrow, budget_exhausted=True)
+    assert v == "inconclusive" and "regression beyond the threshold is ruled out" in why, why
+    assert "not ruled out" not in why, why
     v, why = variant_verdict(_effects(b1="undecided"), budget_exhausted=False)
     assert v == "inconclusive" and "more rounds" in why, why
     assert set(VARIANT_VERDICTS) == {"accept", "reject", "mixed", "inconclusive"}
