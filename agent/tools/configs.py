@@ -33,7 +33,6 @@ from kinv.kernels.launch_config import ConfigError, load_config, validate_config
 if TYPE_CHECKING:
     from kinv.agent.store import Store
 
-CONFIG_KEY_ORDER = ("kernel", "description", "BLOCK_T", "BLOCK_H", "num_warps", "num_stages", "overrides")
 TMP_MARK = ".kinv-tmp-"
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -126,17 +125,155 @@ def _sha_bytes(data: bytes) -> str:
 
 
 def render_config(config: dict) -> str:
-    """A config as its file text: JSON, indent 2, keys in the canonical order, trailing newline; optional
-    tunables at their defaults are left out (the same config: the diff a person reviews shows what changes)."""
+    """A config as the text of a new file: JSON, indent 2, trailing newline, ``kernel`` and ``description`` first
+    and every other key in the config's own order; optional tunables at their defaults are left out (the same
+    config).  A file that exists is never re-rendered: :func:`edit_config_text` edits its bytes."""
     try:
         from kinv.kernels.launch_config import spec_of
 
         config = spec_of(config["kernel"]).without_defaults(config)
     except (KeyError, ImportError, ValueError, TypeError, AttributeError):
         pass
-    ordered = {k: config[k] for k in CONFIG_KEY_ORDER if k in config}
+    ordered = {k: config[k] for k in ("kernel", "description") if k in config}
     ordered.update({k: v for k, v in config.items() if k not in ordered})
     return json.dumps(ordered, indent=2) + "\n"
+
+
+def _json_layout(text: str) -> dict:
+    """How a JSON file is laid out: its indent, whether it escapes non-ASCII, and what follows the closing
+    brace (a trailing newline or not), so a rewrite changes only the lines whose values change."""
+    body = text.rstrip()
+    lines = body.split("\n")
+    indent = None
+    if len(lines) > 1:
+        second = next((ln for ln in lines[1:] if ln.strip()), "")
+        indent = second[: len(second) - len(second.lstrip())] or None
+    return {"indent": indent, "ensure_ascii": text.isascii(), "tail": text[len(body):],
+            "separators": (",", ": ") if indent is not None else ((", ", ": ") if ", " in body else (",", ":"))}
+
+
+def _dump(obj, layout: dict) -> str:
+    return json.dumps(obj, indent=layout["indent"], ensure_ascii=layout["ensure_ascii"],
+                      separators=layout["separators"]) + layout["tail"]  # fmt: skip
+
+
+def _insert_after(d: dict, after: str | None, key: str, value) -> dict:
+    """``d`` with ``key`` inserted just after the key ``after`` (first when None)."""
+    items = list(d.items())
+    at = next((i + 1 for i, (k, _) in enumerate(items) if k == after), 0) if after is not None else 0
+    return dict(items[:at] + [(key, value)] + items[at:])
+
+
+def edit_config_text(old_text: str, new_config: dict, kernel: str | None = None) -> str:
+    """The text to write so that the config file now holding ``old_text`` becomes ``new_config``: the smallest
+    edit of the file's own bytes whose config *is* ``new_config`` (same config hash: what the variant arm and the
+    correctness gate read back from disk, so the kernel runs exactly the measured config).
+
+    - Key order, indent, ASCII escaping, the trailing newline and every unchanged value are the file's own;
+      kinv applies no key order of its own to a file it edits.
+    - A tunable whose value changes is set in place; one the file lacks is added after the file's last
+      tunable only when ``new_config`` sets it off its default; one the file sets that ``new_config`` leaves
+      at its default is set to the default in place (the diff says what is measured).
+    - ``description`` is the file's unless ``new_config`` brings its own (an adoption does; a variant does not).
+    - ``overrides``: kept byte for byte when they equal ``new_config``'s; otherwise replaced by
+      ``new_config``'s (dropped when it has none).  A live override is never kept beside a measured config
+      that lacks it, even one that matches no measured level: the file would then name a config other than
+      the measured one (its hash, its recordings), which is exactly what must not change.
+    - A file that is not a JSON object is replaced by :func:`render_config` of ``new_config``.
+    """
+    from kinv.kernels.launch_config import ConfigError, config_hash, spec_of, validate_config
+
+    try:
+        old = json.loads(old_text)
+    except (json.JSONDecodeError, RecursionError, ValueError):
+        old = None
+    if not isinstance(old, dict):
+        return render_config(new_config)
+    kernel = kernel or new_config.get("kernel") or old.get("kernel")
+    spec = spec_of(kernel)
+    defaults = spec.defaults()
+    new = dict(old)
+    last = next((k for k in reversed(list(old)) if k in spec.names), None)
+    last = last or next((k for k in ("description", "kernel") if k in old), None)
+    for name in spec.names:
+        want = new_config.get(name, defaults.get(name))
+        if name in old:
+            if old[name] != want or type(old[name]) is not type(want):
+                new[name] = want
+        elif name in new_config and want != defaults.get(name):
+            new = _insert_after(new, last, name, want)
+            last = name
+    if "description" in new_config and new_config["description"] != old.get("description"):
+        if "description" in new:
+            new["description"] = new_config["description"]
+        else:
+            new = _insert_after(new, "kernel" if "kernel" in new else None, "description", new_config["description"])
+    want_ov = list(new_config.get("overrides") or [])
+    try:
+        have_ov = validate_config(old, kernel).get("overrides", [])
+    except ConfigError:
+        have_ov = old.get("overrides")
+    if want_ov != have_ov:
+        if want_ov:
+            new["overrides"] = want_ov
+        else:
+            new.pop("overrides", None)
+    layout = _json_layout(old_text)
+    text = _dump(new, layout)
+    try:
+        got = validate_config(json.loads(text), kernel)
+    except ConfigError as exc:
+        raise PatchError(f"the edit of the {kernel} config would not be a valid config: {exc}") from None
+    if config_hash(got) != config_hash(validate_config(new_config, kernel)):
+        raise PatchError(f"the edit of the {kernel} config does not yield the config asked for")
+    return text
+
+
+class ConfigEdit:
+    """What a config patch will write: the live bytes, the bytes after, and the diff between them."""
+
+    def __init__(self, path: Path, old: bytes, new: bytes, config: dict):
+        self.path, self.old, self.new, self.config = path, old, new, config
+
+    @property
+    def diff(self) -> str:
+        return diff_text(self.old.decode("utf-8", errors="replace"), self.new.decode("utf-8", errors="replace"),
+                         self.path.name)  # fmt: skip
+
+    @property
+    def sha_before(self) -> str:
+        return _sha_bytes(self.old)
+
+    @property
+    def sha_after(self) -> str:
+        return _sha_bytes(self.new)
+
+
+def plan_config_edit(path: str | os.PathLike, new_config: dict, kernel: str | None = None) -> ConfigEdit:
+    """Validate ``new_config`` and say exactly what writing it to the config file ``path`` would write (nothing
+    is written): the diff an approval shows and the bytes :func:`patch_config` then writes are these."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise PatchError(f"config file {path} does not exist")
+    old_bytes = path.read_bytes()
+    old_text = old_bytes.decode("utf-8", errors="replace")
+    try:
+        old = json.loads(old_text)
+    except (json.JSONDecodeError, RecursionError, ValueError):
+        old = {}
+    name = kernel or (old.get("kernel") if isinstance(old, dict) and isinstance(old.get("kernel"), str) else None)
+    if isinstance(new_config, dict) and name and "kernel" not in new_config:
+        new_config = {"kernel": name, **new_config}
+    try:
+        cfg = validate_config(new_config, name)
+    except ConfigError as exc:
+        raise PatchError(f"{path.name}: {exc}") from None
+    return ConfigEdit(path, old_bytes, edit_config_text(old_text, cfg, name).encode(), cfg)
+
+
+def edit_diff(path: str | os.PathLike, new_config: dict, kernel: str | None = None) -> str:
+    """The diff from the live bytes of ``path`` to what writing ``new_config`` would write (what to show)."""
+    return plan_config_edit(path, new_config, kernel).diff
 
 
 def diff_text(old: str, new: str, path: str | os.PathLike) -> str:
@@ -154,8 +291,13 @@ def config_diff(old_cfg: dict, new_cfg: dict, path: str | os.PathLike) -> str:
 
 
 def write_config(path: str | os.PathLike, config: dict) -> None:
-    """Write a config file atomically (rendered as kinv renders every config)."""
-    _atomic_write(Path(path), render_config(config).encode())
+    """Write a config file atomically: the minimal edit of the file's own bytes when it exists
+    (:func:`edit_config_text`), a new file rendered by :func:`render_config` when it does not."""
+    path = Path(path)
+    if path.is_file():
+        _atomic_write(path, edit_config_text(path.read_bytes().decode("utf-8", errors="replace"), config).encode())
+    else:
+        _atomic_write(path, render_config(config).encode())
 
 
 def read_config(path: str | os.PathLike, kernel: str | None = None) -> dict:
@@ -267,26 +409,13 @@ def _apply_journaled(store: Store, path: Path, old: bytes, new: bytes, kind: str
 
 def patch_config(store: Store, path: str | os.PathLike, new_config: dict, ws_id: str | None,
                  experiment: int | None = None) -> dict:  # fmt: skip
-    """Validate ``new_config`` and write it to the config file ``path``, journaled; returns the patch row."""
-    path = Path(path).resolve()
-    if not path.is_file():
-        raise PatchError(f"config file {path} does not exist")
-    old_bytes = path.read_bytes()
-    old_text = old_bytes.decode("utf-8", errors="replace")
-    try:
-        old = json.loads(old_text)
-    except json.JSONDecodeError:
-        old = {}
-    kernel = old.get("kernel") if isinstance(old, dict) else None
-    if isinstance(new_config, dict) and kernel and "kernel" not in new_config:
-        new_config = {"kernel": kernel, **new_config}
-    try:
-        cfg = validate_config(new_config, kernel if isinstance(kernel, str) else None)
-    except ConfigError as exc:
-        raise PatchError(f"{path.name}: {exc}") from None
-    new_text = render_config(cfg)
-    return _apply_journaled(store, path, old_bytes, new_text.encode(), "config", diff_text(old_text, new_text, path.name),
-                            ws_id, experiment)  # fmt: skip
+    """Validate ``new_config`` and write it to the config file ``path``, journaled; returns the patch row.
+
+    What is written is :func:`plan_config_edit`'s bytes: the minimal edit of the live file (its key order,
+    description, layout and unchanged values kept) whose config is ``new_config``; the journaled diff is from
+    the live bytes to those bytes."""
+    edit = plan_config_edit(path, new_config)
+    return _apply_journaled(store, edit.path, edit.old, edit.new, "config", edit.diff, ws_id, experiment)
 
 
 def patch_source(store: Store, path: str | os.PathLike, unified_diff: str, ws_id: str | None,
@@ -456,8 +585,11 @@ __all__ = [
     "backup",
     "config_diff",
     "diff_text",
+    "edit_config_text",
+    "edit_diff",
     "patch_config",
     "patch_source",
+    "plan_config_edit",
     "read_config",
     "recover",
     "render_config",

@@ -1,0 +1,84 @@
+"""The live file is the baseline of record for every write: what kinv shows a person is the diff from the live
+file's exact bytes to the exact bytes it writes, and its way back restores the shipped bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.utils import replay_env, run_kinv
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = (ROOT / "kernels" / "configs" / "mla_decode.json").read_bytes()
+
+
+def _store(tmp_path):
+    from kinv.agent.store import Store
+
+    return Store(tmp_path / "state", create=True)
+
+
+def _changed_lines(diff: str) -> tuple[list[str], list[str]]:
+    lines = diff.splitlines()
+    return ([ln for ln in lines if ln.startswith("-") and not ln.startswith("---")],
+            [ln for ln in lines if ln.startswith("+") and not ln.startswith("+++")])  # fmt: skip
+
+
+def test_a_one_value_patch_changes_one_line_and_keeps_the_files_own_order_indent_and_description(tmp_path):
+    from kinv.agent.tools import configs
+
+    live = {"num_stages": 2, "BLOCK_H": 16, "kernel": "mla_decode", "BLOCK_T": 16, "num_warps": 4,
+            "description": "kept by hand, last on purpose: é"}  # fmt: skip
+    path = tmp_path / "mla_decode.json"
+    path.write_text(json.dumps(live, indent=4, ensure_ascii=False))  # no trailing newline, indent 4
+    before = path.read_text()
+    row = configs.patch_config(_store(tmp_path), path, {**live, "num_warps": 8}, "#t")
+    after = path.read_text()
+    assert after == before.replace('"num_warps": 4', '"num_warps": 8')  # one line, nothing else
+    assert _changed_lines(row["diff"]) == (['-    "num_warps": 4,'], ['+    "num_warps": 8,'])
+    assert configs.apply_unified_diff(before, row["diff"], path) == after
+
+
+def test_a_variant_measured_against_another_baseline_is_written_as_the_minimal_edit_of_the_live_file(tmp_path):
+    from kinv.agent.models import load_plan
+    from kinv.agent.tools import configs
+    from kinv.kernels.launch_config import config_hash, load_config
+
+    plan, _ = load_plan(ROOT / "plans" / "3a-attention-occupancy.yaml")
+    measured = plan.variant_config(plan.variant("V1"))  # what gate and measure run: the file as patched
+    path = tmp_path / "mla_decode.json"
+    path.write_bytes(SHIPPED)
+    row = configs.patch_config(_store(tmp_path), path, measured, "#3a")
+    written = path.read_bytes()
+    assert config_hash(load_config(path)) == config_hash(measured)  # the kernel runs exactly what is measured
+    assert configs.apply_unified_diff(SHIPPED.decode(), row["diff"], path).encode() == written
+    old, new = json.loads(SHIPPED), json.loads(written)
+    assert new["description"] == old["description"]  # a temporary patch keeps the file's description
+    assert [k for k in new] == [k for k in old if k in new]  # the file's own key order
+    assert "overrides" not in new  # the measured config has none: each live override would change a level
+    removed, added = _changed_lines(row["diff"])
+    assert '+  "num_warps": 8,' in added and '+  "BLOCK_T": 16,' in added and '+  "CTAS_PER_SM": 0' in added
+    assert not any("BLOCK_H" in ln or "num_stages" in ln or "description" in ln for ln in removed + added)
+
+
+def test_a_render_keeps_the_configs_own_key_order(tmp_path):
+    from kinv.agent.tools import configs
+
+    text = configs.render_config({"kernel": "mla_decode", "num_warps": 4, "BLOCK_T": 16, "BLOCK_H": 16,
+                                  "num_stages": 2})  # fmt: skip
+    assert list(json.loads(text)) == ["kernel", "num_warps", "BLOCK_T", "BLOCK_H", "num_stages"]
+    assert not hasattr(configs, "CONFIG_KEY_ORDER")
+
+
+def test_no_tracked_file_is_a_lock_or_a_kept_copy():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    bad = [f for f in tracked.splitlines() if f.endswith((".kinv-lock", ".kinv-record")) or "kinv-tmp-" in f]
+    assert not bad, f"tracked lock or kinv-kept files: {bad}"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", "kernels/configs/.x.kinv-lock"], cwd=ROOT)
+    assert ignored.returncode == 0  # a lock file never shows up as a change to commit
