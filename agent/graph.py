@@ -215,13 +215,33 @@ def look_conf(plan: Plan) -> float:
     return stats.look_confidence(sequential_plan(plan), len(plan.levels()), len(plan.variants))
 
 
-def _edit_sha(cfg: dict, src: tuple | None) -> str:
-    """Hash of exactly what a variant changes: its config and its source diff (what an approval pins)."""
+def _edit_sha(cfg: dict, src: tuple | None, edit: configs.ConfigEdit | None = None) -> str:
+    """Hash of exactly what a variant changes (what an approval pins): its config, its source diff, and the
+    config file's bytes before and after the edit, so a live file that moved since the approval is refused."""
     import hashlib
 
     from kinv.kernels.launch_config import canonical_json
 
-    return hashlib.sha256((canonical_json(cfg) + "\n" + (src[1] if src else "")).encode()).hexdigest()[:12]
+    files = f"\n{edit.sha_before}->{edit.sha_after}" if edit is not None else ""
+    return hashlib.sha256((canonical_json(cfg) + "\n" + (src[1] if src else "") + files).encode()).hexdigest()[:12]
+
+
+def _config_edit(ctx: Context, cfg: dict) -> configs.ConfigEdit:
+    """What patching ``cfg`` writes to the live file, from its exact bytes (what the approval shows)."""
+    return configs.plan_config_edit(ctx.config_path, cfg, ctx.adapter.name)
+
+
+def _baseline_note(ctx: Context, vid: str, cfg: dict) -> str:
+    """One line, when the plan measures against a baseline that is not the live file: the diff below it is
+    the live file's real replacement while the variant is patched."""
+    if ctx.plan.baseline_on_disk:
+        return ""
+    live = configs.read_config(ctx.config_path, ctx.adapter.name)
+    if config_hash(live) == config_hash(_baseline_config(ctx)):
+        return ""
+    return (f"note: {ctx.plan.ws} measures against its plan's baseline {describe(_baseline_config(ctx))}, not the "
+            f"live file's {describe(live)}: while {vid} is patched, the live file is replaced by "
+            f"{describe(cfg)}, as below\n")  # fmt: skip
 
 
 def _needs_approval(ctx: Context, cfg: dict, source_patch: bool) -> bool:
@@ -400,7 +420,8 @@ def design(state: State, runtime: Runtime[Context]) -> Command[Literal["approval
     predicted = resources.predicted_change(base_a, var_a)
     var_a["predicted"] = predicted
     resources.record(store, ws, exp, var_a)
-    diff = configs.config_diff(_baseline_config(ctx), cfg, ctx.config_path)
+    edit = _config_edit(ctx, cfg)  # the live file's exact bytes -> the exact bytes written while patched
+    diff = _baseline_note(ctx, vid, cfg) + edit.diff if edit.diff else ""
     store.update_experiment(exp, diff=diff)
     if not var_a["feasible"]:
         result = {"verdict": "infeasible", "reason": f"infeasible on {plan.device}: {var_a['reason']}",
@@ -418,7 +439,7 @@ def design(state: State, runtime: Runtime[Context]) -> Command[Literal["approval
                            kind="source" if src else "config", diff=full_diff,
                            resources={"smem_max": var_a.get("smem_estimate_max"), "predicted": predicted},
                            hypothesis=plan.hypothesis, title=v.title, rationale=v.rationale,
-                           plan_hash=ctx.plan_hash, patch_sha=_edit_sha(cfg, src))  # fmt: skip
+                           plan_hash=ctx.plan_hash, patch_sha=_edit_sha(cfg, src, edit))  # fmt: skip
         ctx.say("approval", message=f"{vid} waits for approval {aid}", approval_id=aid)
         return Command(goto="approval", update={"exp_id": exp, "approval_id": aid, "needs_approval": True,
                                                 "decision": f"{vid}: approval {aid} requested"})
@@ -458,7 +479,8 @@ def apply(state: State, runtime: Runtime[Context]) -> Command[Literal["gate", "r
             src = _source_patch(ctx, v)
         except configs.PatchError:
             pass
-        now_sha = _edit_sha(plan.variant_config(v), src)
+        now_cfg = plan.variant_config(v)
+        now_sha = _edit_sha(now_cfg, src, _config_edit(ctx, now_cfg))
         if appr["plan_hash"] != ctx.plan_hash or appr.get("patch_sha") != now_sha:
             raise InvestigationError(
                 f"approval {aid} was given for plan sha {appr['plan_hash']} and edit {appr.get('patch_sha')}; the "

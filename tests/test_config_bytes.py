@@ -82,3 +82,58 @@ def test_no_tracked_file_is_a_lock_or_a_kept_copy():
     assert not bad, f"tracked lock or kinv-kept files: {bad}"
     ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", "kernels/configs/.x.kinv-lock"], cwd=ROOT)
     assert ignored.returncode == 0  # a lock file never shows up as a change to commit
+
+
+def _small_3a(tmp_path) -> Path:
+    """#3a at two batch levels and a short A/A (the same baseline, variants and bounds)."""
+    plan = tmp_path / "3a.yaml"
+    text = (ROOT / "plans" / "3a-attention-occupancy.yaml").read_text()
+    text = text.replace("levels: [1, 8, 32, 64, 96]", "levels: [1, 8]").replace("aa_rounds: 16", "aa_rounds: 8")
+    plan.write_text(text.replace("quick_rounds: 8", "quick_rounds: 4").replace("max_rounds: 32", "max_rounds: 8"))
+    return plan
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.slow
+def test_an_approval_shows_the_diff_from_the_live_bytes_to_exactly_the_bytes_written(tmp_path, state_dir):
+    env = replay_env(tmp_path, state_dir)
+    live = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
+    live.write_bytes(SHIPPED)  # the shipped file: description, overrides, CTAS_PER_SM
+    plan = _small_3a(tmp_path)
+    r = run_kinv(env, "run", plan, "--backend", "replay", "--approval", "ask")
+    assert r.returncode == 3, r.stdout + r.stderr
+    item = json.loads(run_kinv(env, "pending", "--json").stdout)[0]
+    from kinv.agent.tools import configs
+
+    note = [ln for ln in item["diff"].splitlines() if ln.startswith("note:")]
+    assert len(note) == 1 and "BT16/BH16/w4/s2" in note[0] and "BT64/BH16/w4/s2/cps2" in note[0], item["diff"]
+    removed, added = _changed_lines(item["diff"])
+    assert '+  "BLOCK_T": 16,' in added and not any("description" in ln for ln in removed + added)
+    promised = configs.apply_unified_diff(SHIPPED.decode(), item["diff"], live).encode()  # applies to the live bytes
+    assert live.read_bytes() == SHIPPED  # the run pauses before writing anything
+    assert run_kinv(env, "approve", item["id"]).returncode == 0
+    proc = subprocess.Popen([os.sys.executable, "-m", "kinv.agent.cli", "resume", "3a", "--backend", "replay"],
+                            env={**env, "KINV_STOP_AT": "patch.replaced"}, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not _stopped(proc.pid) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert _stopped(proc.pid), "the resumed run never wrote the variant"
+        written = live.read_bytes()  # the live file while V1 is patched
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 3, out  # V2 waits for its own approval; V1 was measured and reverted
+    assert written == promised  # what was written is what was approved, byte for byte
+    from kinv.agent.store import Store
+
+    row = next(p for p in Store(state_dir).patches("#3a") if p["kind"] == "config")
+    assert row["sha_after"] == configs._sha_bytes(written) and row["diff"] in item["diff"]
+    assert live.read_bytes() == SHIPPED  # byte-identical after the run
