@@ -380,33 +380,32 @@ def doctor(state_dir: str = StateOpt, as_json: bool = JsonOpt):
 
 @app.command()
 def revert(state_dir: str = StateOpt,
-           to_plan: Path = typer.Option(None, "--to-plan", help="write PLAN's baseline config back to the kernel's "
-                                        "live config file, verified by hash; needs no state dir (kinv.db lost or "
-                                        "damaged)")):  # fmt: skip
-    """Revert every patched kernel file to its backup (what every start does anyway), or, with --to-plan,
-    restore a plan's baseline config without any state.
+           to_plan: Path = typer.Option(None, "--to-plan", help="restore the live config file of PLAN's kernel to "
+                                        "its file of record (the shipped bytes of git HEAD, or kinv's kept copy "
+                                        "of the bytes before its first write), verified by hash; needs no state "
+                                        "dir (kinv.db lost or damaged)"),
+           to_plan_baseline: Path = typer.Option(None, "--to-plan-baseline", help="write PLAN's measurement "
+                                                 "baseline config into the live config file instead (only when "
+                                                 "you want that config live, not the shipped one)")):  # fmt: skip
+    """Revert every patched kernel file to its backup (what every start does anyway); with --to-plan,
+    restore the kernel's shipped config file without any state; with --to-plan-baseline, write a plan's
+    measurement baseline into it.
 
     Example: kinv revert
     Example: kinv revert --to-plan plans/3a-attention-occupancy.yaml
+    Example: kinv revert --to-plan-baseline plans/3a-attention-occupancy.yaml
     """
     from kinv.agent.tools import configs
 
-    if to_plan is not None:
-        from kinv.agent.models import load_plan
-        from kinv.kernels.launch_config import config_hash, describe
+    if to_plan is not None and to_plan_baseline is not None:
+        raise Exit(EXIT_BAD_INPUT, "--to-plan and --to-plan-baseline are two different ways back: give one")
+    if to_plan is not None or to_plan_baseline is not None:
+        from kinv.agent import investigation
+        from kinv.agent.store import state_dir as resolve
 
-        plan, _ = load_plan(to_plan)
-        path = plan.adapter.config_path()
-        base = {**plan.baseline, "kernel": plan.adapter.name}
-        with configs.ConfigFileLock(path, Path(state_dir or ".")):  # refused while any run edits it
-            now = configs.read_config(path, plan.adapter.name) if path.exists() else None
-            if now is not None and config_hash({k: v for k, v in now.items() if k != "description"}) == config_hash(base):
-                raise Exit(EXIT_OK, f"{path} already holds the baseline of {plan.ws} ({describe(base)})")
-            configs.write_config(path, base)
-            got = configs.read_config(path, plan.adapter.name)
-            if config_hash({k: v for k, v in got.items() if k != "description"}) != config_hash(base):
-                raise Exit(EXIT_FAIL, f"{path} did not verify after the write")
-        raise Exit(EXIT_OK, f"restored {path} to the baseline of {plan.ws} ({describe(base)}, config hash {config_hash(base)}, file sha {configs.sha(path)})")
+        code, msg = investigation.revert_to_plan(to_plan or to_plan_baseline, resolve(state_dir),
+                                                 baseline=to_plan_baseline is not None)  # fmt: skip
+        raise Exit(code, msg)
     store = _store(state_dir, create=True)
     live = [lk for lk in store.live_locks() if lk["pid"] != os.getpid()]
     if live:
@@ -428,7 +427,8 @@ def revert(state_dir: str = StateOpt,
         for f in odd:
             _console().print(f"[yellow]warning[/yellow]: {f.detail}")
         raise Exit(EXIT_FAIL, "nothing in this state dir's journal to revert, but a live config is no known "
-                              "baseline: restore one with kinv revert --to-plan PLAN")  # fmt: skip
+                              "baseline: restore its shipped bytes with kinv revert --to-plan PLAN (PLAN: any "
+                              "plan of that kernel)")  # fmt: skip
     _console().print("nothing to revert: no kernel file is patched, and every live config is a known baseline")
 
 

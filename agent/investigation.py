@@ -382,3 +382,40 @@ def kernels_command(as_json: bool, console) -> tuple[int, str]:
         t.add_row(r["name"], r["ref"], tun, ", ".join(r["level_dims"]), r["throughput_unit"])
     console.print(t)
     return EXIT_OK, ""
+
+
+def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[int, str]:
+    """``kinv revert --to-plan`` (``baseline`` False): the live config of the plan's kernel back to its file of
+    record, the shipped bytes (git HEAD when the checkout tracks it, else the copy kinv kept before its first
+    write); ``--to-plan-baseline`` (``baseline`` True): the plan's measurement baseline written into the live
+    file, asked for by name.  Needs no state dir and creates none; the config lock records ``state_dir``."""
+    from kinv.agent.tools import configs
+    from kinv.kernels.launch_config import config_hash, describe
+
+    plan, _ = load_plan(plan_path)  # PlanError -> exit 2 in main
+    path = plan.adapter.config_path()
+    with configs.ConfigFileLock(path, state_dir):  # refused while any run edits it
+        if not baseline:
+            try:
+                action, rec = configs.restore_file_of_record(path)
+            except configs.RevertError as exc:
+                return EXIT_FAIL, (f"{exc}. To write {plan.ws}'s measurement baseline ({describe(plan.baseline)}) "
+                                   f"instead: kinv revert --to-plan-baseline {plan_path}")  # fmt: skip
+            if action == "unchanged":
+                return EXIT_OK, f"{path} already holds its file of record: {rec.source} (file sha {rec.sha})"
+            return EXIT_OK, f"restored {path} to its file of record: {rec.source} (file sha {rec.sha})"
+        base = {**plan.baseline, "kernel": plan.adapter.name}
+        now = configs.read_config(path, plan.adapter.name) if path.exists() else None
+        if now is not None and config_hash(now) == config_hash(base):
+            return EXIT_OK, f"{path} already holds the measurement baseline of {plan.ws} ({describe(base)})"
+        before = path.read_bytes() if path.exists() else None
+        if before is not None:
+            new = configs.edit_config_text(before.decode("utf-8", errors="replace"), base, plan.adapter.name).encode()
+            configs.note_kinv_write(path, before, new)  # the shipped bytes stay the file of record
+        configs.write_config(path, base)
+        got = configs.read_config(path, plan.adapter.name)
+        if config_hash(got) != config_hash(base):
+            return EXIT_FAIL, f"{path} did not verify after the write"
+    return EXIT_OK, (f"wrote the measurement baseline of {plan.ws} into {path} ({describe(base)}, config hash "
+                     f"{config_hash(base)}, file sha {configs.sha(path)}); this is not the shipped file: kinv "
+                     f"revert --to-plan {plan_path} restores that")  # fmt: skip
