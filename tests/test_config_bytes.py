@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import replay_env, run_kinv
+from tests.utils import leave_kinv_patch_live, replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = (ROOT / "kernels" / "configs" / "mla_decode.json").read_bytes()
@@ -140,17 +140,11 @@ def test_an_approval_shows_the_diff_from_the_live_bytes_to_exactly_the_bytes_wri
 
 
 def _leave_variant_live(cfg: Path, tmp_path) -> None:
-    """What a killed run whose kinv.db was then lost leaves behind: kinv's V1 patch of the live file."""
+    """What a killed run whose kinv.db was then lost leaves behind: kinv's V1 patch (#3a's measured V1)."""
     from kinv.agent.models import load_plan
-    from kinv.agent.store import Store
-    from kinv.agent.tools import configs
 
     plan, _ = load_plan(ROOT / "plans" / "3a-attention-occupancy.yaml")
-    lost = tmp_path / "lost-state"
-    configs.patch_config(Store(lost, create=True), cfg, plan.variant_config(plan.variant("V1")), "#3a")
-    import shutil
-
-    shutil.rmtree(lost)
+    leave_kinv_patch_live(cfg, plan.variant_config(plan.variant("V1")))
 
 
 def test_revert_to_plan_restores_the_shipped_bytes_not_the_plans_measurement_baseline(tmp_path, state_dir):

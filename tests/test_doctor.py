@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from kinv.kernels.launch_config import config_hash
-from tests.utils import replay_env, run_kinv
+from tests.utils import leave_kinv_patch_live, replay_env, run_kinv
 
 PLAN = "plans/3a-attention-occupancy.yaml"
 
@@ -62,7 +62,7 @@ def test_revert_without_kinv_db_never_says_nothing_to_revert_over_a_live_variant
     env = replay_env(tmp_path, state_dir)
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
     baseline = cfg.read_bytes()
-    cfg.write_text(cfg.read_text().replace('"num_warps": 4', '"num_warps": 8'))  # the variant a lost run left live
+    leave_kinv_patch_live(cfg, {"num_warps": 8})  # the variant a lost run left live
     r = run_kinv(env, "revert")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "mla_decode.json is BT16/BH16/w8/s2" in r.stdout and "kinv revert --to-plan PLAN" in r.stderr

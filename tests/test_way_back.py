@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.utils import replay_env, run_kinv
+from tests.utils import leave_kinv_patch_live, replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,14 +24,15 @@ def _kinv(env, *args):
 def test_revert_to_plan_restores_the_baseline_with_the_state_dir_gone(tmp_path, state_dir):
     env = _env(tmp_path, state_dir)
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
-    cfg.write_text(cfg.read_text().replace('"num_warps": 4', '"num_warps": 8'))  # a variant left live ...
+    before = cfg.read_bytes()
+    leave_kinv_patch_live(cfg, {"num_warps": 8})  # a variant left live ...
     shutil.rmtree(state_dir, ignore_errors=True)  # ... and kinv.db lost
     r = _kinv(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
     assert r.returncode == 0 and "restored" in r.stdout, r.stdout + r.stderr
-    assert json.loads(cfg.read_text())["num_warps"] == 4
+    assert cfg.read_bytes() == before  # the file of record, byte for byte
     assert not Path(state_dir).exists()  # it needed (and wrote) no state
     again = _kinv(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
-    assert again.returncode == 0 and "already holds the baseline" in again.stdout
+    assert again.returncode == 0 and "already holds its file of record" in again.stdout
 
 
 def test_approve_and_reject_race_one_wins_the_other_is_told(tmp_path, state_dir):

@@ -59,3 +59,21 @@ def run_kinv(env: dict, *args, timeout: float = 300, cwd=None):
     return subprocess.run([sys.executable, "-m", "kinv.agent.cli", *map(str, args)], env=env,
                           cwd=cwd or Path(__file__).resolve().parents[1], capture_output=True, text=True,
                           timeout=timeout)  # fmt: skip
+
+
+def leave_kinv_patch_live(cfg, changes: dict) -> None:
+    """What a killed run whose state dir was then lost leaves behind: kinv's patch of the live config ``cfg``
+    (``changes`` over its config), journaled in a state dir that is then deleted.  kinv kept the file's bytes
+    of record before writing, as before every write."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from kinv.agent.store import Store
+    from kinv.agent.tools import configs
+
+    lost = Path(tempfile.mkdtemp(prefix="kinv-lost-state-"))
+    try:
+        configs.patch_config(Store(lost, create=True), cfg, {**configs.read_config(cfg), **changes}, None)
+    finally:
+        shutil.rmtree(lost, ignore_errors=True)
