@@ -298,3 +298,27 @@ def test_a_plan_may_name_the_adapter_class_directly(plugin):
     r = _kinv(env, "run", "plan-bad.yaml", "--backend", "replay", "--approval", "auto", cwd=src)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "NoSuchAdapter" in (r.stdout + r.stderr) and len((r.stdout + r.stderr).strip().splitlines()) == 1
+
+
+def test_a_plugins_config_keeps_its_own_key_order_and_description_through_a_patch(plugin, tmp_path):
+    root, src = plugin
+    env = {**_env(root), "KINV_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}  # this checkout's kinv
+    _recording(root / "recordings" / "tiled_matmul.jsonl.gz", env)
+    cfg = src / PKG / "configs" / "tiled_matmul.json"
+    shipped = cfg.read_bytes()
+    own = {"num_warps": 1, "TILE_K": 16, "TILE_N": 16, "TILE_M": 16, "kernel": "tiled_matmul",
+           "description": "the plugin's own words, last"}  # fmt: skip
+    cfg.write_text(json.dumps(own, indent=4) + "\n")
+    before = cfg.read_bytes()
+    (src / "plan-order.yaml").write_text((src / "plan.yaml").read_text().replace('id: "#9a"', 'id: "#9d"'))
+    try:
+        r = _kinv(env, "run", "plan-order.yaml", "--backend", "replay", "--approval", "auto", cwd=src)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert cfg.read_bytes() == before  # restored byte for byte
+        from kinv.agent.store import Store
+
+        diff = next(p for p in Store(tmp_path / "state").patches("#9d") if p["kind"] == "config")["diff"]
+        changed = [ln for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
+        assert changed == ['-    "TILE_N": 16,', '+    "TILE_N": 32,'], diff  # one line, in the plugin's order
+    finally:
+        cfg.write_bytes(shipped)
