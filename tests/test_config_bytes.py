@@ -67,13 +67,15 @@ def test_a_variant_measured_against_another_baseline_is_written_as_the_minimal_e
     assert not any("BLOCK_H" in ln or "num_stages" in ln or "description" in ln for ln in removed + added)
 
 
-def test_a_render_keeps_the_configs_own_key_order(tmp_path):
+def test_writing_a_config_over_a_file_keeps_the_files_own_key_order(tmp_path):
     from kinv.agent.tools import configs
 
-    text = configs.render_config({"kernel": "mla_decode", "num_warps": 4, "BLOCK_T": 16, "BLOCK_H": 16,
-                                  "num_stages": 2})  # fmt: skip
-    assert list(json.loads(text)) == ["kernel", "num_warps", "BLOCK_T", "BLOCK_H", "num_stages"]
-    assert not hasattr(configs, "CONFIG_KEY_ORDER")
+    path = tmp_path / "mla_decode.json"
+    path.write_text('{"num_warps": 4, "kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_stages": 2}')
+    configs.write_config(path, {"kernel": "mla_decode", "BLOCK_T": 32, "BLOCK_H": 16, "num_warps": 4,
+                                "num_stages": 2})  # fmt: skip
+    assert path.read_text() == '{"num_warps": 4, "kernel": "mla_decode", "BLOCK_T": 32, "BLOCK_H": 16, "num_stages": 2}'
+    assert not hasattr(configs, "CONFIG_KEY_ORDER")  # no kinv order for a file kinv does not own
 
 
 def test_no_tracked_file_is_a_lock_or_a_kept_copy():

@@ -126,16 +126,19 @@ def _sha_bytes(data: bytes) -> str:
 
 
 def render_config(config: dict) -> str:
-    """A config as the text of a new file: JSON, indent 2, trailing newline, ``kernel`` and ``description`` first
-    and every other key in the config's own order; optional tunables at their defaults are left out (the same
-    config).  A file that exists is never re-rendered: :func:`edit_config_text` edits its bytes."""
+    """A config as the text of a new file: JSON, indent 2, trailing newline; ``kernel``, ``description``, the
+    tunables in the order the kernel's adapter declares them, ``overrides``; optional tunables at their
+    defaults are left out (the same config).  A file that exists is never re-rendered: :func:`write_config`
+    and :func:`patch_config` edit its own bytes (:func:`edit_config_text`)."""
+    names: tuple = ()
     try:
         from kinv.kernels.launch_config import spec_of
 
-        config = spec_of(config["kernel"]).without_defaults(config)
+        spec = spec_of(config["kernel"])
+        config, names = spec.without_defaults(config), spec.names
     except (KeyError, ImportError, ValueError, TypeError, AttributeError):
         pass
-    ordered = {k: config[k] for k in ("kernel", "description") if k in config}
+    ordered = {k: config[k] for k in ("kernel", "description", *names, "overrides") if k in config}
     ordered.update({k: v for k, v in config.items() if k not in ordered})
     return json.dumps(ordered, indent=2) + "\n"
 

@@ -49,8 +49,9 @@ def base_cfg(path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def test_render_matches_the_real_file_layout():
-    assert configs.render_config(json.loads(REAL_CONFIG.read_text())) == REAL_CONFIG.read_text()
+def test_an_edit_to_the_same_config_keeps_the_real_file_byte_for_byte_and_a_new_file_is_in_declared_order():
+    text = REAL_CONFIG.read_text()
+    assert configs.edit_config_text(text, configs.read_config(REAL_CONFIG)) == text
     shuffled = {"num_stages": 2, "BLOCK_T": 16, "kernel": "mla_decode", "num_warps": 4, "BLOCK_H": 16}
     assert list(json.loads(configs.render_config(shuffled))) == ["kernel", "BLOCK_T", "BLOCK_H", "num_warps",
                                                                  "num_stages"]  # fmt: skip
