@@ -44,4 +44,5 @@ def state_dir(tmp_path, monkeypatch):
     """A fresh, empty kinv state dir for every test."""
     d = tmp_path / "state"
     monkeypatch.setenv("KINV_STATE_DIR", str(d))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))  # kinv's kept copies of files of record
     return d

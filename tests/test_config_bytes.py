@@ -78,10 +78,10 @@ def test_writing_a_config_over_a_file_keeps_the_files_own_key_order(tmp_path):
     assert not hasattr(configs, "CONFIG_KEY_ORDER")  # no kinv order for a file kinv does not own
 
 
-def test_no_tracked_file_is_a_lock_or_a_kept_copy():
+def test_no_tracked_file_is_a_lock_file():
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    bad = [f for f in tracked.splitlines() if f.endswith((".kinv-lock", ".kinv-record")) or "kinv-tmp-" in f]
-    assert not bad, f"tracked lock or kinv-kept files: {bad}"
+    bad = [f for f in tracked.splitlines() if f.endswith(".kinv-lock") or "kinv-tmp-" in f]
+    assert not bad, f"tracked lock or temp files: {bad}"
     ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", "kernels/configs/.x.kinv-lock"], cwd=ROOT)
     assert ignored.returncode == 0  # a lock file never shows up as a change to commit
 
@@ -182,7 +182,9 @@ def test_revert_to_plan_restores_git_heads_bytes_of_a_tracked_config(tmp_path, s
     r = run_kinv(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
     assert r.returncode == 0 and "git HEAD" in r.stdout, r.stdout + r.stderr
     assert cfg.read_bytes() == SHIPPED
-    assert not list(cfg_dir.glob("*.kinv-record"))  # a tracked file needs no kept copy
+    from kinv.agent.tools import configs
+
+    assert not configs.record_path(cfg).exists()  # a tracked file needs no kept copy: git HEAD is its record
 
 
 def test_revert_to_plan_with_no_file_of_record_says_so_and_names_the_baseline_by_name(tmp_path, state_dir):

@@ -384,9 +384,6 @@ def _patch_row(store: Store, patch_id: int) -> dict:
 # --------------------------------------------------------------------------- #
 # the file of record: what the way back restores
 # --------------------------------------------------------------------------- #
-RECORD_MARK = ".kinv-record"
-
-
 class FileOfRecord:
     """The bytes a config file is restored to by ``kinv revert --to-plan``, and where they come from."""
 
@@ -415,10 +412,13 @@ def _git_head_bytes(path: Path) -> tuple[bytes, str] | None:
 
 
 def record_path(path: str | os.PathLike) -> Path:
-    """kinv's kept copy of an untracked config file's bytes of record: ``.<name>.kinv-record`` beside it (it
-    belongs to the checkout, like the file, so it outlives any state dir; git ignores ``*.kinv-record``)."""
+    """kinv's kept copy of an untracked config file's bytes of record, outside the checkout and outside any
+    state dir (it must outlive a lost one): ``$XDG_STATE_HOME/kinv/records/<name>-<hash of its path>.json``
+    (``~/.local/state`` when XDG_STATE_HOME is unset); nothing appears beside the file."""
     path = Path(path).resolve()
-    return path.with_name(f".{path.name}{RECORD_MARK}")
+    home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    key = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    return Path(home) / "kinv" / "records" / f"{path.stem}-{key}.json"
 
 
 def _read_record(path: Path) -> dict | None:
@@ -436,7 +436,12 @@ def _write_record(path: Path, data: bytes, patched: list[str], taken: float | No
     rec = {"path": str(path), "sha": _sha_bytes(data), "taken": taken or time.time(),
            "text": data.decode("utf-8", errors="surrogateescape"),
            "patched": list(dict.fromkeys(patched))[-64:]}  # fmt: skip
-    _atomic_write(record_path(path), (json.dumps(rec, indent=2) + "\n").encode(), fault="record")
+    dest = record_path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(f".{dest.name}{TMP_MARK}*"):  # a write killed half-way
+        with contextlib.suppress(OSError):
+            stale.unlink()
+    _atomic_write(dest, (json.dumps(rec, indent=2) + "\n").encode(), fault="record")
 
 
 def note_kinv_write(path: str | os.PathLike, before: bytes, after: bytes) -> None:
@@ -475,7 +480,7 @@ def file_of_record(path: str | os.PathLike) -> FileOfRecord | None:
     if rec is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(rec["taken"]))
         return FileOfRecord(rec["data"], f"the bytes kinv kept before its first write to it ({when}, "
-                                         f"{record_path(path).name})")  # fmt: skip
+                                         f"{record_path(path)})")  # fmt: skip
     return None
 
 
