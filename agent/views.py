@@ -96,7 +96,7 @@ class ApprovalView(View):
     title: str | None = Field(None, description="the variant's title")
     rationale: str | None = Field(None, description="why the variant might help")
     plan_hash: str | None = Field(None, description="hash of the plan the approval was asked under (pinned)")
-    patch_sha: str | None = Field(None, description="hash of the exact edit (config + source diff) approved")
+    patch_sha: str | None = Field(None, description="hash of the exact edit approved: the config, the source diff and the config file's bytes before and after")
     created: float | None = Field(None, description="when it was asked for, unix seconds")
 
 
