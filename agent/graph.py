@@ -480,7 +480,15 @@ def apply(state: State, runtime: Runtime[Context]) -> Command[Literal["gate", "r
         except configs.PatchError:
             pass
         now_cfg = plan.variant_config(v)
-        now_sha = _edit_sha(now_cfg, src, _config_edit(ctx, now_cfg))
+        edit = _config_edit(ctx, now_cfg)
+        now_sha = _edit_sha(now_cfg, src, edit)
+        moved = bool(edit.diff) and edit.diff not in (appr.get("diff") or "")  # the approved diff no longer applies
+        if appr["plan_hash"] == ctx.plan_hash and appr.get("patch_sha") != now_sha and moved:
+            raise InvestigationError(
+                f"approval {aid} was given for a diff of {ctx.config_path.name} that no longer applies: the live "
+                f"file changed since (now sha {configs.sha(ctx.config_path)}), so what would be written is not what "
+                f"was approved. Restore the file (kinv revert --to-plan {ctx.plan_path}), or start over under a new "
+                f"version to review the new diff: kinv run {ctx.plan_path} --new-version")  # fmt: skip
         if appr["plan_hash"] != ctx.plan_hash or appr.get("patch_sha") != now_sha:
             raise InvestigationError(
                 f"approval {aid} was given for plan sha {appr['plan_hash']} and edit {appr.get('patch_sha')}; the "

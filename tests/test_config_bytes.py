@@ -218,3 +218,18 @@ def test_revert_to_plan_records_the_real_state_dir_in_the_config_lock(tmp_path, 
     _leave_variant_live(cfg, tmp_path)
     assert run_kinv(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml").returncode == 0
     assert configs.last_editor(cfg)["state_dir"] == str(Path(state_dir).resolve())  # not "." (the cwd)
+
+
+@pytest.mark.slow
+def test_an_approval_is_refused_when_the_live_file_moved_after_it(tmp_path, state_dir):
+    env = replay_env(tmp_path, state_dir)
+    live = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
+    live.write_bytes(SHIPPED)
+    assert run_kinv(env, "run", _small_3a(tmp_path), "--backend", "replay", "--approval", "ask").returncode == 3
+    aid = json.loads(run_kinv(env, "pending", "--json").stdout)[0]["id"]
+    assert run_kinv(env, "approve", aid).returncode == 0
+    moved = SHIPPED.replace(b'"CTAS_PER_SM": 2', b'"CTAS_PER_SM": 3')  # the file of record changed meanwhile
+    live.write_bytes(moved)
+    r = run_kinv(env, "resume", "3a", "--backend", "replay")
+    assert r.returncode == 1 and "no longer applies" in r.stderr and "changed since" in r.stderr, r.stdout + r.stderr
+    assert live.read_bytes() == moved  # the approved diff no longer applies: nothing written
