@@ -55,10 +55,46 @@ def _console():
     return Console(highlight=False, soft_wrap=not sys.stdout.isatty())
 
 
+def _state_dir(state_dir) -> Path:
+    """The state dir a command names (--state-dir, else $KINV_STATE_DIR, else ./state), refused as bad input
+    (exit 2, nothing created) when $KINV_STATE_DIR is set but empty or the path is something other than a
+    directory.  Every command that takes --state-dir checks it here, before anything is opened."""
+    from kinv.agent.ids import shown
+    from kinv.agent.store import state_dir as resolve
+
+    if state_dir is None and "KINV_STATE_DIR" in os.environ and not os.environ["KINV_STATE_DIR"].strip():
+        raise Exit(EXIT_BAD_INPUT, "KINV_STATE_DIR is set but empty: unset it (the default is ./state) or name "
+                                   "a directory")  # fmt: skip
+    if state_dir is not None and not str(state_dir).strip():
+        raise Exit(EXIT_BAD_INPUT, "--state-dir is empty: name a directory (the default is ./state)")
+    path = resolve(state_dir)
+    if path.exists() and not path.is_dir():
+        raise Exit(EXIT_BAD_INPUT, f"state dir {shown(str(path), 200)} is a file, not a directory: name a directory "
+                                   "(kinv creates it) with --state-dir or KINV_STATE_DIR")  # fmt: skip
+    return path
+
+
 def _store(state_dir, create=False):
     from kinv.agent.store import Store
 
-    return Store(state_dir, create=create)
+    return Store(_state_dir(state_dir), create=create)
+
+
+def _id(value: str, what: str) -> str:
+    """An id from the command line: no whitespace or control characters, no 100 KB echoed back."""
+    from kinv.agent.ids import check_id
+
+    try:
+        return check_id(value, what)
+    except ValueError as exc:
+        raise Exit(EXIT_BAD_INPUT, str(exc)) from None
+
+
+def _exp_id(value: int) -> int:
+    if not 0 < value < 1 << 63:
+        raise Exit(EXIT_BAD_INPUT, f"experiment id {value if len(str(value)) <= 30 else str(value)[:30] + '...'} is "
+                                   f"out of range: experiment ids are positive integers (kinv experiments WS lists them)")
+    return value
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -90,6 +126,7 @@ def run(
     """
     from kinv.agent.investigation import run_plan
 
+    _state_dir(state_dir)
     raise Exit(*run_plan(str(plan), backend, approval, state_dir, _console(), new_version=new_version))
 
 
@@ -117,6 +154,7 @@ def campaign(
     from kinv.agent import campaign as camp
     from kinv.agent.investigation import EXIT_OK as DONE
 
+    _state_dir(state_dir)
     con = _console()
     quiet = io.StringIO()
     if as_json:
@@ -170,19 +208,21 @@ def resume(
 
     Example: kinv resume 3a
     """
-    from kinv.agent.ids import norm_ws
+    from kinv.agent.ids import norm_ws, shown
 
+    ws = _id(ws, "workstream id")
     store = _store(state_dir)
     row = store.workstream(norm_ws(ws))
     if row is None:
         known = ", ".join(w["id"] for w in store.workstreams()) or "none"
-        raise Exit(EXIT_BAD_INPUT, f"unknown workstream {norm_ws(ws)!r}; known: {known}")
+        raise Exit(EXIT_BAD_INPUT, f"unknown workstream {shown(norm_ws(ws))}; known: {known}")
     from kinv.agent.investigation import run_plan
 
     raise Exit(*run_plan(row["plan_path"], backend, approval or row.get("approval") or "ask", state_dir, _console()))
 
 
 def _decide(approval_id: str, status: str, reason: str, state_dir) -> None:
+    approval_id = _id(approval_id, "approval id")
     store = _store(state_dir)
     row = store.approval(approval_id)
     if row is None:
@@ -247,6 +287,7 @@ def bench(
     """
     from kinv.agent.investigation import bench_command
 
+    _state_dir(state_dir)
     raise Exit(*bench_command(plan, config, variant, backend, samples, rounds, state_dir, as_json, _console()))
 
 
@@ -267,6 +308,7 @@ def noise(
     """
     from kinv.agent.investigation import noise_command
 
+    _state_dir(state_dir)
     raise Exit(*noise_command(plan, rounds, backend, state_dir, as_json, _console(), arms_n=workers))
 
 
@@ -292,19 +334,25 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
     from kinv.agent.models import load_plan
     from kinv.agent.tools import envcheck
 
+    from kinv.agent.ids import shown
+
     p, _ = load_plan(plan)
     if pid is None:
         seen = {k: os.environ.get(k) for k in p.environment}
+        bad = envcheck.invalid_values(seen)  # a value no run could use (TARGET_CTAS=abc): bad input
+        if bad:
+            raise Exit(EXIT_BAD_INPUT, f"this shell has {bad[0]}")
         mism = envcheck.compare(p.environment, seen)
         if as_json:
             print(json.dumps({"source": "shell", "expected": p.environment, "seen": seen, "ok": not mism,
                               "mismatch": [m.var for m in mism]}, indent=2))  # fmt: skip
             raise Exit(EXIT_FAIL if mism else EXIT_OK, "")
-        for m in mism:
-            _console().print(f"{m.var}: expected {m.expected!r}, this shell has {m.seen!r}")
-        raise Exit(EXIT_FAIL if mism else EXIT_OK, "" if mism else f"this shell matches {p.environment}")
+        said = "; ".join(f"{m.var}: expected {m.expected!r}, this shell has {shown(m.seen) if m.seen else 'it unset'}"
+                         for m in mism)  # fmt: skip
+        raise Exit(EXIT_FAIL if mism else EXIT_OK, said or f"this shell matches {p.environment}")
+    seen = envcheck.proc_environ(pid)  # a bad pid is refused before the store is opened
     store = _store(state_dir, create=True)
-    envcheck.check_pid(store, p.ws, pid, p.environment)
+    envcheck.check_pid(store, p.ws, pid, p.environment, seen=seen)
     if as_json:
         print(json.dumps({"source": f"pid {pid}", "expected": p.environment, "seen": p.environment, "ok": True,
                           "mismatch": []}, indent=2))  # fmt: skip
@@ -326,6 +374,7 @@ def adopt(ws: str = typer.Argument(..., help="workstream id, e.g. 3b"),
     from kinv.agent.tools import adopt as adopt_tool
     from kinv.agent.tools import configs
 
+    ws = _id(ws, "workstream id")
     store = _store(state_dir)
     wsid = views.resolve_ws(store, ws)
     a = adopt_tool.prepare(store, wsid, variant.strip())
@@ -363,6 +412,7 @@ def doctor(state_dir: str = StateOpt, as_json: bool = JsonOpt):
     from kinv.agent.store import state_dir as resolve
     from kinv.agent.tools import doctor as doc
 
+    _state_dir(state_dir)  # a file named as the state dir is bad input, not a healthy state
     found = doc.diagnose(resolve(state_dir))
     bad = any(f.status == "bad" for f in found)
     if as_json:
@@ -471,6 +521,7 @@ def todos(
     """
     from kinv.agent import render, views
 
+    ws = _id(ws, "workstream id")
     store = _store(state_dir)
     items = views.todos(store, views.resolve_ws(store, ws))
     if fmt == "kinv":
@@ -490,6 +541,7 @@ def experiments(ws: str = typer.Argument(..., help="workstream id"), state_dir: 
     """
     from kinv.agent import render, views
 
+    ws = _id(ws, "workstream id")
     store = _store(state_dir)
     _emit(views.experiments(store, views.resolve_ws(store, ws)), as_json, render.experiments)
 
@@ -503,6 +555,7 @@ def show(exp_id: int = typer.Argument(..., help="experiment id (kinv experiments
     """
     from kinv.agent import render, views
 
+    exp_id = _exp_id(exp_id)
     _emit(views.show(_store(state_dir), exp_id), as_json, render.show)
 
 
@@ -517,6 +570,7 @@ def export(ws: str = typer.Argument(..., help="workstream id"), csv: bool = type
 
     from kinv.agent import views
 
+    ws = _id(ws, "workstream id")
     rows = [r.model_dump() for r in views.export(_store(state_dir), ws)]
     if not csv:
         print(json.dumps(rows, indent=2))
@@ -539,6 +593,7 @@ def compare(exp_a: int = typer.Argument(..., help="experiment id"), exp_b: int =
 
     from kinv.agent import views
 
+    exp_a, exp_b = _exp_id(exp_a), _exp_id(exp_b)
     rows = views.compare(_store(state_dir), exp_a, exp_b)
     if as_json:
         print(json.dumps([r.model_dump() for r in rows], indent=2))
@@ -581,6 +636,7 @@ def history(ws: str = typer.Argument(..., help="workstream id"), state_dir: str 
     """
     from kinv.agent import render, views
 
+    ws = _id(ws, "workstream id")
     store = _store(state_dir)
     _emit(views.history(store, views.resolve_ws(store, ws)), as_json, render.history)
 
@@ -605,6 +661,7 @@ def report(ws: str = typer.Argument(..., help="workstream id"), out: Path = type
     """
     from kinv.agent import views
 
+    ws = _id(ws, "workstream id")
     store = _store(state_dir)
     wsid = views.resolve_ws(store, ws)
     row = store.workstream(wsid)
@@ -656,11 +713,12 @@ def main(argv=None) -> int:
         if isinstance(e, click.exceptions.Abort | typer.Abort):
             _err("aborted")
             return EXIT_FAIL
-        from kinv.agent.tools.bench import NoRecording
+        from kinv.kernels.errors import BadInput
 
-        # kinv's bad-input errors are ValueErrors (unknown ids, kernels, devices, formats,
-        # patches); a missing recording is bad input too.  Everything else is a failed step.
-        bad_input = isinstance(e, ValueError | NoRecording)
+        # bad input is one type (unknown ids, kernels, devices, formats, patches, a missing recording, no
+        # GPU for --backend cuda); a failed step is named by its class; any other exception, a ValueError
+        # included, is a bug: an internal error with its traceback in the log.
+        bad_input = isinstance(e, BadInput)
         line = str(e).splitlines()[0] if str(e) else type(e).__name__
         if os.environ.get("KINV_DEBUG"):
             raise

@@ -144,12 +144,13 @@ def source_patch_of(adapter, variant) -> tuple[Path, str] | None:
     ``kernel_files``, which are relative to the adapter's root."""
     if not variant.source_patch:
         return None
+    from kinv.agent.models import source_patch_text
+
     root = adapter.root()
-    diff_path = next((d / variant.source_patch for d in (Path.cwd(), root) if (d / variant.source_patch).is_file()),
-                     None)  # fmt: skip
-    if diff_path is None:
-        raise configs.PatchError(f"source_patch {variant.source_patch} does not exist under {Path.cwd()} or {root}")
-    diff = diff_path.read_text()
+    try:
+        _path, diff = source_patch_text(adapter, variant.source_patch)
+    except ValueError as exc:
+        raise configs.PatchError(f"source_patch {exc}") from None
     target = next((ln[4:].strip() for ln in diff.splitlines() if ln.startswith("+++ ")), "")
     target = target[2:] if target.startswith("b/") else target
     if target not in adapter.kernel_files:
@@ -550,15 +551,15 @@ def measure(state: State, runtime: Runtime[Context]) -> dict:
             names=("baseline", vid))  # fmt: skip
     except (bench.VariantFailed, bench.NoRecording) as exc:
         kind = "not measured" if isinstance(exc, bench.NoRecording) else "failed"
-        why = f"{kind}: {exc}"
+        why = str(exc)  # the verdict word is said once, by whoever prints verdict and reason
         void = _integrity(store, exp, state["baseline_hashes"])  # rounds already taken may void it anyway
         if void:
-            kind, why = "void", f"{void} (and then {why})"
+            kind, why = "void", f"{void} (and then {kind}: {why})"
         spent = sum(x["gpu_s"] or 0 for x in store.samples(exp))
         res = _failed(store, state, kind, why, gpu_s=spent, wall_s=time.time() - t0,
                       **({"void_reason": void} if void else {}))
-        ctx.say("failed", message=f"{vid}: {res['reason']}")
-        return {"results": {vid: res}, "decision": res["reason"][:200]}
+        ctx.say("failed", message=f"{vid}: {todo_reason(res)}")
+        return {"results": {vid: res}, "decision": todo_reason(res)[:200]}
     store.add_verdicts(exp, bench.verdict_rows(seq_res))
     gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
     void = _integrity(store, exp, state["baseline_hashes"])
@@ -601,7 +602,7 @@ def decide(state: State, runtime: Runtime[Context]) -> dict:
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
     vid = state["current"]
     res = state["results"][vid]
-    planner.finish(store, ws, vid, "completed", f"{res['verdict']}: {res['reason']}")
+    planner.finish(store, ws, vid, "completed", todo_reason(res))
     if res["verdict"] in ("mixed", "inconclusive") and "improved" in res.get("levels", {}).values():
         # improved somewhere and not accepted: the variant where it won, the baseline elsewhere
         cond = planner.level_conditional(plan, plan.variant(vid), res.get("levels", {}))
@@ -646,6 +647,14 @@ def _integrity(store: Store, exp: int, baseline: dict) -> str | None:
         if seen:
             return f"void: the {what} changed during the run (hash {', '.join(seen)}, baseline {baseline[key]})"
     return None
+
+
+def todo_reason(res: dict) -> str:
+    """``verdict: reason`` with the verdict said once (a reason may begin with it already: "incorrect: ...")."""
+    verdict, reason = res.get("verdict") or "", res.get("reason") or ""
+    if verdict and reason.lower().startswith(verdict.lower() + ":"):
+        return reason
+    return f"{verdict}: {reason}" if verdict else reason
 
 
 def _failed(store: Store, state: dict, verdict: str, reason: str, **ledger) -> dict:

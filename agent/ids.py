@@ -1,14 +1,41 @@
-"""Workstream ids and timestamps, shared by the plan models, the store and the read path (standard library only)."""
+"""Workstream ids, ids given on the command line, and timestamps, shared by the plan models, the store and
+the read path (standard library only)."""
 
 from __future__ import annotations
 
 import time
+
+from kinv.kernels.errors import BadInput
+
+MAX_ID_CHARS = 64  # the longest id kinv makes is far shorter: '3a-V1-12', '7-adopt', '#12b.REGRW'
 
 
 def norm_ws(ws_id: str) -> str:
     """'3a' and '#3a' are the same workstream: stored as '#3a'."""
     ws_id = ws_id.strip()
     return ws_id if ws_id.startswith("#") else f"#{ws_id}"
+
+
+def shown(value: str, limit: int = 40) -> str:
+    """A user's value as an error message quotes it: repr (control characters escaped), at most ``limit``
+    characters of it, and how long it was when cut."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+def check_id(value: str, what: str = "id") -> str:
+    """An id typed on the command line (a workstream, an approval): refused (BadInput) when it holds
+    whitespace or control characters, or is longer than any id kinv makes.  Returns it unchanged."""
+    if not value:
+        raise BadInput(f"{what} is empty; give one such as 3a (kinv status lists them)")
+    if len(value) > MAX_ID_CHARS:
+        raise BadInput(f"{what} {shown(value)} is not an id kinv made: ids are at most {MAX_ID_CHARS} characters "
+                       "(kinv status lists them)")  # fmt: skip
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise BadInput(f"{what} {shown(value)} holds whitespace or a control character; ids are letters, digits, "
+                       "'#', '.', '-' and '_' (kinv status lists them)")  # fmt: skip
+    return value
 
 
 def stamp(ts: float | None) -> str:

@@ -13,6 +13,8 @@ from pathlib import Path
 from kinv.agent.graph import APPROVAL_POLICIES, Context, InvestigationError, build_graph, open_checkpointer, run_config
 from kinv.agent.models import load_plan
 from kinv.agent.store import Store
+from kinv.kernels.errors import BadInput
+from kinv.agent.store import state_dir as state_path
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_PAUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -52,6 +54,14 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
     plan, plan_hash = load_plan(plan_path)  # PlanError -> exit 2 in main
     if plan.campaign is not None and not plan.variants:
         return EXIT_BAD_INPUT, f"{plan_path} is a campaign plan (no variants of its own): run it with kinv campaign {plan_path}"
+    # bad input is refused before the store is opened (it would create the state dir): the backend must
+    # serve the plan's levels and environment, and a first run's live config must be a valid config
+    be = backend_obj
+    if be is None:
+        be = bench.get_backend(backend)  # NoDevice, NoRecording: bad input, exit 2 in main
+        be.preflight(plan.kernel, dict(plan.environment), plan.levels())
+    if not (state_path(state_dir) / "kinv.db").exists():
+        configs.read_config(plan.adapter.config_path(), plan.adapter.name)  # ConfigError: exit 2 in main
     store = Store(state_dir)
     ws = plan.ws
     # One writer per workstream, and one per kernel file (two workstreams patch the same config).
@@ -111,9 +121,10 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
             "status": row["status"] if row else "open", "backend": backend, "approval": approval, "version": version,
         })  # fmt: skip
         ctx = Context(store=store, plan=plan, plan_path=str(plan_path), plan_hash=plan_hash, backend_name=backend,
-                      approval=approval, progress=_progress(console), version=version,
-                      _backend=backend_obj)  # fmt: skip
-        if backend_obj is not None:
+                      approval=approval, progress=_progress(console), version=version, _backend=be)  # fmt: skip
+        if backend_obj is None:
+            ctx.say("backend", message=be.loud)  # which backend measures, loudly (auto picks one)
+        else:
             ctx.say("backend", message=backend_obj.describe())
             backend_obj.on_loss = lambda loss: ctx.say("executor-loss", message=loss)  # into the close-out
         console.print(f"[bold]{ws}[/bold] {plan.workstream.title}" + (f" (plan version {version})" if version > 1 else ""))
@@ -206,7 +217,7 @@ def _plan_and_backend(plan_path, backend, as_json: bool = False):
     from kinv.agent.tools import bench
 
     if backend not in bench.BACKENDS:  # bad input (exit 2); get_backend's BackendError would be a failed step
-        raise ValueError(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
+        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
     plan, _ = load_plan(plan_path)
     be = bench.get_backend(backend)
     return plan, be
@@ -252,10 +263,15 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
             var_cfg = adapter.validate_config({**cfg, **patch})
         except ConfigError as exc:
             return EXIT_BAD_INPUT, f"--variant {brief_repr(variant)}: {exc}"
-    _banner(be, as_json)
     lvls = plan.levels()
-    store = Store(state_dir)
     env = dict(plan.environment)
+    if variant is None:
+        be.preflight(plan.kernel, env, lvls, [(("config", plan.kernel, cfg, env), {})])
+    else:  # the two arms as bench.run_ab opens them
+        be.preflight(plan.kernel, env, lvls, [(("baseline", plan.kernel, cfg, env), {"partner": var_cfg, "role": "base"}),
+                                              (("variant", plan.kernel, var_cfg, env), {"partner": cfg})])  # fmt: skip
+    _banner(be, as_json)
+    store = Store(state_dir)
     if variant is None:
         exp = store.new_experiment(kind="bench", variant="config", backend=be.name, config_json=json.dumps(cfg))
         common, short = stats.level_names(lv.key for lv in lvls)
@@ -309,8 +325,10 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     plan, be = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter
     cfg = {k: v for k, v in load_config(adapter.config_path(), adapter.name).items() if k != "description"}
-    _banner(be, as_json)
     lvls = plan.levels()
+    env = dict(plan.environment)
+    be.preflight(plan.kernel, env, lvls, [(("A", plan.kernel, cfg, env), {"replica": j}) for j in range(arms_n)])
+    _banner(be, as_json)
     store = Store(state_dir)
     exp = store.new_experiment(kind="noise", variant="A/A", backend=be.name)
     acc, gpu_s = bench.run_aa(store, exp, be, plan.kernel, cfg, dict(plan.environment), lvls, rounds, arms_n)

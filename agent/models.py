@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from kinv.agent.ids import norm_ws
+from kinv.kernels.errors import BadInput
 from kinv.kernels.launch_config import ConfigError, brief_repr, one_line
 
 WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")
@@ -22,11 +24,26 @@ ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
 MAX_TARGET_CTAS = 1 << 20
 MAX_PLAN_BYTES = 256 * 1024
 PLAN_ROOT_DIRS = ("plans", "kernels")
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
 
 
 class Strict(BaseModel):
     # strict: no "64" for 64, no true for 1, no 4.0 for 4 -- a plan says what it means.
     model_config = ConfigDict(extra="forbid", frozen=False, strict=True)
+
+
+def check_text(v, one_line: bool = True):
+    """A title (one line) or a prose field (newlines and tabs allowed): no control characters (NUL, escape
+    sequences, bell, ...) and no bidirectional overrides, which would print as something else than they say."""
+    if not isinstance(v, str):
+        return v
+    for c in v:
+        if c in "\n\t" and not one_line:
+            continue
+        if unicodedata.category(c) in ("Cc", "Cs") or c in BIDI_CONTROLS or c in "\u2028\u2029":
+            raise ValueError(f"holds the control character {c!r} at position {v.index(c)}; give plain text"
+                             + ("" if not one_line else " on one line"))
+    return v
 
 
 def check_item_id(v: str) -> str:
@@ -41,6 +58,8 @@ class WorkstreamRef(Strict):
     title: str = Field(min_length=1, max_length=200, description="one-line title of the workstream")
     parent: str | None = Field(None, description="parent workstream id, such as '#3'")
     parent_title: str | None = Field(None, max_length=200, description="title of the parent workstream")
+
+    _text = field_validator("title", "parent_title")(classmethod(lambda cls, v: check_text(v)))
 
     @field_validator("id", "parent")
     @classmethod
@@ -68,6 +87,8 @@ class Variant(Strict):
         None, description="the lever the variant pulls (occupancy, tile shape, ...): what its verdict is evidence about")
 
     _id = field_validator("id")(classmethod(lambda cls, v: check_item_id(v)))
+    _title = field_validator("title")(classmethod(lambda cls, v: check_text(v)))
+    _prose = field_validator("rationale")(classmethod(lambda cls, v: check_text(v, one_line=False)))
 
     @field_validator("source_patch")
     @classmethod
@@ -89,6 +110,8 @@ class BacklogItem(Strict):
                                 "[BLOCK_T]): a campaign can run it as a search; empty: out of a campaign's reach")
 
     _id = field_validator("id")(classmethod(lambda cls, v: check_item_id(v)))
+    _title = field_validator("title")(classmethod(lambda cls, v: check_text(v)))
+    _prose = field_validator("rationale")(classmethod(lambda cls, v: check_text(v, one_line=False)))
 
 
 class StatsSettings(Strict):
@@ -175,6 +198,8 @@ class Plan(Strict):
     campaign: Campaign | None = Field(None, description="run with `kinv campaign`: kinv chains workstreams that "
                                       "search this space until the goal, the budget or the backlog is exhausted")
 
+    _prose = field_validator("hypothesis")(classmethod(lambda cls, v: check_text(v, one_line=False)))
+
     @field_validator("kernel")
     @classmethod
     def _kernel(cls, v):
@@ -201,10 +226,11 @@ class Plan(Strict):
                 raise ValueError(f"value of {k} is longer than 256 characters")
             if "\x00" in val:
                 raise ValueError(f"value of {k} contains a NUL character")
-        if "TARGET_CTAS" in v:
-            val = v["TARGET_CTAS"]
-            if not re.fullmatch(r"[0-9]{1,8}", val) or not 1 <= int(val) <= MAX_TARGET_CTAS:
-                raise ValueError(f"TARGET_CTAS={brief_repr(val)} must be an integer from 1 to {MAX_TARGET_CTAS}")
+        from kinv.agent.tools.envcheck import invalid_values
+
+        bad = invalid_values(v)
+        if bad:
+            raise ValueError(bad[0].replace(", which must", " must"))
         return v
 
     @model_validator(mode="after")
@@ -245,6 +271,13 @@ class Plan(Strict):
             bad = [x for x in values if x not in t.values]
             if bad:
                 raise ValueError(f"bounds.{key}: {brief_repr(bad[0])} is invalid: must be {t.says()}")
+        for v in self.variants:
+            self._within_bounds(v)
+            if v.source_patch:
+                try:
+                    source_patch_text(adapter, v.source_patch)
+                except ValueError as exc:
+                    raise ValueError(f"variants.{v.id}.source_patch: {exc}") from None
         for item in self.backlog:
             bad = [t for t in item.tunables if t not in spec.names]
             if bad:
@@ -266,6 +299,20 @@ class Plan(Strict):
         if self.expect_levels and self.expect != "no_change":
             raise ValueError("expect_levels needs expect: no_change (the levels where a null drill predicts no change)")
         return self
+
+    def _within_bounds(self, v: Variant) -> None:
+        """A variant's patch (its overrides included) stays inside the plan's bounds: the values a person
+        declared this investigation may try."""
+        items = [("", {k: x for k, x in v.patch.items() if k != "overrides"})]
+        overrides = v.patch.get("overrides")
+        if isinstance(overrides, list):
+            items += [(f".overrides[{i}]", o) for i, o in enumerate(overrides) if isinstance(o, dict)]
+        for where, vals in items:
+            for key, x in vals.items():
+                allowed = self.bounds.get(key)
+                if allowed is not None and x not in allowed:
+                    raise ValueError(f"variants.{v.id}.patch{where}: {key}={brief_repr(x)} is outside the plan's "
+                                     f"bounds.{key} {list(allowed)}; widen bounds.{key} or change the variant")
 
     def _check_campaign(self, spec) -> None:
         c = self.campaign
@@ -337,7 +384,27 @@ def _validate_sub(model: type[BaseModel], data, where: str):
         raise ValueError(f"{where}.{_first_error(exc, model)}") from None
 
 
-class PlanError(ValueError):
+def source_patch_text(adapter, rel: str) -> tuple[Path, str]:
+    """(path, text) of a variant's source patch: found beside the plan's project (the current directory) or
+    under the adapter's root, and a unified diff (``--- a/FILE``, ``+++ b/FILE`` and an ``@@`` hunk).  Raises
+    ValueError naming what is wrong; whether it applies is the patch step's to say."""
+    root = adapter.root()
+    path = next((d / rel for d in (Path.cwd(), root) if (d / rel).is_file()), None)
+    if path is None:
+        raise ValueError(f"{rel} does not exist under {Path.cwd()} or {root}")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{rel} cannot be read as UTF-8 text: {getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+    lines = text.splitlines()
+    if not (any(ln.startswith("--- ") for ln in lines) and any(ln.startswith("+++ ") for ln in lines)
+            and any(ln.startswith("@@ ") for ln in lines)):  # fmt: skip
+        raise ValueError(f"{rel} is not a unified diff (no '--- a/FILE', '+++ b/FILE' and '@@' hunk lines); "
+                         "make one with git diff or diff -u")
+    return path, text
+
+
+class PlanError(BadInput):
     """A plan that cannot be used; the message is one line naming the field."""
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kinv.agent import faults
+from kinv.kernels.errors import BadInput
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -27,6 +28,10 @@ CHECKPOINTS_NAME = "checkpoints.db"
 
 class StoreError(RuntimeError):
     """A state-store problem a user can act on (message says how)."""
+
+
+class NoState(StoreError, BadInput):
+    """A read or a decision named a state dir that holds no kinv state: the input is what is wrong (exit 2)."""
 
 
 def state_dir(explicit: str | os.PathLike | None = None) -> Path:
@@ -230,7 +235,7 @@ class Store:
         self.path = self.dir / DB_NAME
         if not self.path.exists():
             if not create:
-                raise StoreError(
+                raise NoState(
                     f"no kinv state at {self.dir}: start an investigation with "
                     "`kinv run plans/3a-attention-occupancy.yaml`, or point --state-dir / KINV_STATE_DIR at one"
                 )

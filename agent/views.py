@@ -21,11 +21,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kinv.agent.ids import norm_ws, stamp
+from kinv.agent.ids import norm_ws, shown, stamp
 from kinv.agent.store import Store
+from kinv.kernels.errors import BadInput
 
 
-class NotFound(ValueError):
+class NotFound(BadInput):
     """An id (workstream, experiment, approval) that the store does not hold; the message names those it does."""
 
 
@@ -301,8 +302,8 @@ def resolve_ws(store: Store, ws: str) -> str:
         return ws_id
     known = [w["id"] for w in store.workstreams()]
     if not known:
-        raise NotFound(f"unknown workstream {ws_id!r}; no workstreams yet (start one with `kinv run plans/<ws>.yaml`)")
-    raise NotFound(f"unknown workstream {ws_id!r}; known: {', '.join(known)}")
+        raise NotFound(f"unknown workstream {shown(ws_id)}; no workstreams yet (start one with `kinv run plans/<ws>.yaml`)")
+    raise NotFound(f"unknown workstream {shown(ws_id)}; known: {', '.join(known)}")
 
 
 def resolve_experiment(store: Store, exp_id: int | str) -> dict:
@@ -311,11 +312,11 @@ def resolve_experiment(store: Store, exp_id: int | str) -> dict:
         key = int(str(exp_id).strip().lstrip("#"))
     except ValueError:
         key = None
-    row = store.experiment(key) if key is not None else None
+    row = store.experiment(key) if key is not None and 0 < key < 1 << 63 else None  # SQLite's integers
     if row is not None:
         return row
     ids = [e["id"] for e in store.experiments()]
-    what = f"experiment {exp_id}" if key is not None else f"experiment id {str(exp_id)!r} (give a number)"
+    what = f"experiment {exp_id}" if key is not None else f"experiment id {shown(str(exp_id))} (give a number)"
     if not ids:
         raise NotFound(f"unknown {what}; no experiments yet")
     raise NotFound(f"unknown {what}; experiments: {_ranges(ids)}")
@@ -328,11 +329,11 @@ def resolve_approval(store: Store, approval_id: str) -> dict:
         return row
     pending_ids = [a["id"] for a in store.approvals(status="pending")]
     if pending_ids:
-        raise NotFound(f"unknown approval {approval_id!r}; pending: {', '.join(pending_ids)}")
+        raise NotFound(f"unknown approval {shown(str(approval_id))}; pending: {', '.join(pending_ids)}")
     all_ids = [a["id"] for a in store.approvals()]
     if all_ids:
-        raise NotFound(f"unknown approval {approval_id!r}; none is pending; known: {', '.join(all_ids)}")
-    raise NotFound(f"unknown approval {approval_id!r}; there are no approvals")
+        raise NotFound(f"unknown approval {shown(str(approval_id))}; none is pending; known: {', '.join(all_ids)}")
+    raise NotFound(f"unknown approval {shown(str(approval_id))}; there are no approvals")
 
 
 # --------------------------------------------------------------------------- #

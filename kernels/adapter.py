@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kinv.kernels.devices import DeviceSpec
+from kinv.kernels.errors import BadInput
 from kinv.kernels.launch_config import ConfigError, Params, TunableSpec, brief_repr, one_line
 
 KERNELS_DIR = Path(__file__).resolve().parent
@@ -267,7 +268,7 @@ class KernelAdapter(ABC):
         return (2e-2, 2e-2)
 
 
-class UnknownKernelError(ValueError):
+class UnknownKernelError(BadInput):
     pass
 
 

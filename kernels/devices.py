@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from kinv.kernels.errors import BadInput
+
 
 @dataclass(frozen=True)
 class DeviceSpec:
@@ -43,7 +45,7 @@ ALIASES = {"h100": "sm_90", "h200": "sm_90", "hopper": "sm_90", "b200": "sm_100"
            "rtx-pro-6000": "sm_120", "blackwell-workstation": "sm_120"}  # fmt: skip
 
 
-class UnknownDeviceError(ValueError):
+class UnknownDeviceError(BadInput):
     pass
 
 

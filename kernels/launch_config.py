@@ -27,11 +27,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kinv.kernels.errors import BadInput
+
 MAX_DIM = 1 << 30
 MAX_CONFIG_BYTES = 256 * 1024
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput):
     """A launch config that cannot be used; the message names the field."""
 
 

@@ -80,6 +80,10 @@ def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_sta
 
 
 # a GPU check runs batch <= 8 at context <= 4096; a CPU check (interpreter) a small stand-in
+# heads per GPU: one BLOCK_H tile at most.  A model's attention heads are split over attention_tp GPUs (128
+# heads at TP 1 is DeepSeek-V3's largest case); a plan beyond it describes no deployment and would make the
+# CPU correctness check (the Triton interpreter, every head) run for many minutes.
+MAX_LOCAL_HEADS = max(BLOCK_H_VALUES)
 GPU_CAPS = {"batch": 8, "context": 4096}
 CPU_CAPS = {"batch": 2, "context": 64, "page_size": 16}
 
@@ -127,6 +131,10 @@ def _workload_model():
         def _local_heads(self):
             if self.heads % self.attention_tp:
                 raise ValueError(f"heads={self.heads} must be a multiple of attention_tp={self.attention_tp}")
+            if self.heads // self.attention_tp > MAX_LOCAL_HEADS:
+                raise ValueError(f"heads={self.heads} at attention_tp={self.attention_tp} is "
+                                 f"{self.heads // self.attention_tp} heads per GPU; this kernel takes at most "
+                                 f"{MAX_LOCAL_HEADS} (its largest BLOCK_H tile): raise attention_tp")
             return self
 
     class MLAWorkload(Strict):
@@ -147,6 +155,7 @@ class MLADecodeAdapter(KernelAdapter):
     name = "mla_decode"
     spec = SPEC
     level_dims = ("shape", "heads", "page_size", "context", "batch")
+    max_local_heads = MAX_LOCAL_HEADS
     throughput_unit = "tok/s"
     kernel_files = ("kernels/mla_decode.py",)
     reference_parts = (

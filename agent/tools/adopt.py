@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kinv.agent.store import Store
+from kinv.kernels.errors import BadInput
 
 
-class AdoptError(ValueError):
+class AdoptError(BadInput):
     """The variant cannot be adopted (not a win, state moved on, plan changed); the message says why."""
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from kinv.agent.tools import bench_worker
 from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
 from kinv.kernels.adapter import KERNELS_DIR, Level, get_adapter
+from kinv.kernels.errors import BadInput
 from kinv.kernels.launch_config import config_hash, describe
 
 BACKENDS = ("auto", "cuda", "replay")
@@ -41,8 +42,12 @@ class BackendError(RuntimeError):
     """A backend cannot serve this request; one line, names what is valid."""
 
 
-class NoRecording(BackendError):
-    pass
+class NoRecording(BackendError, BadInput):
+    """Replay cannot serve what was asked (a level, an env value, a config): bad input, exit 2."""
+
+
+class NoDevice(BackendError, BadInput):
+    """The backend asked for cannot run here (--backend cuda without a GPU): bad input, exit 2."""
 
 
 class VariantFailed(BackendError):
@@ -124,6 +129,12 @@ class Backend(ABC):
     def describe(self) -> str:
         return self.name
 
+    def preflight(self, kernel: str, env: dict, levels: list[Level], arms: list[tuple[tuple, dict]] = ()) -> None:
+        """Refuse, before anything is written, a measurement this backend cannot serve: raises NoRecording
+        naming what is missing.  ``arms`` are :meth:`open` argument specs as :func:`open_arms` takes them
+        (checked at every level); without them only what every arm needs (env, levels).  A GPU serves
+        anything: nothing to check."""
+
     def prepare(self, arms: list[Arm], levels: list[Level]) -> None:
         """Set up every arm at every level (a backend spread over GPUs sets up each level where it runs)."""
         for a in arms:
@@ -198,7 +209,7 @@ class CudaBackend(Backend):
 
     def __init__(self):
         if not gpu_visible():
-            raise BackendError("no CUDA GPU visible: use --backend replay to serve samples recorded on an H200")
+            raise NoDevice("--backend cuda: no CUDA GPU visible; use --backend replay to serve samples recorded on an H200")
         self._copy = None
 
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
@@ -284,17 +295,18 @@ class Recording:
         return slot
 
     def slot_for(self, chash: str, partner_hash: str | None, replica: int | None,
-                 role: str = "variant") -> tuple[str, str, str]:
-        """The recorded slot that serves an arm of config ``chash``; NoRecording names what exists."""
+                 role: str = "variant", partner_cfg: dict | None = None) -> tuple[str, str, str]:
+        """The recorded slot that serves an arm of config ``chash``; NoRecording names what exists (the
+        partner by its label: ``partner_cfg`` when the recording does not hold it)."""
         try:
-            return self._pair_slot(chash, partner_hash, replica, role)
+            return self._pair_slot(chash, partner_hash, replica, role, partner_cfg)
         except NoRecording:
             slot = self.sweep_slot(chash, partner_hash, replica, role)
             if slot is None:
                 raise
             return slot
 
-    def _pair_slot(self, chash, partner_hash, replica, role) -> tuple[str, str, str]:
+    def _pair_slot(self, chash, partner_hash, replica, role, partner_cfg=None) -> tuple[str, str, str]:
         if partner_hash is None and replica is None and self.in_sweep(chash):
             return ("sw", chash, "R0")  # a lone arm (kinv bench, a campaign's screening): the sweep's worker
         if chash not in self.configs:
@@ -317,8 +329,9 @@ class Recording:
                 return ("ab", partner_hash, "base")
             pairs = ", ".join(describe(self.configs[k[1]]) for k in sorted({k[:3] for k in self.cells})
                               if k[0] == "ab" and k[2] == "variant" and k[1] in self.configs)
+            other = self.configs.get(partner_hash) or partner_cfg
             raise NoRecording(f"replay has no A/B of {describe(self.configs[chash])} against "
-                              f"{describe(self.configs.get(partner_hash, {})) if partner_hash in self.configs else partner_hash}"
+                              f"{describe(other) if other else 'config ' + partner_hash}"
                               f"; recorded A/B variants: {pairs}")
         # a lone arm (kinv bench): the config's own variant worker, else A/A arm 0
         for slot in (("ab", chash, "variant"), ("aa", "aa", "A0")):
@@ -379,7 +392,10 @@ class ReplayBackend(Backend):
         directory = Path(directory or os.environ.get("KINV_RECORDINGS") or RECORDINGS)
         files = sorted(directory.rglob("*.jsonl.gz"))
         if not files:
-            raise BackendError(f"replay backend: no recordings under {directory} (record them with benchmarks/record.py)")
+            raise NoRecording(f"replay backend: no recordings under {directory}"
+                              + (" (set by KINV_RECORDINGS)" if os.environ.get("KINV_RECORDINGS") else "")
+                              + "; point KINV_RECORDINGS at a directory of *.jsonl.gz recordings, or record them "
+                              "with benchmarks/record.py")
         self.files = files
         self.recording = Recording(files)
         self._by_kernel: dict[str, Recording] = {}
@@ -406,7 +422,8 @@ class ReplayBackend(Backend):
             if recorded_env.get(k) != str(v):
                 raise NoRecording(f"replay has no recording with {k}={v!r}; the recordings ran with {k}={recorded_env.get(k)!r}")
         try:  # a config (level-conditional or not) recorded as such: its own slot
-            slot = rec.slot_for(config_hash(config), config_hash(partner) if partner else None, replica, role)
+            slot = rec.slot_for(config_hash(config), config_hash(partner) if partner else None, replica, role,
+                                partner)
             return ReplayArm(name, kernel, config, env, rec, slot)
         except NoRecording:
             if not config.get("overrides") and not (partner or {}).get("overrides"):
@@ -426,6 +443,21 @@ class ReplayBackend(Backend):
             return slot
 
         return ReplayArm(name, kernel, config, env, rec, slot_at)
+
+    def preflight(self, kernel: str, env: dict, levels: list[Level], arms: list[tuple[tuple, dict]] = ()) -> None:
+        rec = self.for_kernel(kernel)
+        recorded_env = rec.headers[0].get("env", {})
+        for k, v in env.items():
+            if recorded_env.get(k) != str(v):
+                raise NoRecording(f"replay has no recording with {k}={v!r}; the recordings ran with {k}={recorded_env.get(k)!r}")
+        have = {k[3] for k in rec.cells}
+        for lv in levels:
+            if lv.key not in have:
+                raise NoRecording(f"replay has no recording at {lv.key}; recorded levels: {', '.join(sorted(have))}")
+        for args, kwargs in arms:
+            arm = self.open(*args, **kwargs)
+            for lv in levels:
+                rec.cell(arm.slot_at(lv), lv.key)
 
     def copy_bandwidth(self) -> float | None:
         return self.recording.headers[0].get("copy_gbps")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kinv.agent import faults
+from kinv.kernels.errors import BadInput
 from kinv.kernels.launch_config import ConfigError, load_config, validate_config
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ TMP_MARK = ".kinv-tmp-"
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
-class PatchError(ValueError):
+class PatchError(BadInput):
     """A patch that cannot be applied; nothing was changed.  One line naming the bad value."""
 
 

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kinv.kernels.errors import BadInput
+
 if TYPE_CHECKING:
     from kinv.agent.store import Store
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 EMPTY_RETRIES = 25
 
 
-class EnvCheckError(ValueError):
+class EnvCheckError(BadInput):
     """The environment could not be read (no such process, no permission)."""
 
 
@@ -47,6 +49,22 @@ class Mismatch:
 def compare(expected: dict[str, str], seen: dict[str, str | None]) -> list[Mismatch]:
     """The expected variables whose seen value differs (a missing or None value is 'unset')."""
     return [Mismatch(var, want, seen.get(var)) for var, want in expected.items() if seen.get(var) != want]
+
+
+MAX_TARGET_CTAS = 1 << 20
+
+
+def invalid_values(env: dict[str, str | None]) -> list[str]:
+    """What no run could use, one phrase each (``TARGET_CTAS='abc', which must be an integer from 1 to
+    1048576``): the rule a plan's environment follows, applied to a shell's or a process's values."""
+    import re
+
+    out = []
+    val = env.get("TARGET_CTAS")
+    if val is not None and (not re.fullmatch(r"[0-9]{1,8}", val) or not 1 <= int(val) <= MAX_TARGET_CTAS):
+        shown = repr(val) if len(val) <= 40 else f"{val[:40]!r}... ({len(val)} characters)"
+        out.append(f"TARGET_CTAS={shown}, which must be an integer from 1 to {MAX_TARGET_CTAS}")
+    return out
 
 
 def proc_environ(pid: int) -> dict[str, str]:
@@ -110,9 +128,10 @@ def check_worker(store: Store, ws_id: str | None, experiment: int | None, expect
 
 
 def check_pid(store: Store, ws_id: str | None, pid: int, expected: dict[str, str],
-              experiment: int | None = None) -> dict:  # fmt: skip
-    """Check the env of the live process ``pid``; records the check; raises EnvMismatch or EnvCheckError."""
-    seen = proc_environ(pid)
+              experiment: int | None = None, seen: dict[str, str] | None = None) -> dict:  # fmt: skip
+    """Check the env of the live process ``pid`` (``seen``: its environment, read already); records the
+    check; raises EnvMismatch or EnvCheckError."""
+    seen = proc_environ(pid) if seen is None else seen
     return _check(store, ws_id, experiment, f"pid:{pid}", f"pid {pid}", expected, seen)
 
 

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 
 from kinv.kernels.adapter import KernelAdapter, Level
 from kinv.kernels.devices import DeviceSpec
+from kinv.kernels.errors import BadInput
 from kinv.kernels.launch_config import config_hash, describe
 
 if TYPE_CHECKING:
     from kinv.agent.store import Store
 
-class ResourceError(ValueError):
+class ResourceError(BadInput):
     """A level or config that cannot be assessed; one line naming the value."""
 
 
