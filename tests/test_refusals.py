@@ -64,6 +64,15 @@ def refused(box: Path, argv, *needles, code: int = 2) -> str:
     return lines[0]
 
 
+def refused_at_load(box: Path, f: Path, *needles) -> str:
+    """The plan is refused by load_plan itself (never run), and `kinv run` says so in one line."""
+    from kinv.agent.models import PlanError, load_plan
+
+    with pytest.raises(PlanError):
+        load_plan(f)
+    return refused(box, ["run", f, "--backend", "replay", "--approval", "auto"], *needles)
+
+
 def plan_file(box: Path, mutate) -> Path:
     import copy
 
@@ -127,14 +136,14 @@ def _source_variant(p, path):
 
 def test_plan_with_missing_source_patch_is_refused(box):
     f = plan_file(box, lambda p: _source_variant(p, "plans/patches/no-such.diff"))
-    refused(box, ["run", f, "--backend", "replay", "--approval", "auto"], "variants.V1.source_patch", "no-such.diff")
+    refused_at_load(box, f, "variants.V1.source_patch", "no-such.diff")
 
 
 def test_plan_with_source_patch_that_is_not_a_diff_is_refused(box):
     (box / "plans").mkdir()
     (box / "plans" / "notes.diff").write_text("just some words\nno hunks here\n")
     f = plan_file(box, lambda p: _source_variant(p, "plans/notes.diff"))
-    refused(box, ["run", f, "--backend", "replay", "--approval", "auto"], "variants.V1.source_patch", "unified diff")
+    refused_at_load(box, f, "variants.V1.source_patch", "unified diff")
 
 
 @pytest.mark.parametrize("where", ["workstream", "variant", "backlog"])
@@ -145,13 +154,13 @@ def test_plan_title_with_control_character_is_refused(box, where, ch):
         tgt["title"] = "occupancy" + ch + "A/B"
 
     f = plan_file(box, mutate)
-    refused(box, ["run", f, "--backend", "replay", "--approval", "auto"], "title", "control character")
+    refused_at_load(box, f, "title", "control character")
 
 
 @pytest.mark.parametrize("heads,tp", [(1024, 1), (1024, 4), (512, 2)])
 def test_plan_with_too_many_local_heads_is_refused(box, heads, tp):
     f = plan_file(box, lambda p: p["workload"]["model"].update(heads=heads, attention_tp=tp))
-    refused(box, ["run", f, "--backend", "replay", "--approval", "auto"], "workload.model", "128")
+    refused_at_load(box, f, "workload.model", "128")
 
 
 def test_local_heads_bound_is_the_adapters():
@@ -165,10 +174,10 @@ def test_local_heads_bound_is_the_adapters():
 
 def test_variant_outside_the_plans_bounds_is_refused(box):
     f = plan_file(box, lambda p: p["variants"][0].update(patch={"num_warps": 16}))
-    refused(box, ["run", f, "--backend", "replay", "--approval", "auto"], "variants.V1.patch", "num_warps", "16",
+    refused_at_load(box, f, "variants.V1.patch", "num_warps", "16",
             "bounds")
     f = plan_file(box, lambda p: p["variants"][2].update(patch={"overrides": [{"batch_max": 8, "num_warps": 2}]}))
-    refused(box, ["run", f, "--backend", "replay", "--approval", "auto"], "variants.V3.patch", "num_warps", "2")
+    refused_at_load(box, f, "variants.V3.patch", "num_warps", "2")
 
 
 # --------------------------------------------------------------------------- #
