@@ -157,6 +157,7 @@ def refused_cleanly(argv: list[str], state: Path, what: str, needles=(), names: 
     and one of ``needles`` (and every one of ``all_needles``), no traceback, no state dir, live config intact."""
     saved = os.environ.get("KINV_STATE_DIR")
     os.environ["KINV_STATE_DIR"] = str(state)
+    box_before, repo_state_before = listing(state.parent), listing(ROOT / "state")
     try:
         rc, out, err = call_cli(argv)
     finally:
@@ -179,8 +180,17 @@ def refused_cleanly(argv: list[str], state: Path, what: str, needles=(), names: 
     missing = [n for n in all_needles if n not in line]
     assert not missing, f"message does not name {missing}: {what}"
     assert not state.exists(), f"state dir was written: {what}"
+    assert listing(state.parent) == box_before, f"a file was created or changed: {what}"
+    assert listing(ROOT / "state") == repo_state_before, f"./state of the checkout was written: {what}"
     assert LIVE["path"].read_bytes() == LIVE["bytes"], f"live config changed: {what}"
     return line
+
+
+def listing(d: Path) -> dict[str, bytes | None]:
+    """Every path under ``d`` with its bytes (None for a directory): what a refused command must not change."""
+    if not d.exists():
+        return {}
+    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() else None) for p in sorted(d.rglob("*"))}
 
 
 # --------------------------------------------------------------------------- #
@@ -1091,6 +1101,349 @@ def test_config_duplicate_keys(data):
         text = json.dumps(dict(BASE_CONFIG, overrides=[{"batch_min": 9, "num_warps": 8}]))
         text = text.replace('"batch_min": 9', '"batch_min": 9, "batch_min": 9')
     expect_rejected("bench", text, "config: duplicate keys", ("duplicate key",), strict=True)
+
+
+# --------------------------------------------------------------------------- #
+# refused before anything is created: pids, recordings, backends, live configs, ids, state dirs
+# --------------------------------------------------------------------------- #
+RECORDED_BATCHES = tuple(BASE_PLAN["workload"]["levels"])
+SHIPPED_CONFIG = CONFIG.read_bytes()
+
+
+def refused_in_box(argv: list[str], category: str, box: Path, env: dict | None = None, needles=(),
+                   all_needles=(), code: int = 2) -> str:  # fmt: skip
+    """Run the CLI in ``box`` (its working directory) under ``env`` (None: unset) and check the contract:
+    exit ``code``, one printable ``kinv: `` line naming every one of ``all_needles`` (and one of
+    ``needles``), no traceback, the box's listing (state dir, files, the live config in box/configs)
+    byte-identical, and the module's live config untouched."""
+    env = {"KINV_STATE_DIR": str(box / "state"), "KINV_CONFIG_DIR": str(box / "configs"), **(env or {})}
+    saved = {k: os.environ.get(k) for k in env}
+    cwd = os.getcwd()
+    before = listing(box)
+    try:
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        os.chdir(box)
+        rc, out, err = call_cli(argv)
+    finally:
+        os.chdir(cwd)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    what = (f"[{category}] argv={[a[:120] for a in argv]!r} env={ {k: (v or '')[:80] for k, v in env.items()} }\n"
+            f"rc={rc!r}\nstderr={err[:1000]!r}\nstdout={out[-500:]!r}")  # fmt: skip
+    assert "Traceback" not in out + err, what
+    assert rc == code, what
+    lines = err.splitlines()
+    assert len(lines) == 1 and err.count("\n") == 1, what
+    line = lines[0]
+    assert line.startswith("kinv: ") and 20 < len(line) <= 800 and line.isprintable(), what
+    if needles:
+        assert any(n in line for n in needles), f"message names none of {needles}: {what}"
+    missing = [n for n in all_needles if n not in line]
+    assert not missing, f"message does not name {missing}: {what}"
+    assert listing(box) == before, f"a refused command created or changed a file: {what}"
+    assert LIVE["path"].read_bytes() == LIVE["bytes"], f"live config changed: {what}"
+    COUNTS[category] += 1
+    if COUNTS[category] % 25 == 1:
+        SAMPLES.setdefault(category, []).append(line.replace(str(box), "BOX"))
+    return line
+
+
+@contextmanager
+def box_dir(live: bytes | None = None, with_state: bool = False):
+    """A scratch working directory: plans/ (a link to the repo's), configs/mla_decode.json (``live``, default
+    the seed's), and with ``with_state`` a state dir holding workstream #3a (checkpointed: nothing to flush)."""
+    with scratch() as d:
+        (d / "configs").mkdir()
+        (d / "configs" / "mla_decode.json").write_bytes(SEED_MLA_CONFIG.encode() if live is None else live)
+        (d / "plans").symlink_to(ROOT / "plans")
+        if with_state:
+            shutil.copytree(STATE_TEMPLATE(), d / "state")
+        yield d
+
+
+_STATE: dict = {}
+
+
+def STATE_TEMPLATE() -> Path:  # noqa: N802 - a module constant, made on first use
+    if "dir" not in _STATE:
+        from kinv.agent.store import Store
+
+        d = Path(tempfile.mkdtemp(prefix="kinv-bad-state-")) / "state"
+        s = Store(d)
+        s.upsert_workstream({"id": "#3a", "title": "t", "kernel": "mla_decode", "plan_path": str(PLAN), "status": "open"})
+        s.conn.close()
+        _STATE["dir"] = d
+    return _STATE["dir"]
+
+
+bad_pid = st.one_of(st.integers(max_value=0), st.integers(min_value=4_194_305, max_value=10**30),
+                    st.sampled_from([0, -1, 999_999_999, 12345678901234567890123]))  # fmt: skip
+
+
+@settings_for(40)
+@given(pid=bad_pid, as_json=st.booleans())
+def test_env_bad_pid_creates_nothing(pid, as_json):
+    """``kinv env --pid``: no such process, or no valid pid at all; refused before the state dir exists."""
+    with box_dir() as d:
+        refused_in_box(["env", "--pid", str(pid), "--plan", str(PLAN), *(["--json"] if as_json else [])],
+                       "cli: env --pid", d, all_needles=(str(pid)[:20],))  # fmt: skip
+
+
+unrecorded_batch = st.integers(1, 4096).filter(lambda b: b not in RECORDED_BATCHES)
+unrecorded_ctas = st.integers(1, 1 << 20).filter(lambda c: c != 512).map(str)
+
+
+@settings_for(60)
+@given(data=st.data())
+def test_replay_cannot_serve_creates_nothing(data):
+    """run, bench and noise on replay with a level or a TARGET_CTAS value no recording holds, or a variant
+    whose pair was never recorded: refused before the state dir exists."""
+    kind = data.draw(st.sampled_from(["level", "target_ctas", "variant"]), label="kind")
+    cmd = data.draw(st.sampled_from(["run", "bench", "noise", "bench --variant"]), label="cmd")
+    plan = copy.deepcopy(BASE_PLAN)
+    variant, needles = "num_warps=8", ()
+    if kind == "level":
+        b = data.draw(unrecorded_batch, label="batch")
+        plan["workload"]["levels"] = sorted({*data.draw(st.lists(st.sampled_from(RECORDED_BATCHES), max_size=3)), b})
+        needles = (f"b{b}",)
+    elif kind == "target_ctas":
+        ctas = data.draw(unrecorded_ctas, label="TARGET_CTAS")
+        plan["environment"]["TARGET_CTAS"] = ctas
+        needles = ("TARGET_CTAS", ctas)
+    else:
+        cmd = "bench --variant"
+        variant = data.draw(st.sampled_from(["num_warps=1", "num_warps=2", "num_warps=16", "BLOCK_T=256",
+                                             "num_stages=6", "BLOCK_T=256,num_stages=5", "num_stages=4"]), label="variant")  # fmt: skip
+        needles = ("replay has no",)
+    with box_dir() as d:
+        f = d / "plan.yaml"
+        f.write_text(dump_plan(plan))
+        if cmd == "run":
+            argv = ["run", str(f), "--backend", "replay", "--approval", "auto"]
+        else:
+            argv = [cmd.split()[0], "--plan", str(f), "--backend", "replay"]
+            argv += ["--variant", variant] if cmd == "bench --variant" else []
+        argv += ["--json"] if cmd != "run" and data.draw(st.booleans(), label="--json") else []
+        refused_in_box(argv, f"cli: replay cannot serve ({kind})", d, all_needles=needles)
+
+
+@settings_for(16)
+@given(cmd=st.sampled_from(["run", "bench", "noise", "bench --variant num_warps=8", "campaign"]), as_json=st.booleans())
+def test_cuda_without_a_gpu_creates_nothing(cmd, as_json):
+    with box_dir() as d:
+        if cmd == "run":
+            argv = ["run", str(PLAN), "--backend", "cuda", "--approval", "auto"]
+        elif cmd == "campaign":
+            argv = ["campaign", str(ROOT / "plans" / "7-decode-ceiling.yaml"), "--backend", "cuda"]
+        else:
+            argv = [*cmd.split()[:1], "--plan", str(PLAN), "--backend", "cuda", *cmd.split()[1:]]
+        argv += ["--json"] if as_json and cmd != "run" else []
+        refused_in_box(argv, "cli: --backend cuda without a GPU", d, all_needles=("no CUDA GPU",))
+
+
+bad_live = st.one_of(
+    st.sampled_from([b"garbage\n", b"", b"{", b"[]", b"null", b"\xff\xfe", b'{"kernel": "mla_decode"}']),
+    st.builds(lambda k, v: json.dumps({**BASE_CONFIG, k: v}).encode(), st.sampled_from(PARAMS),
+              st.sampled_from([7, 3, 0, -1, 24, "8", None, 8.0, 10**30])),
+)  # fmt: skip
+
+
+@settings_for(40)
+@given(live=bad_live, cmd=st.sampled_from(["run", "bench", "noise"]))
+def test_bad_live_config_creates_nothing(live, cmd):
+    """A first run, bench or noise whose live config file is not a valid config: refused, nothing created,
+    the file left exactly as it was."""
+    with box_dir(live) as d:
+        argv = (["run", str(PLAN), "--backend", "replay", "--approval", "auto"] if cmd == "run" else
+                [cmd, "--plan", str(PLAN), "--backend", "replay"])  # fmt: skip
+        refused_in_box(argv, "cli: bad live config", d, all_needles=("mla_decode.json",))
+
+
+# ---- plans refused at load time --------------------------------------------------
+title_fields = [("workstream", "title"), ("workstream", "parent_title"), ("variants", 0, "title"),
+                ("variants", 1, "title"), ("backlog", 0, "title")]  # fmt: skip
+control_char = st.one_of(st.characters(min_codepoint=0, max_codepoint=31), st.just("\x7f"),
+                         st.characters(min_codepoint=0x80, max_codepoint=0x9f),
+                         st.sampled_from(["\u202e", "\u202d", "\u2066", "\u2069", "\u200f", "\u2028", "\u2029"]))  # fmt: skip
+
+
+@settings_for(80)
+@given(data=st.data())
+def test_plan_control_characters_in_titles(data):
+    """A NUL, an escape sequence, a bell, a line break or a bidi override in a title; control characters
+    (other than line breaks and tabs) in the prose fields: refused at load time, naming the field."""
+    plan = copy.deepcopy(BASE_PLAN)
+    prose = data.draw(st.booleans(), label="prose")
+    if prose:
+        path = data.draw(st.sampled_from([("hypothesis",), ("variants", 0, "rationale"), ("backlog", 1, "rationale")]))
+        ch = data.draw(control_char.filter(lambda c: c not in "\n\t"), label="char")
+    else:
+        path = data.draw(st.sampled_from(title_fields), label="field")
+        ch = data.draw(control_char, label="char")
+    old = get_at(plan, path) or "a title"
+    at = data.draw(st.integers(0, len(old)), label="at")
+    set_at(plan, path, old[:at] + ch * data.draw(st.integers(1, 3)) + old[at:])
+    with box_dir() as d:
+        f = d / "plan.yaml"
+        f.write_text(dump_plan(plan))
+        with pytest.raises(Exception):
+            load_plan(f)
+        refused_in_box(["run", str(f), "--backend", "replay", "--approval", "auto"], "plan: control characters", d,
+                       all_needles=(str(path[-1]), "control character"))  # fmt: skip
+
+
+@settings_for(60)
+@given(data=st.data())
+def test_plan_source_patch_missing_or_not_a_diff(data):
+    """A variant's source_patch that does not exist, or is not a unified diff: refused at load time."""
+    plan = copy.deepcopy(BASE_PLAN)
+    i = data.draw(st.integers(0, len(plan["variants"]) - 1), label="variant")
+    kind = data.draw(st.sampled_from(["missing", "text", "empty", "binary", "half-diff"]), label="kind")
+    name = data.draw(st.from_regex(r"[a-z][a-z0-9_-]{0,12}", fullmatch=True), label="name") + ".diff"
+    rel = f"plans/bad/{name}"
+    plan["variants"][i] = dict(plan["variants"][i], source_patch=rel, patch={})
+    plan["variants"][i].pop("requires", None)
+    with box_dir() as d:
+        (d / "plans").unlink()
+        shutil.copytree(ROOT / "plans", d / "plans", ignore=shutil.ignore_patterns("closeouts", "campaigns"))
+        if kind != "missing":
+            (d / "plans" / "bad").mkdir()
+            body = {"text": data.draw(st.text(max_size=200).filter(lambda s: "@@ " not in s), label="text").encode(),
+                    "empty": b"", "binary": b"\x89PNG\r\n\x1a\n\xff\x00",
+                    "half-diff": b"--- a/kernels/mla_decode.py\n+++ b/kernels/mla_decode.py\n no hunk header\n"}[kind]  # fmt: skip
+            (d / "plans" / "bad" / name).write_bytes(body)
+        f = d / "plan.yaml"
+        f.write_text(dump_plan(plan))
+        vid = plan["variants"][i]["id"]
+        refused_in_box(["run", str(f), "--backend", "replay", "--approval", "auto"], f"plan: source_patch ({kind})", d,
+                       all_needles=(f"variants.{vid}.source_patch", name))  # fmt: skip
+
+
+too_many_heads = st.integers(1, 64).flatmap(
+    lambda tp: st.integers(129, 1024 // tp if 1024 // tp > 129 else 129).map(lambda local: (local * tp, tp)))
+
+
+@settings_for(40)
+@given(ht=too_many_heads.filter(lambda ht: ht[0] <= 1024))
+def test_plan_too_many_local_heads(ht):
+    """More heads per GPU (heads / attention_tp) than the MLA adapter's largest head tile: refused at load."""
+    heads, tp = ht
+    plan = copy.deepcopy(BASE_PLAN)
+    plan["workload"]["model"].update(heads=heads, attention_tp=tp)
+    expect_rejected("run", dump_plan(plan), "plan: too many local heads", ("workload.model",), strict=True)
+
+
+@settings_for(60)
+@given(data=st.data())
+def test_plan_variant_outside_bounds(data):
+    """A variant value (top level or in an override) the adapter allows but the plan's bounds do not."""
+    plan = copy.deepcopy(BASE_PLAN)
+    key = data.draw(st.sampled_from(sorted(plan["bounds"])), label="tunable")
+    outside = [v for v in MLA.spec.tunable(key).values if v not in plan["bounds"][key]]
+    value = data.draw(st.sampled_from(outside), label="value")
+    i = data.draw(st.integers(0, len(plan["variants"]) - 1), label="variant")
+    if data.draw(st.booleans(), label="in an override"):
+        plan["variants"][i]["patch"] = {"overrides": [{"batch_max": 8, key: value}]}
+    else:
+        plan["variants"][i]["patch"] = {key: value}
+    vid = plan["variants"][i]["id"]
+    line = expect_rejected("run", dump_plan(plan), "plan: variant outside bounds", (f"variants.{vid}.patch",),
+                           strict=True)  # fmt: skip
+    assert f"{key}={value}" in line and "bounds" in line, line
+
+
+# ---- ids, numbers, state dirs, environment --------------------------------------
+ID_COMMANDS = [["approve"], ["reject", "--reason", "r"], ["resume"], ["todos"], ["experiments"], ["history"],
+               ["report"], ["export"], ["adopt", "{id}", "V1"]]  # fmt: skip
+bad_id = st.one_of(
+    st.integers(65, 100_000).map(lambda n: "a" * n),
+    st.tuples(st.sampled_from(["3a", "3a-V1-2", "#3a", "7-adopt"]), control_char | st.sampled_from([" ", "\t", "\n"]),
+              st.booleans()).map(lambda t: t[0] + t[1] if t[2] else t[1] + t[0]),
+    st.text(min_size=1, max_size=8).filter(lambda s: any(c.isspace() or not c.isprintable() for c in s)),
+)  # fmt: skip
+
+
+@settings_for(80)
+@given(cmd=st.sampled_from(ID_COMMANDS), ident=bad_id, with_state=st.booleans())
+def test_bad_ids_are_refused_short(cmd, ident, with_state):
+    """An id with whitespace or control characters, or longer than any id kinv makes: one short line that
+    shows it escaped and cut; nothing opened or created."""
+    argv = [a.replace("{id}", ident) for a in cmd] if "{id}" in cmd else [*cmd, ident]
+    with box_dir(with_state=with_state) as d:
+        line = refused_in_box(argv, "cli: bad id", d, needles=("id",))
+    assert len(line) < 300, line
+
+
+@settings_for(40)
+@given(n=st.one_of(st.integers(max_value=0), st.integers(min_value=1 << 63, max_value=10**40)),
+       cmd=st.sampled_from(["show", "compare"]), with_state=st.booleans())
+def test_experiment_ids_out_of_range(n, cmd, with_state):
+    argv = [cmd, "--", str(n)] if cmd == "show" else [cmd, "--", "1", str(n)]
+    with box_dir(with_state=with_state) as d:
+        refused_in_box(argv, "cli: experiment id out of range", d, all_needles=(str(n)[:20],))
+
+
+STATE_DIR_COMMANDS = [["doctor"], ["doctor", "--json"], ["status"], ["pending"], ["backups"], ["approve", "3a-V1-2"],
+                      ["todos", "3a"], ["show", "1"], ["revert"], ["bench", "--plan", str(PLAN), "--backend", "replay"],
+                      ["run", str(PLAN), "--backend", "replay", "--approval", "auto"]]  # fmt: skip
+
+
+@settings_for(40)
+@given(cmd=st.sampled_from(STATE_DIR_COMMANDS), how=st.sampled_from(["file --state-dir", "file env", "empty env"]))
+def test_state_dir_that_is_a_file_or_empty(cmd, how):
+    """--state-dir or KINV_STATE_DIR naming a regular file, or KINV_STATE_DIR set but empty: bad input."""
+    with box_dir() as d:
+        f = d / "not-a-dir"
+        f.write_text("x")
+        if how == "file --state-dir":
+            refused_in_box([*cmd, "--state-dir", str(f)], "cli: state dir is a file", d, all_needles=(str(f), "file"))
+        elif how == "file env":
+            refused_in_box(cmd, "cli: state dir is a file", d, env={"KINV_STATE_DIR": str(f)}, all_needles=(str(f),))
+        else:
+            refused_in_box(cmd, "cli: empty KINV_STATE_DIR", d, env={"KINV_STATE_DIR": ""},
+                           all_needles=("KINV_STATE_DIR",))  # fmt: skip
+
+
+@settings_for(30)
+@given(cmd=st.sampled_from([["approve", "3a-V1-2"], ["reject", "3a-V1-2", "--reason", "r"], ["todos", "3a"],
+                            ["history", "3a"], ["show", "3"], ["resume", "3a"], ["status"]]))  # fmt: skip
+def test_no_state_is_bad_input(cmd):
+    with box_dir() as d:
+        refused_in_box(cmd, "cli: no kinv state", d, all_needles=("no kinv state",))
+
+
+@settings_for(40)
+@given(value=st.one_of(st.sampled_from(["abc", "", " ", "0", "-1", "512 ", "5e2", "0x200", "9" * 30]),
+                       st.text(min_size=1, max_size=10).filter(lambda s: not s.isdigit() and "\x00" not in s)),
+       as_json=st.booleans())
+def test_env_invalid_shell_value(value, as_json):
+    """``kinv env`` in a shell whose TARGET_CTAS no run could use: exit 2, one line naming it."""
+    with box_dir() as d:
+        refused_in_box(["env", "--plan", str(PLAN), *(["--json"] if as_json else [])], "cli: env invalid shell value",
+                       d, env={"TARGET_CTAS": value}, all_needles=("TARGET_CTAS",))  # fmt: skip
+
+
+@settings_for(20)
+@given(cmd=st.sampled_from([["bench", "--plan", str(PLAN), "--backend", "replay"],
+                            ["noise", "--plan", str(PLAN), "--backend", "replay"],
+                            ["run", str(PLAN), "--backend", "replay", "--approval", "auto"]]),
+       where=st.sampled_from(["nonexistent", "empty-dir", "a-file"]))  # fmt: skip
+def test_recordings_dir_without_recordings(cmd, where):
+    with box_dir() as d:
+        rec = d / where
+        if where == "empty-dir":
+            rec.mkdir()
+        elif where == "a-file":
+            rec.write_text("x")
+        refused_in_box(cmd, "cli: KINV_RECORDINGS without recordings", d, env={"KINV_RECORDINGS": str(rec)},
+                       all_needles=(where,))  # fmt: skip
 
 
 # --------------------------------------------------------------------------- #
