@@ -898,7 +898,15 @@ class Campaign:
             self.save(status="done")
             return EXIT_OK, (f"campaign {self.cid} done ({why}); adoption {last['adoption']}: the recorded rejection "
                              f"of {aid} stands under --approval {self.s.approval}")  # fmt: skip
-        a = self.adoption(ws)
+        from kinv.agent.tools.adopt import NoGain
+
+        try:
+            a = self.adoption(ws)  # measured against the live file it would replace, first
+        except NoGain as exc:
+            last["adoption"] = f"not proposed: {exc}"
+            self._update_step(last)
+            self.save(status="done")
+            return EXIT_OK, f"campaign {self.cid} done ({why}); {last['adoption']}"
         if self.s.approval != "auto" and appr is None:
             self.store.add_approval(id=aid, workstream=ws, todo=f"{ws}.adopt", variant="V1", kind="adopt",
                                     diff=a.diff, hypothesis=a.message, resources="{}")  # fmt: skip
@@ -926,19 +934,13 @@ class Campaign:
                          f"{done['message_file']} {done['path']}")  # fmt: skip
 
     def adoption(self, ws: str):
-        from kinv.agent.tools import adopt, configs
+        from kinv.agent.tools import adopt
 
-        a = adopt.prepare(self.store, ws, "V1")
-        last = next(s for s in self.row["steps"] if s.get("ws") == ws)
-        if last["verdicts"].get("V1") == "mixed":
-            # the campaign's config where it did not regress, the starting baseline where it did
-            start = per_level(self.plan, self.row["start_config"])
-            mine = per_level(self.plan, last["finalists"][0])
-            by = {k: (start[k] if (last["levels"].get(k) or {}).get("verdict") == "regressed" else c)
-                  for k, c in mine.items()}  # fmt: skip
-            new = {**compose(self.plan, by), "description": a.new_config.get("description", "")}
-            a.new_config = new
-            a.diff = configs.config_diff(configs.read_config(a.path, self.plan.adapter.name), new, a.path.name)
+        # compared with the live file it replaces (a confirming A/B when the final one ran against another
+        # baseline), and written only at the levels where it improved on that file
+        say = getattr(self.s.console, "print", None)
+        a = adopt.prepare(self.store, ws, "V1", backend=self.s.backend,
+                          progress=(lambda m: say(m, markup=False)) if say else None)  # fmt: skip
         lines = [a.message.rstrip("\n"), "", f"Campaign {self.cid} ({Path(self.s.plan_path).name}): the chain of "
                  "close-outs behind it:"]  # fmt: skip
         for st in self.row["steps"]:

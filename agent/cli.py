@@ -364,20 +364,28 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
 def adopt(ws: str = typer.Argument(..., help="workstream id, e.g. 3b"),
           variant: str = typer.Argument(..., help="the variant to adopt, e.g. V1"),
           yes: bool = typer.Option(False, "--yes", help="write it (without: show the diff and message only)"),
+          backend: str = typer.Option("auto", help="auto | cuda | replay: where the confirming A/B against the "
+                                                   "live file runs, when the variant was measured against another"),
           state_dir: str = StateOpt, as_json: bool = JsonOpt):  # fmt: skip
     """Adopt a measured winner: its config (a mixed one's per-level overrides, or its source patch) written to
-    the live kernel file as a journaled change, with a commit message that cites the close-out.
+    the live kernel file as a journaled change, with a commit message that cites the comparison it rests on.
+
+    When the variant was measured against another baseline than the live file, a confirming A/B against the
+    live file runs first (the plan's levels and statistics), and the variant is written only where it won.
 
     Example: kinv adopt 3b V1 ; kinv adopt 3b V1 --yes
     """
     from kinv.agent import views
     from kinv.agent.tools import adopt as adopt_tool
-    from kinv.agent.tools import configs
+    from kinv.agent.tools import bench, configs
 
     ws = _id(ws, "workstream id")
+    if backend not in bench.BACKENDS:
+        raise Exit(EXIT_BAD_INPUT, f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
     store = _store(state_dir)
     wsid = views.resolve_ws(store, ws)
-    a = adopt_tool.prepare(store, wsid, variant.strip())
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else (lambda m: _console().print(m, markup=False))
+    a = adopt_tool.prepare(store, wsid, variant.strip(), backend=backend, progress=say)
     if not yes:
         if as_json:
             print(adopt_tool.as_json(a))

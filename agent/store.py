@@ -422,6 +422,18 @@ class Store:
                           "coalesce(version, 1) = ?", [ws_id, todo, kind, version], order_by="id desc")  # fmt: skip
         return rows[0] if rows else None
 
+    def discard_experiment(self, exp_id: int) -> None:
+        """Delete an experiment that measured nothing usable (a refused confirming A/B): its samples and
+        verdicts with it, in one transaction."""
+        with self.db.conn:
+            for table, col in (("samples", "experiment"), ("verdicts", "experiment"), ("experiments", "id")):
+                self.db.execute(f"delete from {table} where {col} = ?", [exp_id])
+
+    def device_fingerprint(self, dev_id: str | None) -> dict:
+        """The fingerprint recorded for a device id ({} when unknown)."""
+        row = self._one("devices", dev_id) if dev_id else None
+        return json.loads(row["fingerprint"]) if row and row.get("fingerprint") else {}
+
     def experiment(self, exp_id: int) -> dict | None:
         return self._one("experiments", exp_id)
 

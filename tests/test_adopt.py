@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
+import sqlite3
 from pathlib import Path
+
+import pytest
 
 from tests.utils import replay_env, run_kinv
 
@@ -31,7 +35,7 @@ def test_adopt_shows_then_writes_the_winner_journaled_with_a_message_citing_the_
     assert any(b["sha"] and b["path"] == str(cfg.resolve()) for b in backups)  # the old file is kept
     # the file moved on: a second adoption from the same measurements is refused
     again = run_kinv(env, "adopt", "3b", "V1", "--yes")
-    assert again.returncode == 2 and "not the baseline" in again.stderr
+    assert again.returncode == 2 and "already runs" in again.stderr
 
 
 def test_adopt_refuses_what_was_not_a_win_and_names_what_was_measured(tmp_path, state_dir):
@@ -67,3 +71,158 @@ def test_a_mixed_variant_whose_change_is_an_override_is_adopted_only_where_it_wo
         assert a.params_for(cond, level).short() == want
     # nothing improved: nothing to adopt
     assert planner.level_conditional(plan, plan.variant("V1"), {key[128]: "regressed"}) is None
+
+
+# ---- a write is measured against what it replaces ------------------------------------------------------------
+# #3b measures the seed's BT16 from its plan (baseline_on_disk: false), whatever the live file holds.  These live
+# files are ones the H200 recordings serve at every level of #3b (from the campaign sweep), so the confirming A/B
+# of V1 (BT32/BH16/w4/s2) against them runs on replay.
+CAMPAIGN_7_LIVE = {  # what campaign #7 adopted: BT64 [b<=1: w8; b2-8: BT32]
+    "kernel": "mla_decode", "description": "Adopted from campaign #7 by kinv adopt.",
+    "BLOCK_T": 64, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2,
+    "overrides": [{"batch_max": 1, "num_warps": 8}, {"batch_min": 2, "batch_max": 8, "BLOCK_T": 32}],
+}  # fmt: skip
+HAND_TUNED_LIVE = {  # BT16 but BT64/w8 for a lone request, and a v3 override with tunables #3b never measured
+    "kernel": "mla_decode", "description": "Hand-tuned: BT64 with 8 warps for a lone request.",
+    "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2,
+    "overrides": [{"batch_min": 96, "batch_max": 96, "shape": "v3", "BLOCK_T": 32, "CTAS_PER_SM": 3, "MERGE": 1},
+                  {"batch_max": 1, "BLOCK_T": 64, "num_warps": 8}],
+}  # fmt: skip
+
+
+def _write_live(env, cfg) -> Path:
+    path = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def closed_3b(tmp_path_factory):
+    """#3b closed out on replay while the live file was campaign #7's config (as in the field)."""
+    tmp = tmp_path_factory.mktemp("adopt3b")
+    env = replay_env(tmp, tmp / "state")
+    _write_live(env, CAMPAIGN_7_LIVE)
+    r = run_kinv(env, "run", "plans/3b-tile-shape.yaml", "--backend", "replay", "--approval", "auto")
+    assert r.returncode == 0, r.stderr
+    return tmp
+
+
+@pytest.fixture
+def after_3b(closed_3b, tmp_path):
+    """A copy of the closed #3b (state dir and live config dir) of this test's own."""
+    shutil.copytree(closed_3b / "state", tmp_path / "s")
+    shutil.copytree(closed_3b / "configs", tmp_path / "c")
+    env = dict(replay_env(tmp_path, tmp_path / "s"), KINV_CONFIG_DIR=str(tmp_path / "c"))
+    return env, tmp_path / "c" / "mla_decode.json"
+
+
+def _experiments(env) -> list[tuple]:
+    with sqlite3.connect(Path(env["KINV_STATE_DIR"]) / "kinv.db") as c:
+        return c.execute("select id, kind, status from experiments order by id").fetchall()
+
+
+def _doctor_says(env) -> str:
+    r = run_kinv(env, "doctor", "--json")
+    return next(f["detail"] for f in json.loads(r.stdout) if f["check"] == "config mla_decode")
+
+
+def test_adopt_refuses_a_variant_the_confirming_ab_shows_slower_than_the_live_file(after_3b):
+    # In the field: "BT32/BH16/w4/s2, replacing BT64/BH16/w4/s2 [b<=1: w8; b2-8: BT32] … b1 +44.50% … improved",
+    # though kinv's own samples of the two files show BT32 11-23% slower at b1, b32, b64 and b96.
+    env, cfg = after_3b
+    before = cfg.read_bytes()
+    assert "#3b's baseline" not in _doctor_says(env)  # #3b measured BT16 from its plan, never this file
+    for args in (("adopt", "3b", "V1", "--backend", "replay"), ("adopt", "3b", "V1", "--yes", "--backend", "replay")):
+        r = run_kinv(env, *args)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "improves on the live file" in r.stderr
+        assert "at no level" in r.stderr and "b1 -" in r.stderr and "regressed" in r.stderr
+        assert "+44.50%" not in r.stdout + r.stderr and "nothing to adopt" in r.stderr
+        assert cfg.read_bytes() == before
+    confirms = [e for e in _experiments(env) if e[1] == "confirm"]
+    assert len(confirms) == 1 and confirms[0][2] == "done"  # measured once, re-read the second time
+
+
+def test_adopt_writes_the_variant_only_where_it_beat_the_live_file_and_drops_nothing(after_3b):
+    from kinv.agent.models import load_plan
+    from kinv.kernels.launch_config import validate_config
+
+    env, cfg = after_3b
+    _write_live(env, HAND_TUNED_LIVE)
+    shown = run_kinv(env, "adopt", "3b", "V1", "--backend", "replay")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(cfg.read_text()) == HAND_TUNED_LIVE  # review only
+    done = json.loads(run_kinv(env, "adopt", "3b", "V1", "--yes", "--json", "--backend", "replay").stdout)
+    assert done["written"] and done["kind"] == "overrides" and done["confirm"]
+    levels = done["confirm"]["levels"]
+    assert levels["v4flash/h16/p64/ctx4096/b1"] == "regressed"  # BT32/w4 against the live BT64/w8
+    assert sorted(k for k, v in levels.items() if v == "improved") == [
+        f"v4flash/h16/p64/ctx4096/b{b}" for b in (32, 64, 8, 96)]  # fmt: skip
+    written = json.loads(cfg.read_text())
+    plan, _ = load_plan("plans/3b-tile-shape.yaml")
+    a = plan.adapter
+    live, new = validate_config(HAND_TUNED_LIVE), validate_config(written)
+    cand = plan.variant_config(plan.variant("V1"))
+    for lv in plan.levels():  # the candidate only where it won; the live file's choice everywhere else
+        want = cand if levels[lv.key] == "improved" else live
+        assert a.params_for(new, lv) == a.params_for(want, lv), lv.key
+    # nothing the candidate did not measure is dropped: the v3 override, its CTAS_PER_SM / MERGE, the description
+    assert HAND_TUNED_LIVE["overrides"][0] in written["overrides"] and HAND_TUNED_LIVE["overrides"][1] in written["overrides"]
+    v3 = a.level({"shape": "v3", "heads": 16, "page_size": 64, "context": 4096, "batch": 96})
+    assert a.params_for(new, v3) == a.params_for(live, v3)
+    assert written["description"].startswith(HAND_TUNED_LIVE["description"]) and "#3b V1" in written["description"]
+    assert [k for k in written if k in HAND_TUNED_LIVE] == list(HAND_TUNED_LIVE)
+    # the commit message cites the comparison with the live file, not the plan's A/B against BT16
+    msg = Path(done["message_file"]).read_text()
+    assert "against the live file" in msg and "+44.50%" not in msg
+    assert f"experiment {done['confirm']['experiment']}" in msg and "-> the live file's choice stays" in msg
+    assert "(99.857% CI)" in msg
+    # doctor names where the file came from
+    says = _doctor_says(env)
+    assert "adopted from #3b V1" in says and "confirmed against the file it replaced" in says, says
+
+
+def test_adopt_without_a_replay_recording_of_the_pair_refuses_in_one_line_and_writes_nothing(after_3b):
+    env, cfg = after_3b
+    shipped = (Path(__file__).resolve().parents[1] / "kernels" / "configs" / "mla_decode.json").read_bytes()
+    cfg.write_bytes(shipped)  # BT64/cps2 with overrides: no recording serves it on replay
+    before, exps = cfg.read_bytes(), _experiments(env)
+    for extra in ((), ("--yes",), ("--yes", "--json")):
+        r = run_kinv(env, "adopt", "3b", "V1", "--backend", "replay", *extra)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "no recording of that pair" in r.stderr and "--backend cuda" in r.stderr and "nothing written" in r.stderr
+        assert cfg.read_bytes() == before and _experiments(env) == exps
+        assert not (Path(env["KINV_STATE_DIR"]) / "adoptions").exists()
+
+
+def test_an_adoptions_samples_saved_as_a_recording_are_served_by_replay(after_3b, tmp_path):
+    # On the GPU, kinv adopt saves the confirming A/B's samples of the config it writes; here the same function is
+    # given a replayed confirming A/B, and the replay backend must then serve the new live file to kinv bench.
+    import statistics
+
+    from kinv.agent.store import Store
+    from kinv.agent.tools import adopt
+
+    env, cfg = after_3b
+    _write_live(env, HAND_TUNED_LIVE)
+    done = json.loads(run_kinv(env, "adopt", "3b", "V1", "--yes", "--json", "--backend", "replay").stdout)
+    bench = run_kinv(env, "bench", "--backend", "replay", "--json")
+    assert bench.returncode == 2 and "no sweep recording" in bench.stderr  # the new file is not served yet
+    recs = tmp_path / "recordings"
+    (recs / "h200").mkdir(parents=True)
+    for f in (Path(__file__).resolve().parents[1] / "kernels" / "recordings" / "h200").glob("*.jsonl.gz"):
+        (recs / "h200" / f.name).symlink_to(f)
+    store = Store(env["KINV_STATE_DIR"])
+    exp = done["confirm"]["experiment"]
+    arms = {k: ("B" if v == "improved" else "A") for k, v in done["confirm"]["levels"].items()}
+    from kinv.kernels.launch_config import load_config
+
+    out = adopt.record_replay(store, exp, arms, load_config(cfg), directory=recs)
+    assert out.parent == recs / "h200" and out.name.startswith("mla_decode-adopted-")
+    bench = run_kinv(dict(env, KINV_RECORDINGS=str(recs)), "bench", "--backend", "replay", "--json")
+    assert bench.returncode == 0, bench.stderr
+    served = {m["level"]: m["us"] for m in json.loads(bench.stdout)}
+    for lv, arm in arms.items():  # kinv bench takes 5 samples: rounds 0-4 of the arm that runs there
+        recorded = [s["us"] for s in store.samples(exp) if s["level"] == lv and s["arm"] == arm and s["round"] < 5]
+        assert served[lv] == pytest.approx(statistics.median(recorded)), lv

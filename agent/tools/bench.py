@@ -421,7 +421,12 @@ class ReplayBackend(Backend):
         for k, v in env.items():
             if recorded_env.get(k) != str(v):
                 raise NoRecording(f"replay has no recording with {k}={v!r}; the recordings ran with {k}={recorded_env.get(k)!r}")
+        # a partner that only the sweep serves (level-conditional, never recorded as such): this arm comes from
+        # that sweep too, so both sides of the pair are of one recording session
+        sweep_partner = bool(partner and partner.get("overrides") and config_hash(partner) not in rec.configs)
         try:  # a config (level-conditional or not) recorded as such: its own slot
+            if sweep_partner:
+                raise NoRecording(f"replay has no recording of {describe(partner)} as such")
             slot = rec.slot_for(config_hash(config), config_hash(partner) if partner else None, replica, role,
                                 partner)
             return ReplayArm(name, kernel, config, env, rec, slot)

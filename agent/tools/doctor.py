@@ -99,7 +99,8 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
         out.append(Finding("locks", "warn", "lock row(s) of dead process(es): " + ", ".join(
             f"{r['workstream']} (pid {r['pid']})" for r in stale), "none needed: the next run takes the lock"))
     # ---- live configs against the baselines ----------------------------------------------------------
-    out += configs_against_baselines(rows.get("workstreams", []), plans_dir, rows.get("patches", []))
+    out += configs_against_baselines(rows.get("workstreams", []), plans_dir, rows.get("patches", []),
+                                     rows.get("experiments"))  # fmt: skip
     return out
 
 
@@ -116,18 +117,25 @@ def _alive(pid) -> bool:
 
 
 def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None,
-                              patches: list[dict] | None = None) -> list[Finding]:
-    """Each registered kernel's live config: the baseline of a known plan or workstream, a config adopted with
-    ``kinv adopt``, or something else."""
+                              patches: list[dict] | None = None, experiments: list[dict] | None = None) -> list[Finding]:
+    """Each registered kernel's live config: a config adopted with ``kinv adopt`` (its latest adoption, and what
+    it was measured against), the baseline of a known plan or workstream, or something else.  A workstream whose
+    plan measured its own baseline (``baseline_on_disk: false``) ran beside the file, and is named so."""
     from kinv.agent.tools import configs
     from kinv.kernels.adapter import UnknownKernelError, get_adapter, registered
     from kinv.kernels.launch_config import ConfigError, config_hash
 
+    exps = {e["id"]: e for e in experiments or []}
+    measured = {e["workstream"]: e["config_hash"] for e in experiments or [] if e["kind"] == "baseline"}
     known: dict[str, dict[str, str]] = {}  # kernel -> config hash -> where it is a baseline
+    beside: dict[str, dict[str, tuple[str, str | None]]] = {}  # kernel -> file sha -> (ws, its baseline's hash)
     for w in workstreams:
         if w.get("baseline_hash"):
-            known.setdefault(w["kernel"], {})[f"sha:{w['baseline_hash']}"] = f"{w['id']}'s baseline"
-    adopted = {Path(p["path"]).resolve(): p for p in (patches or []) if p["state"] == "adopted"}
+            beside.setdefault(w["kernel"], {})[w["baseline_hash"]] = (w["id"], measured.get(w["id"]))
+    adopted: dict[Path, dict] = {}
+    for p in patches or []:  # the latest adoption of each file
+        if p["state"] == "adopted":
+            adopted[Path(p["path"]).resolve()] = p
     for p in sorted((plans_dir or Path("plans")).glob("*.yaml")):
         try:
             from kinv.agent.models import load_plan
@@ -154,10 +162,21 @@ def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None,
             out.append(Finding(f"config {name}", "bad", f"{path} is invalid: {exc}", "kinv revert --to-plan PLAN"))
             continue
         h = config_hash({k: v for k, v in cfg.items() if k != "description"})
-        where = known.get(name, {}).get(h) or known.get(name, {}).get(f"sha:{configs.sha(path)}")
+        file_sha = configs.sha(path)
         last = adopted.get(path.resolve())
-        if not where and last and last.get("sha_after") == configs.sha(path):
-            where = f"the config adopted from {last['workstream']} (kinv adopt, patch #{last['id']})"
+        where = None
+        if last and last.get("sha_after") == file_sha:
+            e = exps.get(last.get("experiment")) or {}
+            how = {"confirm": f"; confirmed against the file it replaced in experiment {e.get('id')}",
+                   "ab": f"; measured in experiment {e.get('id')}"}.get(e.get("kind"), "")  # fmt: skip
+            who = f"{last['workstream']} {e['variant']}" if e.get("variant") else last["workstream"]
+            where = f"the config adopted from {who} (kinv adopt, patch #{last['id']}{how})"
+        ran = beside.get(name, {}).get(file_sha)
+        if not where and ran and (ran[1] is None or ran[1] == h):
+            where = f"{ran[0]}'s baseline" if ran[1] == h else f"the file on disk when {ran[0]} ran"
+        where = where or known.get(name, {}).get(h)
+        if not where and ran:
+            where = f"the file on disk when {ran[0]} ran ({ran[0]} measured its plan's baseline, not this file)"
         if where:
             out.append(Finding(f"config {name}", "ok", f"{path.name} is {where}"))
         else:
