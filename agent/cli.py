@@ -384,7 +384,7 @@ def adopt(ws: str = typer.Argument(..., help="workstream id, e.g. 3b"),
         raise Exit(EXIT_BAD_INPUT, f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
     store = _store(state_dir)
     wsid = views.resolve_ws(store, ws)
-    say = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else (lambda m: _console().print(m, markup=False))
+    say = None if as_json else (lambda m: _console().print(m, markup=False))  # --json: stderr is for the refusal
     a = adopt_tool.prepare(store, wsid, variant.strip(), backend=backend, progress=say)
     if not yes:
         if as_json:
