@@ -898,7 +898,8 @@ class Campaign:
             self.save(status="done")
             return EXIT_OK, (f"campaign {self.cid} done ({why}); adoption {last['adoption']}: the recorded rejection "
                              f"of {aid} stands under --approval {self.s.approval}")  # fmt: skip
-        from kinv.agent.tools.adopt import NoGain
+        from kinv.agent.investigation import EXIT_BAD_INPUT
+        from kinv.agent.tools.adopt import AdoptError, NoGain
 
         try:
             a = self.adoption(ws)  # measured against the live file it would replace, first
@@ -907,6 +908,9 @@ class Campaign:
             self._update_step(last)
             self.save(status="done")
             return EXIT_OK, f"campaign {self.cid} done ({why}); {last['adoption']}"
+        except AdoptError as exc:  # e.g. no replay recording of the pair: nothing written, run it again elsewhere
+            self.save(status="paused")
+            return EXIT_BAD_INPUT, str(exc)
         if self.s.approval != "auto" and appr is None:
             self.store.add_approval(id=aid, workstream=ws, todo=f"{ws}.adopt", variant="V1", kind="adopt",
                                     diff=a.diff, hypothesis=a.message, resources="{}")  # fmt: skip
@@ -930,8 +934,9 @@ class Campaign:
         last["commit_message"] = done["message_file"]
         self._update_step(last)
         self.save(status="done")
+        rec = f" {done['recording']}" if done.get("recording") else ""
         return EXIT_OK, (f"campaign {self.cid} done ({why}); adopted {last['adopted']}; commit it: git commit -F "
-                         f"{done['message_file']} {done['path']}")  # fmt: skip
+                         f"{done['message_file']} {done['path']}{rec}")  # fmt: skip
 
     def adoption(self, ws: str):
         from kinv.agent.tools import adopt

@@ -407,8 +407,10 @@ def adopt(ws: str = typer.Argument(..., help="workstream id, e.g. 3b"),
         print(json.dumps({**done, "written": True}, indent=2))
         return
     _console().print(a.diff, markup=False, highlight=False)
+    rec = f"; its samples are the replay recording {done['recording']}" if done.get("recording") else ""
     raise Exit(EXIT_OK, f"adopted {wsid} {a.variant} into {done['path']} (journaled as patch #{done['patch']}; "
-                        f"backup kept). Commit it: git commit -F {done['message_file']} {done['path']}")
+                        f"backup kept{rec}). Commit it: git commit -F {done['message_file']} {done['path']}"
+                        + (f" {done['recording']}" if done.get("recording") else ""))  # fmt: skip
 
 
 @app.command()

@@ -147,7 +147,7 @@ def prepare(store: Store, ws: str, vid: str, backend: str | None = None, progres
     base_hash = exp["base_config_hash"] or config_hash({**plan.baseline, "kernel": adapter.name})
     against_live = base_hash == config_hash(_bare(live))
     if config_hash(cand) == config_hash(_bare(live)):
-        raise AdoptError(f"{path} already runs {ws} {vid}'s config ({describe(live)}): nothing to adopt")
+        raise NoGain(f"{path} already runs {ws} {vid}'s config ({describe(live)}): nothing to adopt")
     note = (f"; the close-out says why: {Path(row['report_path'] or '').name}" if row["report_path"] else "")
     stamp = f"Adopted from {ws} {vid} ({variant.title}) by kinv adopt{note}."
     levels = plan.levels()
@@ -197,7 +197,7 @@ def prepare(store: Store, ws: str, vid: str, backend: str | None = None, progres
     if "description" not in raw:  # a file without one keeps its layout: the stamp goes after the kernel name
         new_raw = {k: new_raw[k] for k in (["kernel", "description"] if "kernel" in new_raw else ["description"])} | new_raw
     new_cfg = new_raw
-    diff = configs.diff_text(path.read_text(), configs.render_config(new_cfg), path.name)
+    diff = configs.diff_text(path.read_text(), configs.render_config(adapter.validate_config(new_cfg)), path.name)
     lines = _header(adapter.name, ws, vid, variant.title, describe(new_cfg), live, used)
     if confirm:
         lines += [f"The plan's A/B (experiment {exp['id']}) measured {vid} against {_base_label(store, exp)}, not "
