@@ -186,8 +186,8 @@ def test_adopt_writes_the_variant_only_where_it_beat_the_live_file_and_drops_not
 
 def test_adopt_without_a_replay_recording_of_the_pair_refuses_in_one_line_and_writes_nothing(after_3b):
     env, cfg = after_3b
-    shipped = (Path(__file__).resolve().parents[1] / "kernels" / "configs" / "mla_decode.json").read_bytes()
-    cfg.write_bytes(shipped)  # BT64/cps2 with overrides: no recording serves it on replay
+    shipped = json.loads((Path(__file__).resolve().parents[1] / "kernels" / "configs" / "mla_decode.json").read_text())
+    _write_live(env, {**shipped, "num_stages": 3})  # the shipped file at 3 stages: no recording serves it on replay
     before, exps = cfg.read_bytes(), _experiments(env)
     for extra in ((), ("--yes",), ("--yes", "--json")):
         r = run_kinv(env, "adopt", "3b", "V1", "--backend", "replay", *extra)
@@ -226,3 +226,37 @@ def test_an_adoptions_samples_saved_as_a_recording_are_served_by_replay(after_3b
     for lv, arm in arms.items():  # kinv bench takes 5 samples: rounds 0-4 of the arm that runs there
         recorded = [s["us"] for s in store.samples(exp) if s["level"] == lv and s["arm"] == arm and s["round"] < 5]
         assert served[lv] == pytest.approx(statistics.median(recorded)), lv
+
+
+@pytest.mark.slow
+def test_a_campaigns_adoption_is_confirmed_against_the_live_file_and_keeps_what_it_did_not_measure(tmp_path):
+    # Campaign #7 measures the seed's BT16 from its plan.  Its adoption used to replace whatever the live file held
+    # (dropping its overrides and tunables) and to quote the final A/B against BT16 in the commit message.
+    from kinv.agent.models import load_plan
+    from kinv.kernels.launch_config import validate_config
+
+    env = replay_env(tmp_path, tmp_path / "state")
+    cfg = _write_live(env, HAND_TUNED_LIVE)
+    r = run_kinv(env, "campaign", "plans/7-decode-ceiling.yaml", "--backend", "replay", "--approval", "auto",
+                 "--json", timeout=1500)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["adopted"], summary.get("adoption")
+    final = [w for w in summary["workstreams"] if w["item"] == "final"][0]
+    msg = Path(env["KINV_STATE_DIR"], "adoptions", f"{final['ws'].lstrip('#')}-V1.txt").read_text()
+    assert "against the live file" in msg and "its effects are not claimed here" in msg
+    chosen = validate_config(summary["config_json"])
+    written, live = json.loads(cfg.read_text()), validate_config(HAND_TUNED_LIVE)
+    new = validate_config(written)
+    plan, _ = load_plan("plans/7-decode-ceiling.yaml")
+    a = plan.adapter
+    with sqlite3.connect(Path(env["KINV_STATE_DIR"]) / "kinv.db") as c:
+        exp = c.execute("select id from experiments where kind = 'confirm' order by id desc").fetchone()[0]
+        verdicts = dict(c.execute("select level, verdict from verdicts where experiment = ?", [exp]).fetchall())
+    assert f"experiment {exp}" in msg
+    for lv in plan.levels():
+        want = chosen if verdicts[lv.key] == "improved" else live
+        assert a.params_for(new, lv) == a.params_for(want, lv), lv.key
+    for ov in HAND_TUNED_LIVE["overrides"]:  # the v3 override (CTAS_PER_SM, MERGE) and the b1 one survive
+        assert ov in written["overrides"]
+    assert written["description"].startswith(HAND_TUNED_LIVE["description"])

@@ -279,7 +279,11 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
                          "needs a backend (--backend)")  # fmt: skip
     if backend not in bench.BACKENDS:
         raise AdoptError(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
-    be = bench.get_backend(backend)
+    try:
+        be = bench.get_backend(backend)
+    except bench.BackendError as exc:  # no GPU for --backend cuda, no recordings for replay: nothing is measured
+        raise AdoptError(f"the confirming A/B of {ws} {vid} against the live file cannot run: "
+                         f"{str(exc).splitlines()[0]}") from None  # fmt: skip
     base, var = _bare(live), _bare(cand)
     todo = f"{ws}.{vid}.confirm"
     for e in reversed(store.experiments(ws)):
