@@ -172,9 +172,9 @@ def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None,
             who = f"{last['workstream']} {e['variant']}" if e.get("variant") else last["workstream"]
             where = f"the config adopted from {who} (kinv adopt, patch #{last['id']}{how})"
         ran = beside.get(name, {}).get(file_sha)
+        where = where or known.get(name, {}).get(h)
         if not where and ran and (ran[1] is None or ran[1] == h):
             where = f"{ran[0]}'s baseline" if ran[1] == h else f"the file on disk when {ran[0]} ran"
-        where = where or known.get(name, {}).get(h)
         if not where and ran:
             where = f"the file on disk when {ran[0]} ran ({ran[0]} measured its plan's baseline, not this file)"
         if where:
