@@ -154,8 +154,12 @@ def test_adopt_writes_the_variant_only_where_it_beat_the_live_file_and_drops_not
     shown = run_kinv(env, "adopt", "3b", "V1", "--backend", "replay")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(cfg.read_text()) == HAND_TUNED_LIVE  # review only
+    before_text = cfg.read_text()
     done = json.loads(run_kinv(env, "adopt", "3b", "V1", "--yes", "--json", "--backend", "replay").stdout)
     assert done["written"] and done["kind"] == "overrides" and done["confirm"]
+    # the diff a person reviews applies to the live file's bytes and yields exactly the bytes written
+    from kinv.agent.tools.configs import apply_unified_diff
+    assert apply_unified_diff(before_text, done["diff"], cfg) == cfg.read_text()
     levels = done["confirm"]["levels"]
     assert levels["v4flash/h16/p64/ctx4096/b1"] == "regressed"  # BT32/w4 against the live BT64/w8
     assert sorted(k for k, v in levels.items() if v == "improved") == [

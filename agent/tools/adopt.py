@@ -197,7 +197,7 @@ def prepare(store: Store, ws: str, vid: str, backend: str | None = None, progres
     if "description" not in raw:  # a file without one keeps its layout: the stamp goes after the kernel name
         new_raw = {k: new_raw[k] for k in (["kernel", "description"] if "kernel" in new_raw else ["description"])} | new_raw
     new_cfg = new_raw
-    diff = configs.diff_text(path.read_text(), configs.render_config(adapter.validate_config(new_cfg)), path.name)
+    diff = configs.edit_diff(path, new_cfg, adapter.name)  # exactly what patch_config writes over the live bytes
     lines = _header(adapter.name, ws, vid, variant.title, describe(new_cfg), live, used)
     if confirm:
         lines += [f"The plan's A/B (experiment {exp['id']}) measured {vid} against {_base_label(store, exp)}, not "
@@ -342,6 +342,7 @@ def apply(store: Store, a: Adoption) -> dict:
     else:
         row = configs.patch_config(store, a.path, a.new_config, a.ws, exp_id)
     store.journal_set(row["id"], "adopted")
+    configs.keep_record(a.path)  # an adoption's bytes are the file of record the way back restores
     msg = store.dir / "adoptions" / f"{a.ws.lstrip('#')}-{a.variant}.txt"
     msg.parent.mkdir(parents=True, exist_ok=True)
     msg.write_text(a.message)
