@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -216,3 +217,215 @@ def test_a_kill_after_baseline_or_noise_committed_but_before_the_checkpoint_meas
                          "where e.kind = 'noise'").fetchone()[0]  # fmt: skip
     assert samples == 2 * 2 * 8
     assert inv.config.read_bytes() == inv.baseline and not inv.dangling()
+
+
+# --------------------------------------------------------------------------- #
+# a live run, then a kill -9, then damaged or lost state
+# --------------------------------------------------------------------------- #
+PLAN3A = ROOT / "plans" / "3a-attention-occupancy.yaml"
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its exit status is left
+
+
+def _kinv(env, *args, cwd=ROOT):
+    from tests.utils import run_kinv
+
+    return run_kinv(env, *args, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory):
+    """#3a on replay, observed while V1's patch is live (doctor from its own and from a second state dir, its
+    correctness child), then killed with SIGKILL; returns what was seen and the state it left."""
+    import time
+
+    from tests.utils import replay_env
+
+    tmp = tmp_path_factory.mktemp("killed")
+    env = replay_env(tmp, tmp / "state", PYTHONUNBUFFERED="1")
+    cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
+    seen = {"baseline": cfg.read_bytes()}
+    proc = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "run", str(PLAN3A), "--backend", "replay",
+                             "--approval", "auto"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    lines = []
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "V1: patched" in line or (not line and proc.poll() is not None):
+                break
+        assert "V1: patched" in lines[-1], "".join(lines)
+        seen["live"] = cfg.read_bytes()
+        seen["doctor"] = _kinv(env, "doctor", "--json")
+        seen["doctor_other"] = _kinv(dict(env, KINV_STATE_DIR=str(tmp / "other")), "doctor", "--json")
+        children = []
+        deadline = time.time() + 60
+        while time.time() < deadline and not children:  # V1's correctness check runs in a child
+            children = _children(proc.pid)
+            time.sleep(0.2)
+        seen["children"] = children
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        t0 = time.time()
+        while time.time() - t0 < 5 and any(_alive(c) for c in children):
+            time.sleep(0.1)
+        seen["children_alive"] = [c for c in children if _alive(c)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for c in seen.get("children_alive", []):  # leave nothing behind, whatever the verdict
+            with contextlib.suppress(OSError):
+                os.kill(c, signal.SIGKILL)
+    seen["env"], seen["cfg"], seen["tmp"] = env, cfg, tmp
+    return seen
+
+
+def _copy_state(seen: dict, name: str) -> tuple[dict, Path]:
+    """A copy of the killed run's state dir and of its live config (V1 still on disk)."""
+    tmp = seen["tmp"] / name
+    shutil.copytree(seen["tmp"] / "state", tmp / "state")
+    shutil.copytree(seen["cfg"].parent, tmp / "configs")
+    return dict(seen["env"], KINV_STATE_DIR=str(tmp / "state"), KINV_CONFIG_DIR=str(tmp / "configs")), tmp
+
+
+def test_doctor_during_a_healthy_live_run_reports_it_running_not_a_bad_patch(killed_run):
+    r = killed_run["doctor"]
+    assert r.returncode == 0, r.stdout + r.stderr
+    found = {f["check"]: f for f in json.loads(r.stdout)}
+    assert found["patches"]["status"] == "ok" and "running" in found["patches"]["detail"], found["patches"]
+    assert "pid" in found["patches"]["detail"] and found["patches"]["fix"] != "kinv revert"
+    other = killed_run["doctor_other"]
+    assert other.returncode == 0, other.stdout + other.stderr
+    cfg = {f["check"]: f for f in json.loads(other.stdout)}["config mla_decode"]
+    assert cfg["status"] == "ok" and "edited by hand" not in cfg["detail"], cfg
+    assert str(killed_run["tmp"] / "state") in cfg["detail"]  # the lock names the run's state dir
+
+
+def test_a_killed_runs_correctness_child_does_not_outlive_it(killed_run):
+    assert killed_run["children"], "no child of the run was seen during V1's correctness check"
+    assert killed_run["children_alive"] == [], f"still running 5 s after the run was killed: {killed_run['children_alive']}"
+
+
+def test_after_a_kill_status_says_not_running_with_the_live_patch_and_the_way_back(killed_run):
+    assert killed_run["live"] != killed_run["baseline"]
+    env, tmp = _copy_state(killed_run, "status")
+    r = _kinv(env, "status")
+    out = r.stdout + r.stderr
+    assert "not running" in out and "V1" in out and "mla_decode.json" in out, out
+    assert "kinv resume 3a" in out and "kinv revert" in out, out
+    ws = next(w for w in json.loads(_kinv(env, "status", "--json").stdout)["workstreams"] if w["id"] == "#3a")
+    assert "running" != ws["status"] and ws["live_patches"], ws
+    r = _kinv(env, "doctor", "--json")
+    assert r.returncode == 1
+    patches = {f["check"]: f for f in json.loads(r.stdout)}["patches"]
+    assert patches["status"] == "bad" and "kinv resume 3a" in patches["fix"], patches
+
+
+@pytest.mark.parametrize("damage", ["truncated", "wal deleted"])
+def test_a_truncated_kinv_db_or_its_deleted_wal_after_a_kill_is_an_alarm(killed_run, damage):
+    env, tmp = _copy_state(killed_run, damage.replace(" ", "-"))
+    db = tmp / "state" / "kinv.db"
+    if damage == "truncated":
+        db.write_bytes(b"")
+    else:
+        Path(f"{db}-wal").unlink()
+        Path(f"{db}-shm").unlink(missing_ok=True)
+    live = (tmp / "configs" / "mla_decode.json").read_bytes()
+    assert live == killed_run["live"]  # V1 is still on disk
+    r = _kinv(env, "doctor", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    bad = [f for f in json.loads(r.stdout) if f["status"] == "bad"]
+    live_patch = [f for f in bad if "mla_decode.json" in f["detail"] and "num_warps" in f["detail"]]
+    assert live_patch, bad  # the file that differs from its file of record, and how
+    assert any("kinv revert --to-plan" in f["fix"] and "3a-attention-occupancy.yaml" in f["fix"] for f in live_patch)
+    for args in (("status",), ("resume", "3a", "--backend", "replay")):
+        r = _kinv(env, *args)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert "unknown workstream" not in r.stderr and "internal error" not in r.stderr, (args, r.stderr)
+        assert "mla_decode.json" in r.stdout + r.stderr and "kinv revert --to-plan" in r.stdout + r.stderr, args
+    assert (tmp / "configs" / "mla_decode.json").read_bytes() == live  # nothing was done behind the person's back
+
+
+def test_kinv_db_deleted_during_a_run_fails_loudly_with_the_kernel_restored(tmp_path):
+    import time
+
+    from tests.utils import replay_env
+
+    env = replay_env(tmp_path, tmp_path / "state", PYTHONUNBUFFERED="1")
+    cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
+    before = cfg.read_bytes()
+    proc = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "run", str(PLAN3A), "--backend", "replay",
+                             "--approval", "auto"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        lines = []
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "V1: patched" in line or (not line and proc.poll() is not None):
+                break
+        assert "V1: patched" in lines[-1], "".join(lines)
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{tmp_path / 'state' / 'kinv.db'}{suffix}").unlink(missing_ok=True)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out
+    assert "kinv.db" in out and "deleted" in out and "close-out" not in out.splitlines()[-1], out
+    assert cfg.read_bytes() == before  # V1 reverted although its journal is gone with the file
+    r = _kinv(env, "status")
+    assert r.returncode == 1 and "no kinv state" not in r.stderr and "kinv.db" in r.stderr, r.stderr
+
+
+def test_a_kill_inside_reject_never_loses_the_rejected_event(tmp_path):
+    """Every fault point of `kinv reject` killed in turn: the decision and its event are both there, or neither."""
+    from tests.utils import replay_env
+
+    env = replay_env(tmp_path, tmp_path / "state")
+    assert _kinv(env, "run", str(PLAN3A), "--backend", "replay", "--approval", "ask").returncode == 3
+    aid = json.loads(_kinv(env, "pending", "--json").stdout)[0]["id"]
+
+    def reject(state: Path, **extra):
+        e = {**_env(**extra), "KINV_STATE_DIR": str(state), "KINV_CONFIG_DIR": env["KINV_CONFIG_DIR"]}
+        return subprocess.run([sys.executable, "-m", "kinv.agent.cli", "reject", aid, "--reason", "not on sm_120"],
+                              env=e, cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    count = tmp_path / "count"
+    shutil.copytree(tmp_path / "state", count)
+    assert reject(count, KINV_COUNT_POINTS=str(tmp_path / "points")).returncode == 0
+    n_points = len((tmp_path / "points").read_text().splitlines())
+    assert n_points >= 2
+    for n in range(1, n_points + 1):
+        state = tmp_path / f"k{n}"
+        shutil.copytree(tmp_path / "state", state)
+        r = reject(state, KINV_CRASH_AT=str(n))
+        assert r.returncode == -signal.SIGKILL, (n, r.returncode, r.stderr)
+        db = sqlite3.connect(state / "kinv.db")
+        status = db.execute("select status from approvals where id = ?", [aid]).fetchone()[0]
+        events = db.execute("select count(*) from events where kind = 'approval' and message like ?",
+                            [f"{aid} rejected%"]).fetchone()[0]  # fmt: skip
+        db.close()
+        assert (status, events) in (("pending", 0), ("rejected", 1)), f"killed at point {n}: {status}, {events} event(s)"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from kinv.kernels.launch_config import config_hash
 from tests.utils import leave_kinv_patch_live, replay_env, run_kinv
 
@@ -71,3 +73,27 @@ def test_revert_without_kinv_db_never_says_nothing_to_revert_over_a_live_variant
     # the same config (optional tunables it wrote at their defaults change neither its label nor its hash)
     assert r.returncode == 0 and config_hash(json.loads(cfg.read_text())) == config_hash(json.loads(baseline))
     assert run_kinv(env, "revert").returncode == 0
+
+
+@pytest.mark.slow
+def test_damaged_checkpoints_are_one_line_and_the_fix_doctor_names_works(tmp_path, state_dir):
+    env = replay_env(tmp_path, state_dir)
+    assert run_kinv(env, "run", PLAN, "--backend", "replay", "--approval", "ask").returncode == 3  # paused at V1
+    ck = Path(state_dir) / "checkpoints.db"
+    for suffix in ("-wal", "-shm"):
+        Path(f"{ck}{suffix}").unlink(missing_ok=True)
+    ck.write_bytes(b"not a database at all" * 512)
+    rc, f = _findings(env)
+    assert rc == 1 and f["checkpoints"]["status"] == "bad" and str(ck) in f["checkpoints"]["detail"]
+    fix = f["checkpoints"]["fix"]
+    assert "--new-version" in fix
+    r = run_kinv(env, "resume", "3a", "--backend", "replay")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and "internal error" not in r.stderr, r.stderr
+    assert str(ck) in lines[0] and "--new-version" in lines[0], lines
+    # the fix doctor names, followed literally
+    cmd = fix.split("kinv ", 1)[1].split(" (")[0].split()
+    r = run_kinv(env, *[PLAN if a == "PLAN" else a for a in cmd], "--backend", "replay", "--approval", "ask")
+    assert r.returncode == 3, r.stdout + r.stderr  # started again as version 2, paused at V1's approval
+    assert "version 2" in r.stdout
+    assert run_kinv(env, "doctor").returncode == 0

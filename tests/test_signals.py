@@ -114,3 +114,34 @@ def test_a_signal_whose_interrupt_was_swallowed_still_stops_the_run_at_the_next_
     finally:
         restore()
     signals.check()  # handled: nothing pending once the run has dealt with it
+
+
+def test_under_nohup_a_hangup_stays_ignored():
+    """`nohup kinv run ...` ignores SIGHUP; kinv keeps that, and still routes SIGTERM to a clean stop."""
+    from kinv.agent import signals
+
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    restore = signals.install()
+    try:
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGHUP)  # ignored: no KeyboardInterrupt, nothing pending
+        time.sleep(0.05)
+        signals.check()
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+    finally:
+        restore()
+        signal.signal(signal.SIGHUP, old)
+    assert signal.getsignal(signal.SIGHUP) is old
+
+
+def test_a_hangup_under_nohup_does_not_stop_the_run(env):
+    cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
+    before = cfg.read_bytes()
+    proc = subprocess.Popen(["nohup", sys.executable, "-m", "kinv.agent.cli", "run", str(PLAN), "--backend", "replay",
+                             "--approval", "ask"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    time.sleep(8)  # in the baseline's correctness check
+    proc.send_signal(signal.SIGHUP)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 3, out  # went on to V1's approval, as if no hang-up had come
+    assert "interrupted" not in out and cfg.read_bytes() == before

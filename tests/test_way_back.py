@@ -68,3 +68,76 @@ def test_an_internal_failure_is_not_bad_input_one_line_and_the_traceback_in_a_lo
     assert "internal error" in r.stderr and "kinv-errors.log" in r.stderr
     log = (Path(state_dir) / "kinv-errors.log").read_text()
     assert "Traceback" in log and "no such table: verdicts" in log
+
+
+def test_the_error_log_follows_state_dir_not_the_working_directory(tmp_path, state_dir):
+    """An internal error of `kinv --state-dir B ...` logs its traceback under B, not under ./state of the working
+    directory nor under $KINV_STATE_DIR."""
+    import sqlite3
+
+    from kinv.agent.store import Store
+
+    other = tmp_path / "other-state"
+    Store(other).close()
+    conn = sqlite3.connect(other / "kinv.db")
+    conn.execute("drop table experiments")  # damage kinv cannot explain: a bug-shaped failure
+    conn.commit()
+    conn.close()
+    cwd = tmp_path / "cwd"
+    (cwd / "state").mkdir(parents=True)
+    env = _env(tmp_path, state_dir)
+    env["PYTHONPATH"] = str(ROOT)
+    r = run_kinv(env, "status", "--state-dir", str(other), cwd=cwd)
+    assert r.returncode == 1 and "internal error" in r.stderr, r.stderr
+    assert str(other / "kinv-errors.log") in r.stderr
+    assert "no such table: experiments" in (other / "kinv-errors.log").read_text()
+    assert not (cwd / "state" / "kinv-errors.log").exists() and not Path(state_dir).exists()
+
+
+def _corrupt_header(db: Path) -> None:
+    data = bytearray(db.read_bytes())
+    data[:100] = b"this is no SQLite header" + b"\0" * 76
+    db.write_bytes(bytes(data))
+
+
+def test_a_corrupt_kinv_db_header_is_one_line_naming_the_file_and_the_fix(tmp_path, state_dir):
+    from kinv.agent.store import Store
+
+    env = _env(tmp_path, state_dir)
+    store = Store(state_dir)
+    store.upsert_workstream({"id": "#3a", "title": "t", "kernel": "mla_decode", "status": "running",
+                             "plan_path": str(ROOT / "plans" / "3a-attention-occupancy.yaml")})  # fmt: skip
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    db = Path(state_dir) / "kinv.db"
+    _corrupt_header(db)
+    before = db.read_bytes()
+    for args in (("status",), ("resume", "3a", "--backend", "replay"), ("revert",), ("pending",)):
+        r = _kinv(env, *args)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "internal error" not in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert str(db) in lines[0] and "damaged" in lines[0] and "kinv revert --to-plan" in lines[0], (args, lines)
+    r = _kinv(env, "doctor", "--json")
+    assert r.returncode == 1
+    found = {f["check"]: f for f in json.loads(r.stdout)}
+    assert found["kinv.db"]["status"] == "bad" and "kinv revert --to-plan" in found["kinv.db"]["fix"]
+    assert db.read_bytes() == before  # nothing tried to repair it behind the person's back
+
+
+def test_a_full_disk_is_one_line_naming_the_state_dir_not_an_internal_error(tmp_path, state_dir):
+    import resource
+    import signal
+
+    def small_disk():  # a file-size limit: writes past 8 KB fail as on a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+    env = _env(tmp_path, state_dir)
+    for args in (("run", "plans/3a-attention-occupancy.yaml", "--backend", "replay"), ("status",)):
+        r = subprocess.run([sys.executable, "-m", "kinv.agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
+                           text=True, timeout=120, preexec_fn=small_disk)  # fmt: skip
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "internal error" not in r.stderr, (args, r.stderr)
+        assert str(Path(state_dir).resolve()) in lines[0] and "full" in lines[0], (args, lines)
