@@ -234,7 +234,6 @@ def _decide(approval_id: str, status: str, reason: str, state_dir) -> None:
         now = store.approval(approval_id) or {}
         raise Exit(EXIT_BAD_INPUT, f"approval {approval_id} was already {now.get('status')} (decided first elsewhere); "
                                    "a decision is final")  # fmt: skip
-    store.event(row["workstream"], "approval", f"{approval_id} {status}" + (f": {reason}" if reason else ""))
     _console().print(f"{approval_id} {status}. Continue with: kinv resume {row['workstream'].lstrip('#')}")
 
 

@@ -328,9 +328,8 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
             def go():
                 s = store()
                 a = views.resolve_approval(s, approval_id)
-                if not s.decide_approval(a["id"], status, reason):
+                if not s.decide_approval(a["id"], status, reason, via="through MCP"):
                     raise ToolError(f"approval {a['id']} was already {s.approval(a['id'])['status']}")
-                s.event(a.get("workstream"), status, f"{a['id']} {status} through MCP", {"reason": reason})
                 return views.approval(s, a["id"])
 
             return read(go)

@@ -5,6 +5,9 @@ A KeyboardInterrupt raised by a signal handler can be swallowed: Python reports 
 while it runs a finalizer (``__del__``, a weakref or GC callback), and the run would then go on to close out as
 if no signal had come.  So the handler also records the signal, and :func:`check` (called at every event the
 graph emits: each step, each round) raises it again until run_plan has handled it.
+
+A SIGHUP the process inherited as ignored (``nohup kinv run ...``) stays ignored: the person asked for the run
+to outlive the terminal.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def install():
     old = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
         try:
+            if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+                continue  # nohup: a hang-up must not stop the run
             old[sig] = signal.signal(sig, raise_interrupt)
         except (ValueError, OSError):  # not the main thread, or not supported here
             pass

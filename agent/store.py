@@ -605,13 +605,19 @@ class Store:
     def approvals(self, status: str | None = None, ws_id: str | None = None) -> list[dict]:
         return self._filtered("approvals", "created", status=status or None, workstream=ws_id or None)
 
-    def decide_approval(self, approval_id: str, status: str, reason: str = "") -> bool:
+    def decide_approval(self, approval_id: str, status: str, reason: str = "", via: str = "") -> bool:
         """Decide a pending approval, once: a compare-and-set on status = 'pending'.  False when it was already
-        decided (the loser of an approve/reject race, or a second decision)."""
+        decided (the loser of an approve/reject race, or a second decision).  The decision and its ``approval``
+        event are one transaction: a kill leaves both or neither."""
         faults.point("store.update.approvals.before")
         with self.conn:
             cur = self.conn.execute("update approvals set status = ?, reason = ?, decided = ? "
                                     "where id = ? and status = 'pending'", [status, reason, now(), approval_id])  # fmt: skip
+            if cur.rowcount == 1:
+                ws = self.conn.execute("select workstream from approvals where id = ?", [approval_id]).fetchone()[0]
+                self.conn.execute("insert into events (workstream, t, kind, message, data) values (?, ?, ?, ?, ?)",
+                                  [ws, now(), "approval", f"{approval_id} {status}" + (f" {via}" if via else "")
+                                   + (f": {reason}" if reason else ""), json.dumps({"reason": reason})])  # fmt: skip
         faults.point("store.update.approvals.after")
         return cur.rowcount == 1
 

@@ -359,6 +359,9 @@ class Worker:
 
 
 def main() -> int:
+    from kinv.agent.tools.worker_client import watch_parent
+
+    watch_parent()  # a worker whose run died exits (its stdin may stay open in a grandchild)
     worker = Worker()
     out = sys.stdout
     for line in sys.stdin:

@@ -199,9 +199,13 @@ def check_isolated(kernel: str, config: dict, levels: list[Level], *, seed: int,
     job = {"kernel": kernel, "config": config, "levels": [lv.to_dict() for lv in levels], "seed": seed,
            "device": device}  # fmt: skip
     base = {"ok": False, "levels": [], "seed": seed, "device": device, "dtype": None}
+    from kinv.agent.tools.worker_client import child_spawn
+
+    spawn, child_env = child_spawn()  # the check dies with the run (a kill -9 of kinv leaves no child computing)
+    env.update(child_env)
     try:
         proc = subprocess.run([sys.executable, "-P", "-m", "kinv.agent.tools.correctness"], input=json.dumps(job), env=env,
-                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
+                              capture_output=True, text=True, timeout=timeout, **spawn)  # fmt: skip
     except subprocess.TimeoutExpired:
         return {**base, "reason": f"the check did not finish within {timeout:.0f} s (hang?)"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -218,8 +222,10 @@ def _main() -> int:
     import json
     import sys
 
+    from kinv.agent.tools.worker_client import watch_parent
     from kinv.kernels.adapter import get_adapter
 
+    watch_parent()
     job = json.loads(sys.stdin.read())
     adapter = get_adapter(job["kernel"])
     levels = [adapter.level(lv) for lv in job["levels"]]

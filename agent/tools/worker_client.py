@@ -20,6 +20,60 @@ from kinv import IMPORT_ROOT
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (or the installed kinv/): the worker's cwd
 
 
+PARENT_ENV = "KINV_PARENT_PID"  # the pid a child of a run watches: when it is gone, so is the child
+
+
+def _die_with(parent: int, main_thread: bool):
+    """The child side of :func:`child_spawn`: runs in the forked child before exec."""
+
+    def preexec():
+        if main_thread and sys.platform.startswith("linux"):
+            try:  # the kernel kills this child when the run that started it dies, even by SIGKILL
+                import ctypes
+                import signal
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+            except (OSError, AttributeError):
+                pass  # the child's own watch on its parent (watch_parent) still ends it
+        if os.getppid() != parent:  # the run died between fork and here
+            os._exit(1)
+
+    return preexec
+
+
+def child_spawn() -> tuple[dict, dict]:
+    """Popen keyword arguments and environment for a child of a run (a benchmark worker, a correctness check):
+    its own process group (a terminal's Ctrl-C reaches the run, which stops its children itself), killed by the
+    kernel when the run dies (PR_SET_PDEATHSIG, armed only from the main thread: it fires when the spawning
+    thread ends), and told the run's pid, which it watches (:func:`watch_parent`).  No child outlives its run."""
+    import threading
+
+    parent = os.getpid()
+    main = threading.current_thread() is threading.main_thread()
+    return {"preexec_fn": _die_with(parent, main), "process_group": 0}, {PARENT_ENV: str(parent)}
+
+
+def watch_parent(every: float = 0.5) -> None:
+    """In a child of a run: exit as soon as the run that started it is gone (its parent pid changes)."""
+    import threading
+
+    want = os.environ.get(PARENT_ENV, "")
+    if not want.isdigit():
+        return
+    parent = int(want)
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch():
+        while True:
+            time.sleep(every)
+            if os.getppid() != parent:
+                os._exit(1)  # the run died: nobody reads what this child would compute
+
+    threading.Thread(target=watch, daemon=True, name="kinv-watch-parent").start()
+
+
 class WorkerCrashed(RuntimeError):
     """The worker died (crash, illegal address, out of memory) or broke protocol."""
 
@@ -41,12 +95,14 @@ class WorkerProcess:
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.started = time.time()
+        spawn, child_env = child_spawn()
+        full_env.update(child_env)
         # -P: the cwd (a checkout holding the live, possibly patched, package) must not come before a
         # baseline snapshot on PYTHONPATH
         self.proc = subprocess.Popen(
             [python or sys.executable, "-P", "-m", "kinv.agent.tools.bench_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env=full_env, cwd=str(ROOT),
+            text=True, env=full_env, cwd=str(ROOT), **spawn,
         )  # fmt: skip
 
     @property
