@@ -514,7 +514,12 @@ def status(state_dir: str = StateOpt, as_json: bool = JsonOpt):
     """
     from kinv.agent import render, views
 
-    _emit(views.status(_store(state_dir)), as_json, render.status)
+    view = views.status(_store(state_dir))  # damaged or lost state: one line naming the file and the way back
+    _emit(view, as_json, render.status)
+    left = [w for w in view.workstreams if w.live_patches]
+    if left:  # a kernel file holds a patch no live run will revert: an alarm, not a report
+        raise Exit(EXIT_FAIL, f"{left[0].live_patches[0]} and no run of {left[0].id} is alive: restore it with "
+                              f"{left[0].way_back}")  # fmt: skip
 
 
 @app.command()
@@ -693,8 +698,13 @@ def report(ws: str = typer.Argument(..., help="workstream id"), out: Path = type
 
 
 # --------------------------------------------------------------------------- #
+_ARGV: list[str] | None = None
+
+
 def main(argv=None) -> int:
     """Entry point: one line and an exit code for every domain error, never a traceback."""
+    global _ARGV
+    _ARGV = None if argv is None else list(argv)
     try:
         app(args=argv, standalone_mode=False)
         return EXIT_OK
@@ -733,6 +743,8 @@ def main(argv=None) -> int:
             raise
         if bad_input or _expected_failure(e):
             _err(line)
+        elif _db_failure(e):
+            _err(_db_failure(e))
         else:  # a bug: one line here, the whole traceback in a log a person can attach to an issue
             _err(f"internal error: {type(e).__name__}: {line}; traceback in {_log_traceback(e)}")
         return EXIT_BAD_INPUT if bad_input else EXIT_FAIL
@@ -753,7 +765,7 @@ def _log_traceback(e: BaseException) -> str:
     import time
     import traceback
 
-    path = Path(os.environ.get("KINV_STATE_DIR") or "state")
+    path = _state_dir_arg() or Path(os.environ.get("KINV_STATE_DIR") or "state")
     path = path / "kinv-errors.log" if path.is_dir() else Path(tempfile.gettempdir()) / "kinv-errors.log"
     try:
         with open(path, "a") as fh:
@@ -762,6 +774,36 @@ def _log_traceback(e: BaseException) -> str:
     except OSError:
         return "(the log could not be written; set KINV_DEBUG=1 to see the traceback)"
     return str(path)
+
+
+def _state_dir_arg() -> Path | None:
+    """The --state-dir the command line gave (the error log goes there, as everything else of the run)."""
+    args = sys.argv[1:] if _ARGV is None else _ARGV
+    for i, a in enumerate(args):
+        if a == "--state-dir" and i + 1 < len(args):
+            return Path(args[i + 1])
+        if a.startswith("--state-dir="):
+            return Path(a.split("=", 1)[1])
+    return None
+
+
+def _db_failure(e: BaseException) -> str | None:
+    """One line for SQLite's own failures that escaped the store's open checks: a full or failing disk, a
+    database damaged mid-run.  Names the state dir and what to do."""
+    import sqlite3
+
+    if not isinstance(e, sqlite3.DatabaseError):
+        return None
+    from kinv.agent.store import state_dir
+
+    where = state_dir(_state_dir_arg())
+    msg = str(e)
+    if "full" in msg or "disk I/O" in msg:
+        return (f"cannot write the kinv state in {where}: the disk is full or failing ({msg}); free space there and "
+                "run again (what was recorded before is kept)")  # fmt: skip
+    if "malformed" in msg or "not a database" in msg:
+        return f"a database in {where} is damaged ({msg}): kinv doctor names it and the way back"
+    return None
 
 
 def _err(msg: str) -> None:

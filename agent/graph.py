@@ -709,6 +709,7 @@ def recorded(name: str, fn):
     def node(state: State, runtime: Runtime[Context]):
         ctx = runtime.context
         t0 = time.time()
+        ctx.store.check_intact()  # kinv.db deleted under the run: stop loudly, never close out into nowhere
         try:
             out = fn(state, runtime)
         except GraphInterrupt:
@@ -751,12 +752,38 @@ def build_graph(ctx: Context | None, checkpointer):
     return g.compile(checkpointer=checkpointer)
 
 
-def open_checkpointer(store: Store):
+def open_checkpointer(store: Store, plan_path: str = "PLAN", move_damaged: bool = False):
+    """LangGraph's SQLite checkpointer on ``<state>/checkpoints.db``.  A damaged file is refused with one line
+    naming it and the fix (``kinv run PLAN --new-version``); that fix (``move_damaged``) moves it aside, keeping
+    it, and starts a fresh one."""
     import sqlite3
 
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    conn = sqlite3.connect(str(store.checkpoints_path), check_same_thread=False, timeout=30)
+    from kinv.agent.store import StateDamaged
+
+    path = store.checkpoints_path
+    if path.is_file() and path.stat().st_size > 0:
+        try:
+            probe = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+            try:
+                check = probe.execute("PRAGMA quick_check").fetchone()[0]
+            finally:
+                probe.close()
+            if check != "ok":
+                raise sqlite3.DatabaseError(check)
+        except sqlite3.DatabaseError as exc:
+            if not move_damaged:
+                raise StateDamaged(f"{path} is damaged ({exc}): the graph cannot resume where it stopped; start the "
+                                   f"workstream again as a new version (the damaged file is moved aside, the old "
+                                   f"version stays in history): kinv run {plan_path} --new-version") from None  # fmt: skip
+            aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+            for suffix in ("", "-wal", "-shm"):
+                part = Path(f"{path}{suffix}")
+                if part.exists():
+                    part.rename(f"{aside}{suffix}")
+            store.event(None, "checkpoints.damaged", f"{path} was damaged ({exc}); moved aside to {aside}")
+    conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
     return SqliteSaver(conn)
 
 

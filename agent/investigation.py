@@ -130,7 +130,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
         console.print(f"[bold]{ws}[/bold] {plan.workstream.title}" + (f" (plan version {version})" if version > 1 else ""))
         _ = ctx.backend  # resolves auto and says which, loudly
         store.update_workstream(ws, backend=ctx.backend.name)  # what a resume continues on
-        graph = build_graph(ctx, open_checkpointer(store))
+        graph = build_graph(ctx, open_checkpointer(store, str(plan_path), move_damaged=new_version))
         cfg = run_config(ws, version)
         snap = graph.get_state(cfg)
         t0 = time.time()
@@ -163,6 +163,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
         if "__interrupt__" in result:
             return _paused(store, result.get("approval_id") or graph.get_state(cfg).values.get("approval_id"),
                            console)  # fmt: skip
+        store.check_intact()  # the close-out's records must be in the kinv.db a person will read
         console.print(f"closed out in {time.time() - t0:.1f} s")
         return EXIT_OK, f"close-out: {result.get('report')}"
     except (InvestigationError, envcheck.EnvMismatch, stats.HarnessBroken, bench.BackendError) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
@@ -83,6 +84,9 @@ def status(console, view) -> None:
             line.append(f"{t.status}{' — ' + t.reason if t.reason else ''}", style="dim")
             tree.add(line)
         console.print(tree)
+        for lp in ws.live_patches:
+            console.print(f"  [bold red]live patch[/bold red]: {escape(lp)}; not running, so nothing will revert it: "
+                          f"{ws.way_back}")
         for a in ws.pending_approvals:
             console.print(f"  [bold yellow]waiting for you[/bold yellow]: {a.id} ({a.variant}) → kinv approve {a.id}")
         for v in ws.latest_verdicts:

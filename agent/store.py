@@ -34,6 +34,119 @@ class NoState(StoreError, BadInput):
     """A read or a decision named a state dir that holds no kinv state: the input is what is wrong (exit 2)."""
 
 
+class StateDamaged(StoreError):
+    """kinv.db is damaged, empty, missing or has lost records while the state dir shows earlier runs: the
+    journal of live patches cannot be trusted, so nothing may start over on it."""
+
+
+LIVE_DIR = "live-patches"  # one JSON file per live patch, kept beside kinv.db: it outlives a lost journal
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(data, default=str))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def live_markers(directory: str | os.PathLike) -> list[dict]:
+    """The live-patch records of a state dir (read from files, no SQL): a patch whose journal row said intent or
+    applied when it was written, and was not yet reverted or adopted.  Each names the file, its bytes before
+    (``sha_before``, ``backup_path``: the file of record), the workstream and its plan."""
+    out = []
+    for f in sorted((Path(directory) / LIVE_DIR).glob("*.json")):
+        try:
+            out.append({**json.loads(f.read_text()), "marker": str(f)})
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def checkpoint_threads(directory: str | os.PathLike) -> set[str] | None:
+    """The graph threads in checkpoints.db (read-only), or None when it is missing or unreadable."""
+    ck = Path(directory) / CHECKPOINTS_NAME
+    if not ck.is_file() or ck.stat().st_size == 0:
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{ck}?mode=ro", uri=True, timeout=5)
+        try:
+            return {r[0] for r in conn.execute("select distinct thread_id from checkpoints")}
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        return set() if "no such table" in str(exc) else None
+
+
+def earlier_runs(directory: str | os.PathLike, known_ws: set[str] | None = None) -> str:
+    """What in a state dir shows that runs were recorded here which kinv.db (whose workstreams are ``known_ws``)
+    does not know of: '' when nothing does."""
+    d = Path(directory)
+    threads = checkpoint_threads(d)
+    ck = d / CHECKPOINTS_NAME
+    unknown = sorted({t.split("@")[0] for t in threads or ()} - (known_ws or set()))
+    if unknown:
+        return f"{ck} holds the graph of {', '.join(unknown)}"
+    if known_ws is None and ck.is_file() and ck.stat().st_size > 0 and threads is None:
+        return f"{ck} is there"
+    lost = [m for m in live_markers(d) if m.get("workstream") not in (known_ws or set())]
+    if lost:
+        return f"{lost[0]['marker']} records a live patch of {Path(lost[0]['path']).name} by {lost[0].get('workstream')}"
+    return ""
+
+
+def live_patch_line(directory: str | os.PathLike) -> str:
+    """One sentence on the patches kinv left live (from the live-patch records) and the exact way back."""
+    parts = []
+    for m in live_markers(directory):
+        path = Path(m["path"])
+        try:
+            import hashlib
+
+            now_sha = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+        except OSError:
+            now_sha = None
+        if now_sha is None or now_sha == m.get("sha_before"):
+            continue
+        plan = m.get("plan_path") or "PLAN"
+        parts.append(f"{path.name} still holds patch #{m.get('patch')} of {m.get('workstream')} (sha {now_sha}, "
+                     f"before it {m.get('sha_before')}): restore it with kinv revert --to-plan {plan}")  # fmt: skip
+    return "; ".join(parts) or "if a kernel file holds a live patch (kinv doctor), restore it with kinv revert --to-plan PLAN"
+
+
+def lock_path(directory: str | os.PathLike, name: str) -> Path:
+    """The flock file of a run lock (a workstream, ``kernel:NAME``, ``campaign:ID``) in a state dir."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return Path(directory) / "locks" / f"{safe}.lock"
+
+
+def lock_held(directory: str | os.PathLike, name: str) -> bool:
+    """Whether a live process holds that run lock right now (read-only probe; the kernel drops a dead one's)."""
+    import fcntl
+
+    path = lock_path(directory, name)
+    if not path.is_file():
+        return False
+    with open(path) as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return False
+
+
+def _db_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
+    msg = str(exc)
+    if "full" in msg or "disk I/O" in msg:
+        return StoreError(f"cannot write the kinv state in {path.parent}: the disk is full or failing ({msg}); free "
+                          "space there and run again (what was recorded before is kept)")  # fmt: skip
+    return StateDamaged(f"{path} is damaged ({msg}): move it aside (mv {path} {path}.damaged); "
+                        f"{live_patch_line(path.parent)}")
+
+
 def state_dir(explicit: str | os.PathLike | None = None) -> Path:
     """The state dir: explicit > $KINV_STATE_DIR > ./state."""
     return Path(explicit or os.environ.get("KINV_STATE_DIR") or "state").resolve()
@@ -233,21 +346,63 @@ class Store:
     def __init__(self, directory: str | os.PathLike | None = None, *, create: bool = True):
         self.dir = state_dir(directory)
         self.path = self.dir / DB_NAME
-        if not self.path.exists():
+        existed = self.path.exists()
+        if not existed:
+            seen = earlier_runs(self.dir) if self.dir.is_dir() else ""
+            if seen:  # deleted: the journal of what kinv patched went with it
+                raise StateDamaged(f"{self.path} is missing although {seen}: its records are lost; "
+                                   f"{live_patch_line(self.dir)}; then start again in a fresh state dir")  # fmt: skip
             if not create:
                 raise NoState(
                     f"no kinv state at {self.dir}: start an investigation with "
                     "`kinv run plans/3a-attention-occupancy.yaml`, or point --state-dir / KINV_STATE_DIR at one"
                 )
             self.dir.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
-        self.conn.execute("PRAGMA busy_timeout = 30000")
-        if create:
-            _while_locked(lambda: self.conn.execute("PRAGMA journal_mode = WAL"))
-        self.conn.execute("PRAGMA foreign_keys = ON")
+        elif self.path.stat().st_size == 0 and (seen := earlier_runs(self.dir)):
+            raise StateDamaged(f"{self.path} is empty (truncated?) although {seen}: its records are lost; "
+                               f"{live_patch_line(self.dir)}")  # fmt: skip
         self._db = None
         self._locks: dict = {}
-        _while_locked(self.migrate)
+        try:
+            self.conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
+            self.conn.execute("PRAGMA busy_timeout = 30000")
+            if existed:
+                self._check_records()  # before anything writes to it
+            if create:
+                _while_locked(lambda: self.conn.execute("PRAGMA journal_mode = WAL"))
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            _while_locked(self.migrate)
+        except sqlite3.DatabaseError as exc:
+            raise _db_error(self.path, exc) from None
+        st = os.stat(self.path)
+        self._identity = (st.st_dev, st.st_ino)
+
+    def _check_records(self) -> None:
+        """Refuse a kinv.db that has lost records the rest of the state dir proves (its -wal deleted, rows gone):
+        a run on it would start over while a kernel file may hold a patch it has no record of."""
+        tables = {r[0] for r in self.conn.execute("select name from sqlite_master where type = 'table'")}
+        known = {r[0] for r in self.conn.execute("select id from workstreams")} if "workstreams" in tables else set()
+        seen = earlier_runs(self.dir, known)
+        if not seen and "patches" in tables:
+            ids = {r[0] for r in self.conn.execute("select id from patches")}
+            gone = [m for m in live_markers(self.dir) if m.get("patch") not in ids]
+            if gone:
+                seen = f"{gone[0]['marker']} records patch #{gone[0]['patch']} of {Path(gone[0]['path']).name}"
+        if seen:
+            raise StateDamaged(f"{self.path} has lost records (its -wal deleted, or rows gone?): {seen} but kinv.db "
+                               f"does not; {live_patch_line(self.dir)}")  # fmt: skip
+
+    def check_intact(self) -> None:
+        """Raise StateDamaged if kinv.db was deleted or replaced under this open store (checked at every graph
+        node and at the close-out): the run's records would go nowhere."""
+        try:
+            st = os.stat(self.path)
+            same = (st.st_dev, st.st_ino) == self._identity
+        except OSError:
+            same = False
+        if not same:
+            raise StateDamaged(f"{self.path} was deleted or replaced during the run: its records are lost (the kernel "
+                               "file is restored from its backup as the run stops); start again in a fresh state dir")
 
     @property
     def db(self) -> sqlite_utils.Database:
@@ -509,12 +664,26 @@ class Store:
         return self._rows("backups", order_by="id")
 
     def journal_intent(self, **row) -> int:
-        """Write the intent to patch a file BEFORE the file is touched."""
+        """Write the intent to patch a file BEFORE the file is touched, and its live-patch record beside kinv.db
+        (which names the file of record even if kinv.db is later lost)."""
         row.update(state="intent", created=now(), updated=now())
-        return self._insert("patches", row, fault="journal.intent")
+        patch_id = self._insert("patches", row, fault="journal.intent")
+        ws = self.workstream(row["workstream"]) if row.get("workstream") else None
+        bak = self._one("backups", row.get("backup")) if row.get("backup") is not None else None
+        _write_json(self._marker(patch_id, row["path"]), {
+            "patch": patch_id, "path": row["path"], "sha_before": row.get("sha_before"), "workstream": row.get("workstream"),
+            "experiment": row.get("experiment"), "backup_path": (bak or {}).get("backup_path"),
+            "plan_path": (ws or {}).get("plan_path"), "state_dir": str(self.dir), "pid": os.getpid(), "t": now()})  # fmt: skip
+        return patch_id
+
+    def _marker(self, patch_id: int, path: str) -> Path:
+        return self.dir / LIVE_DIR / f"{Path(path).name}.{patch_id}.json"
 
     def journal_set(self, patch_id: int, state: str, **values) -> None:
         self._update("patches", patch_id, {**values, "state": state, "updated": now()}, fault=f"journal.{state}")
+        if state in ("reverted", "adopted"):  # final: the file is its backup again, or the adopted bytes
+            for f in (self.dir / LIVE_DIR).glob(f"*.{patch_id}.json"):
+                f.unlink(missing_ok=True)
 
     def patches(self, ws_id: str | None = None, state: str | None = None) -> list[dict]:
         return self._filtered("patches", "id", workstream=ws_id, state=state)
@@ -635,10 +804,9 @@ class Store:
     # releases it when the process dies, even by SIGKILL, so pid reuse cannot fake a live holder.
     # The locks table only records who holds it, for the message.
     def _lock_file(self, name: str) -> Path:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-        d = self.dir / "locks"
-        d.mkdir(parents=True, exist_ok=True)
-        return d / f"{safe}.lock"
+        path = lock_path(self.dir, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
 
     def _held_elsewhere(self, name: str) -> bool:
         import fcntl

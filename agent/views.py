@@ -17,6 +17,7 @@ import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -122,6 +123,9 @@ class WorkstreamView(View):
     todos: list[TodoView] = Field(default_factory=list, description="the workstream's todo list, in order")
     pending_approvals: list[ApprovalView] = Field(default_factory=list, description="edits waiting for a person")
     latest_verdicts: list[VariantVerdict] = Field(default_factory=list, description="latest verdict per variant")
+    live_patches: list[str] = Field(default_factory=list, description="patches of this workstream still on disk "
+                                    "while no run of it is alive (killed): each names the file and the variant")
+    way_back: str | None = Field(None, description="the command that restores those files, when any is live")
 
 
 class ExperimentView(View):
@@ -380,11 +384,24 @@ def _workstream_view(store: Store, row: dict) -> WorkstreamView:
     ws_id = row["id"]
     pending = [_approval_view(a) for a in store.approvals(status="pending", ws_id=ws_id)]
     fields = _pick(row, WorkstreamView)
+    alive = store.lock_holder(ws_id)
+    live, way_back = [], None
+    if alive is None:  # no run of it holds its lock: what it left on disk is the person's to restore
+        exps = {e["id"]: e for e in store.experiments(ws_id)}
+        live = [f"{Path(p['path']).name} holds {(exps.get(p['experiment']) or {}).get('variant') or 'a'} patch "
+                f"(#{p['id']}, {p['state']})" for p in store.dangling_patches() if p["workstream"] == ws_id]  # fmt: skip
+        if live:
+            way_back = f"kinv resume {ws_id.lstrip('#')} (it reverts first) or kinv revert"
+        if fields.get("status") == "running":
+            fields["status"] = "not running: its process is gone (killed?)" + (
+                f"; {live[0].split(' (#')[0]}'s patch is live on disk" if live else "")  # fmt: skip
     if pending and fields.get("status") in (None, "open", "running"):
         # the truth a person needs: nothing runs until someone decides
         fields["status"] = f"waiting for approval {pending[0].id}"
     return WorkstreamView(
         **fields,
+        live_patches=live,
+        way_back=way_back,
         todos=[_todo_view(t) for t in store.todos(ws_id)],
         pending_approvals=pending,
         latest_verdicts=_latest_verdicts(store.experiments(ws_id)),
