@@ -685,6 +685,13 @@ class Store:
             for f in (self.dir / LIVE_DIR).glob(f"*.{patch_id}.json"):
                 f.unlink(missing_ok=True)
 
+    def prune_live_records(self) -> None:
+        """Drop live-patch records whose journal row is final (a kill came between the row and the file's removal)."""
+        final = {r[0] for r in self.conn.execute("select id from patches where state in ('reverted', 'adopted')")}
+        for m in live_markers(self.dir):
+            if m.get("patch") in final:
+                Path(m["marker"]).unlink(missing_ok=True)
+
     def patches(self, ws_id: str | None = None, state: str | None = None) -> list[dict]:
         return self._filtered("patches", "id", workstream=ws_id, state=state)
 

@@ -278,6 +278,9 @@ def killed_run(tmp_path_factory):
         assert "V1: patched" in lines[-1], "".join(lines)
         seen["live"] = cfg.read_bytes()
         seen["doctor"] = _kinv(env, "doctor", "--json")
+        from kinv.agent.store import Store
+
+        Store(tmp / "other").close()  # a second terminal's state dir on the same checkout
         seen["doctor_other"] = _kinv(dict(env, KINV_STATE_DIR=str(tmp / "other")), "doctor", "--json")
         children = []
         deadline = time.time() + 60

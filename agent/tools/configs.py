@@ -700,6 +700,7 @@ def recover(store: Store) -> list[dict]:
         done.append(item)
     if failures:
         raise RevertError(f"recovery failed for {len(failures)} patch(es): {failures[0]}")
+    store.prune_live_records()
     faults.point("recover.done")  # every kernel file is at its baseline, the journal has no dangling row
     return done
 

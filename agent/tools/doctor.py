@@ -1,8 +1,11 @@
 """``kinv doctor``: what is wrong with a state dir and its kernels' live files, and the command that mends it.
 
-Every check reads; nothing here writes.  The checks do not depend on kinv.db being readable: a missing or
-damaged database is itself a finding, and the kernels' live configs are then compared with the plans'
-baselines (``kinv revert --to-plan PLAN`` needs no state).
+Every check reads; nothing here writes.  The checks do not depend on kinv.db being readable: a missing,
+empty or damaged database, or one that lost records the rest of the state dir proves (checkpoints of a
+workstream it does not know, a live-patch record of a patch it has no row for), is itself a BAD finding.  The
+live-patch records (``<state>/live-patches/``, written beside the journal's intent) then name the file that
+differs from its file of record, how, and the exact way back (``kinv revert --to-plan PLAN`` needs no state).
+A patch held by a live run (its lock is held) is reported as running, not as left behind.
 """
 
 from __future__ import annotations
