@@ -140,8 +140,13 @@ def test_a_hangup_under_nohup_does_not_stop_the_run(env):
     proc = subprocess.Popen(["nohup", sys.executable, "-m", "kinv.agent.cli", "run", str(PLAN), "--backend", "replay",
                              "--approval", "ask"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    time.sleep(8)  # in the baseline's correctness check
+    seen = []
+    for line in proc.stdout:  # the run is under way (its signal handlers installed): the baseline's check
+        seen.append(line)
+        if "correctness check" in line:
+            break
     proc.send_signal(signal.SIGHUP)
     out, _ = proc.communicate(timeout=240)
+    out = "".join(seen) + out
     assert proc.returncode == 3, out  # went on to V1's approval, as if no hang-up had come
     assert "interrupted" not in out and cfg.read_bytes() == before
