@@ -392,7 +392,7 @@ def _workstream_view(store: Store, row: dict) -> WorkstreamView:
                 f"(#{p['id']}, {p['state']})" for p in store.dangling_patches() if p["workstream"] == ws_id]  # fmt: skip
         if live:
             way_back = f"kinv resume {ws_id.lstrip('#')} (it reverts first) or kinv revert"
-        if fields.get("status") == "running":
+        if fields.get("status") == "running" and not pending:  # paused for a person is not killed
             fields["status"] = "not running: its process is gone (killed?)" + (
                 f"; {live[0].split(' (#')[0]}'s patch is live on disk" if live else "")  # fmt: skip
     if pending and fields.get("status") in (None, "open", "running"):
