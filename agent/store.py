@@ -91,7 +91,7 @@ def earlier_runs(directory: str | os.PathLike, known_ws: set[str] | None = None)
         return f"{ck} holds the graph of {', '.join(unknown)}"
     if known_ws is None and ck.is_file() and ck.stat().st_size > 0 and threads is None:
         return f"{ck} is there"
-    lost = [m for m in live_markers(d) if m.get("workstream") not in (known_ws or set())]
+    lost = live_markers(d) if known_ws is None else []  # with a journal, its patch ids are compared instead
     if lost:
         return f"{lost[0]['marker']} records a live patch of {Path(lost[0]['path']).name} by {lost[0].get('workstream')}"
     return ""
