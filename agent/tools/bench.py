@@ -243,6 +243,9 @@ class Recording:
         self.cells: dict[tuple[str, str, str, str], dict[int, dict]] = {}
         self.configs: dict[str, dict] = {}
         self.kernels: set[str] = set()
+        # the configs of each sweep session (file), oldest first: a pair is served from one session only
+        self.sweeps: list[set[str]] = []
+        sweep_ix: int | None = None
         for f in files:
             with gzip.open(f, "rt") as fh:
                 header = None
@@ -260,8 +263,17 @@ class Recording:
                         self.headers.append(row)
                         for cfg in row.get("configs", {}).values():
                             self.configs[config_hash(cfg)] = cfg
+                        sweep_ix = None
+                        if row.get("sweep"):
+                            sweep_ix = len(self.sweeps)
+                            self.sweeps.append(set())
                     elif kind == "sample" and header is not None:
-                        key = (row["kind"], row["pair"], row["role"], row["level"])
+                        pair = row["pair"]
+                        if row["kind"] == "sw" and sweep_ix is not None:
+                            # one config may be in several sweeps: its workers are kept apart per session
+                            self.sweeps[sweep_ix].add(pair)
+                            pair = f"{pair}@{sweep_ix}"
+                        key = (row["kind"], pair, row["role"], row["level"])
                         self.cells.setdefault(key, {})[row["round"]] = row
         if not self.headers:
             if kernel is not None and self.kernels:
@@ -274,7 +286,20 @@ class Recording:
         return self.headers[0]["fingerprint"]
 
     def in_sweep(self, chash: str) -> bool:
-        return ("sw", chash, "R0") in self.slots
+        return any(chash in hashes for hashes in self.sweeps)
+
+    def _session(self, chash: str, partner_hash: str | None) -> int | None:
+        """The sweep session that serves ``chash`` (with ``partner_hash``, one that holds both): the oldest
+        such, so a newer recording never changes which workers serve a pair an older one already served."""
+        order = sorted(range(len(self.sweeps)), key=lambda i: self._sweep_created(i))
+        for i in order:
+            if chash in self.sweeps[i] and (partner_hash is None or partner_hash in self.sweeps[i]):
+                return i
+        return None
+
+    def _sweep_created(self, i: int) -> float:
+        sweeps = [h for h in self.headers if h.get("sweep")]
+        return float(sweeps[i].get("created") or 0.0)
 
     @property
     def slots(self) -> set[tuple[str, str, str]]:
@@ -284,12 +309,13 @@ class Recording:
 
     def sweep_slot(self, chash: str, partner_hash: str | None, replica: int | None, role: str):
         """The sweep worker that serves this arm, or None when the sweep does not cover it."""
-        if not self.in_sweep(chash) or (partner_hash is not None and not self.in_sweep(partner_hash)):
+        i = self._session(chash, partner_hash)
+        if i is None:
             return None
         j = replica if replica is not None else (1 if role == "variant" and partner_hash is not None else 0)
-        slot = ("sw", chash, f"R{j}")
+        slot = ("sw", f"{chash}@{i}", f"R{j}")
         if slot not in self.slots:
-            have = sorted(k[2] for k in self.slots if k[:2] == ("sw", chash))
+            have = sorted(k[2] for k in self.slots if k[:2] == ("sw", f"{chash}@{i}"))
             raise NoRecording(f"replay has {len(have)} sweep workers of {describe(self.configs[chash])}; worker "
                               f"{j} was asked for (lower stats.aa_arms to {len(have)})")  # fmt: skip
         return slot
@@ -308,7 +334,7 @@ class Recording:
 
     def _pair_slot(self, chash, partner_hash, replica, role, partner_cfg=None) -> tuple[str, str, str]:
         if partner_hash is None and replica is None and self.in_sweep(chash):
-            return ("sw", chash, "R0")  # a lone arm (kinv bench, a campaign's screening): the sweep's worker
+            return self.sweep_slot(chash, None, None, role)  # a lone arm (kinv bench, a screening): a sweep's worker
         if chash not in self.configs:
             known = ", ".join(f"{describe(c)} ({h})" for h, c in sorted(self.configs.items()))
             raise NoRecording(f"replay has no recording of config {chash}; recorded configs: {known}")
@@ -443,8 +469,13 @@ class ReplayBackend(Backend):
             other = config_hash(effective(adapter, partner, level)) if partner else None
             slot = rec.sweep_slot(mine, other, replica, role)
             if slot is None:
-                raise NoRecording(f"replay has no sweep recording of {describe(config)} at {level.key} (a "
-                                  "level-conditional config is served from a campaign sweep: record.py --sweep)")
+                if other is not None and rec.in_sweep(mine) and rec.in_sweep(other):
+                    raise NoRecording(f"replay has no one recording session that holds both {describe(config)} and "
+                                      f"{describe(partner)} at {level.key} (a pair is never served across sessions): "
+                                      "measure it on a GPU (--backend cuda)")  # fmt: skip
+                raise NoRecording(f"replay has no recording of {describe(config)} at {level.key} (a level-conditional "
+                                  "config is served level by level from a sweep recording): measure it on a GPU "
+                                  "(--backend cuda), which can record it for replay")  # fmt: skip
             return slot
 
         return ReplayArm(name, kernel, config, env, rec, slot_at)
