@@ -10,6 +10,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kinv-out}; mkdir -p "$OUT"
 ST=/tmp/kinv-adopt; rm -rf "$ST"
 K="python3 -m kinv.agent.cli"
+find kernels/recordings -name "*.jsonl.gz" | sort > /tmp/recordings-before
 /usr/bin/time -f "3b wall %e s" $K run plans/3b-tile-shape.yaml --backend cuda --approval auto --state-dir "$ST" 2>&1 \
   | grep -v "\] round" | tail -12
 /usr/bin/time -f "adopt 1 wall %e s" $K adopt 3b V1 --yes --backend cuda --state-dir "$ST" 2>&1 | tail -25
@@ -36,5 +37,5 @@ for row in c.execute("select e.id, e.kind, e.variant, e.verdict, e.rounds, round
                      "count(s.id) from experiments e left join samples s on s.experiment = e.id group by e.id"):
     print("experiment", row)
 PY
-find kernels/recordings -newer plans/3b-tile-shape.yaml -name '*.jsonl.gz' -exec cp {} "$OUT"/ \; -print
+find kernels/recordings -name "*.jsonl.gz" | sort | comm -13 /tmp/recordings-before - | tee /dev/stderr | xargs -r -I{} cp {} "$OUT"/
 cp "$ST/kinv.db" "$OUT/kinv-adopt-h200.db"; ls "$ST"/adoptions/ && cp "$ST"/adoptions/* "$OUT"/ 2>/dev/null
