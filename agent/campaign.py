@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kinv.agent.ids import state_flag
 from kinv.agent.models import Plan, load_plan
 from kinv.agent.store import Store
 from kinv.kernels.launch_config import config_hash, describe
@@ -804,9 +805,11 @@ class Campaign:
         self.store.update_workstream(step["ws"], campaign=self.cid)
         if code != EXIT_OK:
             if "; then kinv resume" in line:  # the campaign, not the lone workstream, is what goes on
-                line = line.split("; then kinv resume")[0] + f"; then continue: kinv campaign {self.s.plan_path}"
+                line = (line.split("; then kinv resume")[0]
+                        + f"; then continue: kinv campaign {self.s.plan_path}{state_flag(self.s.state_dir)}")
             elif "; continue with: kinv resume" in line:  # interrupted inside the workstream's graph
-                line = line.split("; continue with: kinv resume")[0] + f"; continue with: kinv campaign {self.s.plan_path}"
+                line = (line.split("; continue with: kinv resume")[0]
+                        + f"; continue with: kinv campaign {self.s.plan_path}{state_flag(self.s.state_dir)}")
             return code, line
         ws = step["ws"]
         wrow = self.store.workstream(ws)
@@ -919,8 +922,10 @@ class Campaign:
             self.s.console.print(a.diff, markup=False, highlight=False)
             self.s.console.print(a.message, markup=False, highlight=False)
             self.save(status="paused")
+            sd = state_flag(self.s.state_dir)
             return EXIT_PAUSED, (f"campaign {self.cid} proposes {describe(a.new_config)}: approve it with kinv approve "
-                                 f"{aid} (or kinv reject {aid}), then run kinv campaign {self.s.plan_path} again")  # fmt: skip
+                                 f"{aid}{sd} (or kinv reject {aid} --reason ...{sd}), then run kinv campaign "
+                                 f"{self.s.plan_path}{sd} again")  # fmt: skip
         if self.s.approval != "auto" and appr["status"] != "approved":
             last["adoption"] = f"rejected by a person ({appr.get('reason') or 'no reason given'})"
             self._update_step(last)

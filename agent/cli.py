@@ -22,7 +22,17 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_PAUSED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP: state restored, resumable
-StateOpt = typer.Option(None, "--state-dir", help="state directory (default ./state or $KINV_STATE_DIR)")
+def _state_dir_ok(value):
+    """--state-dir naming a file is bad input for every command, refused before anything runs."""
+    if value:
+        from kinv.agent.store import state_dir
+
+        state_dir(value)  # StateDirError (a ValueError): exit 2, one line
+    return value
+
+
+StateOpt = typer.Option(None, "--state-dir", callback=_state_dir_ok,
+                        help="state directory (default ./state or $KINV_STATE_DIR)")
 JsonOpt = typer.Option(False, "--json", help="print the documented JSON instead of tables")
 
 
@@ -50,9 +60,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def _console():
-    from rich.console import Console
+    from kinv.agent.render import console
 
-    return Console(highlight=False, soft_wrap=not sys.stdout.isatty())
+    return console()  # a terminal's width; piped, wide: no line is wrapped or cut
 
 
 def _state_dir(state_dir) -> Path:
@@ -234,7 +244,10 @@ def _decide(approval_id: str, status: str, reason: str, state_dir) -> None:
         now = store.approval(approval_id) or {}
         raise Exit(EXIT_BAD_INPUT, f"approval {approval_id} was already {now.get('status')} (decided first elsewhere); "
                                    "a decision is final")  # fmt: skip
-    _console().print(f"{approval_id} {status}. Continue with: kinv resume {row['workstream'].lstrip('#')}")
+    from kinv.agent.ids import continue_command
+
+    _console().print(f"{approval_id} {status}. Continue with: {continue_command(store, row['workstream'], state_dir)}",
+                     markup=False, highlight=False)
 
 
 @app.command()
@@ -390,7 +403,10 @@ def adopt(ws: str = typer.Argument(..., help="workstream id, e.g. 3b"),
             print(adopt_tool.as_json(a))
             return
         con = _console()
-        con.print(f"[bold]adopt {wsid} {a.variant}[/bold] into {a.path} ({a.kind}); nothing is written yet")
+        from rich.markup import escape
+
+        con.print(f"[bold]adopt {escape(wsid)} {escape(a.variant)}[/bold] into {escape(str(a.path))} ({a.kind}); "
+                  "nothing is written yet")  # fmt: skip
         con.print(a.diff, markup=False, highlight=False)
         con.print("commit message:", style="bold")
         con.print(a.message, markup=False, highlight=False)
@@ -430,7 +446,9 @@ def doctor(state_dir: str = StateOpt, as_json: bool = JsonOpt):
     from kinv.agent.render import table
 
     t = table("check", "", "finding", "fix", title=f"kinv doctor: {resolve(state_dir)}")
-    mark = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "bad": "[red]BAD[/red]"}
+    from rich.text import Text
+
+    mark = {"ok": Text("ok", "green"), "warn": Text("warn", "yellow"), "bad": Text("BAD", "red")}
     for f in found:
         t.add_row(f.check, mark[f.status], f.detail, f.fix)
     _console().print(t)
@@ -470,10 +488,12 @@ def revert(state_dir: str = StateOpt,
     if live:
         raise Exit(EXIT_FAIL, f"{live[0]['workstream']} is being run by pid {live[0]['pid']}: its patch is live; "
                               "stop that run first (its own exit reverts)")  # fmt: skip
+    from rich.markup import escape
+
     done = configs.recover(store)
     for d in done:
         if d["action"].startswith("restored over a hand edit"):
-            _console().print(f"[yellow]warning[/yellow]: {Path(d['path']).name} {d['action']}")
+            _console().print("[yellow]warning[/yellow]: " + escape(f"{Path(d['path']).name} {d['action']}"))
     if done:
         _console().print(f"reverted {len(done)} patch(es)")
         return
@@ -484,7 +504,7 @@ def revert(state_dir: str = StateOpt,
     odd = [f for f in doctor.configs_against_baselines(store.workstreams(), None, store.patches()) if f.status != "ok"]
     if odd:
         for f in odd:
-            _console().print(f"[yellow]warning[/yellow]: {f.detail}")
+            _console().print(f"[yellow]warning[/yellow]: {escape(f.detail)}")
         raise Exit(EXIT_FAIL, "nothing in this state dir's journal to revert, but a live config is no known "
                               "baseline: restore its shipped bytes with kinv revert --to-plan PLAN (PLAN: any "
                               "plan of that kernel)")  # fmt: skip
@@ -575,15 +595,19 @@ def show(exp_id: int = typer.Argument(..., help="experiment id (kinv experiments
 
 @app.command()
 def export(ws: str = typer.Argument(..., help="workstream id"), csv: bool = typer.Option(False, "--csv",
-           help="CSV instead of JSON"), state_dir: str = StateOpt):  # fmt: skip
+           help="CSV instead of JSON"), state_dir: str = StateOpt,
+           as_json: bool = typer.Option(False, "--json", help="JSON (the default), as every read command takes")):  # fmt: skip
     """Every per-level effect of a workstream's A/B experiments: change, interval, its coverage, verdict.
 
     Example: kinv export 3a --csv > 3a.csv
+    Example: kinv export 3a --json
     """
     import json
 
     from kinv.agent import views
 
+    if csv and as_json:
+        raise Exit(EXIT_BAD_INPUT, "--csv and --json exclude each other: pick one (JSON is the default)")
     ws = _id(ws, "workstream id")
     rows = [r.model_dump() for r in views.export(_store(state_dir), ws)]
     if not csv:
@@ -680,7 +704,10 @@ def report(ws: str = typer.Argument(..., help="workstream id"), out: Path = type
     wsid = views.resolve_ws(store, ws)
     row = store.workstream(wsid)
     if not row.get("report_path") or not Path(row["report_path"]).exists():
-        raise Exit(EXIT_FAIL, f"{wsid} has no close-out yet (status {row['status']}); run: kinv resume {wsid.lstrip('#')}")
+        from kinv.agent.ids import continue_command
+
+        raise Exit(EXIT_FAIL, f"{wsid} has no close-out yet (status {row['status']}); run: "
+                              f"{continue_command(store, wsid, state_dir)}")  # fmt: skip
     text = Path(row["report_path"]).read_text()
     if as_json:  # the same content: the workstream, every experiment with its per-level effects, the Markdown
         _emit(views.report(store, wsid, text), True, None)

@@ -41,3 +41,29 @@ def check_id(value: str, what: str = "id") -> str:
 def stamp(ts: float | None) -> str:
     """kinv's one timestamp format, everywhere a time is shown: UTC, ``2026-11-29 23:36:44Z``."""
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts)) if ts else ""
+
+
+def state_flag(state_dir) -> str:
+    """`` --state-dir DIR`` when the command was given one (else nothing), so that a hint it prints ("continue
+    with: kinv resume 3a") runs as printed against the same state dir."""
+    if not state_dir:
+        return ""
+    import shlex
+
+    return f" --state-dir {shlex.quote(str(state_dir))}"
+
+
+def continue_command(store, ws_id: str, state_dir) -> str:
+    """The command that continues workstream ``ws_id``: ``kinv resume WS``, or ``kinv campaign PLAN`` for a workstream
+    a campaign runs (the campaign, not the lone workstream, goes on; its adoption's approval is filed under its last
+    workstream, which is already closed out)."""
+    import os
+
+    row = store.workstream(norm_ws(ws_id)) or {}
+    cid = row.get("campaign") or (row.get("parent") if row.get("parent") and store.campaign(row["parent"]) else None)
+    camp = store.campaign(cid) if cid else None
+    if camp and camp.get("plan_path"):
+        path = camp["plan_path"]
+        rel = os.path.relpath(path)
+        return f"kinv campaign {rel if not rel.startswith('..') else path}{state_flag(state_dir)}"
+    return f"kinv resume {norm_ws(ws_id).lstrip('#')}{state_flag(state_dir)}"

@@ -10,6 +10,8 @@ import re
 import time
 from pathlib import Path
 
+from rich.markup import escape
+
 from kinv.agent.graph import APPROVAL_POLICIES, Context, InvestigationError, build_graph, open_checkpointer, run_config
 from kinv.agent.models import load_plan
 from kinv.agent.store import Store
@@ -85,7 +87,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
     try:
         for d in configs.recover(store):
             if d["action"].startswith("restored over a hand edit"):
-                console.print(f"[yellow]warning[/yellow]: {Path(d['path']).name} {d['action']}")
+                console.print("[yellow]warning[/yellow]: " + escape(f"{Path(d['path']).name} {d['action']}"))
         row = store.workstream(ws)
         version = int((row or {}).get("version") or 1)
         if row and row.get("plan_hash") and (row["plan_hash"] != plan_hash or new_version):
@@ -127,7 +129,8 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
         else:
             ctx.say("backend", message=backend_obj.describe())
             backend_obj.on_loss = lambda loss: ctx.say("executor-loss", message=loss)  # into the close-out
-        console.print(f"[bold]{ws}[/bold] {plan.workstream.title}" + (f" (plan version {version})" if version > 1 else ""))
+        console.print(f"[bold]{escape(ws)}[/bold] {escape(plan.workstream.title)}"
+                      + (f" (plan version {version})" if version > 1 else ""))  # fmt: skip
         _ = ctx.backend  # resolves auto and says which, loudly
         store.update_workstream(ws, backend=ctx.backend.name)  # what a resume continues on
         graph = build_graph(ctx, open_checkpointer(store, str(plan_path), move_damaged=new_version))
@@ -139,7 +142,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
             aid = snap.values.get("approval_id")
             appr = store.approval(aid) or {}
             if appr.get("status") == "pending":
-                return _paused(store, aid, console)
+                return _paused(store, aid, console, state_dir)
             resume = Command(resume={"approved": appr.get("status") == "approved"})
             result = graph.invoke(resume, cfg, context=ctx, durability="sync")
         elif snap.values.get("report"):
@@ -162,7 +165,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
             result = graph.invoke({"ws": ws}, cfg, context=ctx, durability="sync")
         if "__interrupt__" in result:
             return _paused(store, result.get("approval_id") or graph.get_state(cfg).values.get("approval_id"),
-                           console)  # fmt: skip
+                           console, state_dir)  # fmt: skip
         store.check_intact()  # the close-out's records must be in the kinv.db a person will read
         console.print(f"closed out in {time.time() - t0:.1f} s")
         return EXIT_OK, f"close-out: {result.get('report')}"
@@ -177,8 +180,10 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
         configs.recover(store)
         store.update_workstream(ws, status="interrupted")
         store.event(ws, "interrupted", f"{how}: stopped; every kernel file restored to its baseline")
+        from kinv.agent.ids import continue_command
+
         return EXIT_INTERRUPTED, (f"interrupted ({how}): kernel files restored, {ws} marked interrupted; continue "
-                                  f"with: kinv resume {ws.lstrip('#')}")  # fmt: skip
+                                  f"with: {continue_command(store, ws, state_dir)}")  # fmt: skip
     finally:
         restore_signals()
         configs.recover(store)  # never leave a kernel file patched, whatever happened
@@ -198,17 +203,20 @@ def _run_backend(store: Store, row: dict | None, version: int) -> str | None:
     return None
 
 
-def _paused(store: Store, aid: str, console) -> tuple[int, str]:
+def _paused(store: Store, aid: str, console, state_dir=None) -> tuple[int, str]:
     import json
 
     appr = store.approval(aid) or {}
-    console.print(f"[bold yellow]paused[/bold yellow]: approval {aid} for {appr.get('variant')} is pending")
-    console.print(appr.get("diff") or "")
+    console.print("[bold yellow]paused[/bold yellow]: " + escape(f"approval {aid} for {appr.get('variant')} is pending"))
+    console.print(appr.get("diff") or "", markup=False, highlight=False)
     from kinv.agent.render import predicted_resources
 
     predicted_resources(console, json.loads(appr.get("resources") or "{}"))
-    ws = (appr.get("workstream") or "").lstrip("#")
-    return EXIT_PAUSED, f"waiting for approval {aid}: kinv approve {aid}  |  kinv reject {aid} --reason ...; then kinv resume {ws}"
+    from kinv.agent.ids import continue_command, state_flag
+
+    sd = state_flag(state_dir)  # every command of the hint runs as printed, against this state dir
+    return EXIT_PAUSED, (f"waiting for approval {aid}: kinv approve {aid}{sd}  |  kinv reject {aid} --reason ...{sd}; "
+                         f"then {continue_command(store, appr.get('workstream') or '', state_dir)}")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- #
@@ -277,9 +285,11 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
         exp = store.new_experiment(kind="bench", variant="config", backend=be.name, config_json=json.dumps(cfg))
         common, short = stats.level_names(lv.key for lv in lvls)
         if not as_json:
-            console.print(f"{describe(cfg)}{' at ' + common if common else ''}: median of {samples} samples per level")
+            console.print(f"{describe(cfg)}{' at ' + common if common else ''}: median of {samples} samples per level",
+                          markup=False)  # fmt: skip
         rows = bench.measure_config(store, exp, be, plan.kernel, cfg, env, lvls, samples,
-                                    on_level=None if as_json else lambda m: console.print(_bench_line(m, short)))
+                                    on_level=None if as_json else lambda m: console.print(_bench_line(m, short),
+                                                                                         markup=False))  # fmt: skip
         store.update_experiment(exp, status="done", finished=time.time())
         if as_json:
             print(json.dumps(rows, indent=2))
@@ -298,12 +308,13 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
     else:
         common, short = stats.level_names(res.effects)
         if common:
-            console.print(f"levels {common}: throughput change [{next(iter(res.effects.values())).conf:.3%} CI]")
+            console.print(f"levels {common}: throughput change [{next(iter(res.effects.values())).conf:.3%} CI]",
+                          markup=False)  # fmt: skip
         for k, e in res.effects.items():
             console.print(f"{short[k]:>8s} {math.expm1(e.effect):+7.2%} [{math.expm1(e.ci_low):+.2%}, "
-                          f"{math.expm1(e.ci_high):+.2%}] {e.verdict}")
+                          f"{math.expm1(e.ci_high):+.2%}] {e.verdict}", markup=False)  # fmt: skip
         console.print(f"{describe(var_cfg)} vs {describe(cfg)}: {res.verdict} after {res.rounds} rounds "
-                      f"({gpu_s:.2f} GPU s) — {res.reason}")  # fmt: skip
+                      f"({gpu_s:.2f} GPU s) — {res.reason}", markup=False)  # fmt: skip
     return EXIT_OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
 
 
@@ -356,7 +367,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
                       "yes" if b.equivalent else "NO")  # fmt: skip
         console.print(t)
     for w in stats.check_aa(bands):
-        console.print(f"[yellow]warning[/yellow]: {w}")
+        console.print(f"[yellow]warning[/yellow]: {escape(w)}")
     return EXIT_OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
 
 
@@ -388,14 +399,15 @@ def kernels_command(as_json: bool, console) -> tuple[int, str]:
     if as_json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK, ""
-    from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title="registered kernels (kinv.kernels entry points; a plan may also name package.module:Class)")
-    for c in ("kernel", "adapter", "tunables", "level dimensions", "throughput"):
-        t.add_column(c)
+    from kinv.agent.render import table
+
+    t = table("kernel", "adapter", "tunables", "level dimensions", "throughput",
+              title="registered kernels (kinv.kernels entry points; a plan may also name package.module:Class)")
     for r in rows:
         if "error" in r:
-            t.add_row(r["name"], r["ref"], f"[red]{r['error']}[/red]", "", "")
+            t.add_row(r["name"], r["ref"], Text(r["error"], "red"), "", "")
             continue
         tun = "; ".join(f"{k} {'/'.join(map(str, v))}" for k, v in r["tunables"].items())
         t.add_row(r["name"], r["ref"], tun, ", ".join(r["level_dims"]), r["throughput_unit"])

@@ -12,18 +12,53 @@ MARK = {"completed": "[green]✓[/green]", "in_progress": "[yellow]▶[/yellow]"
         "cancelled": "[dim]✗[/dim]"}  # fmt: skip
 
 
+class PlainTable(Table):
+    """A table whose string cells are text, never rich markup: a level-conditional config's label
+    ("BT64/BH16/w8/s2 [b<=1: w8; b2-8: BT32]") prints whole.  A cell that means markup passes a ``Text``."""
+
+    def add_row(self, *renderables, **kwargs) -> None:
+        super().add_row(*(Text(r) if isinstance(r, str) else r for r in renderables), **kwargs)
+
+
 def table(*columns: str, title: str | None = None) -> Table:
-    """kinv's tables: a light frame (header rule only, no side borders) so that every table of a plan's
-    levels and variants reads at 80 columns."""
+    """kinv's tables: a light frame (header rule only, no side borders).  Every column folds rather than cuts, so
+    at 80 columns a narrow terminal wraps a cell and never drops a column; ids, levels and states keep room for
+    their words.  Piped (not a terminal), the console is wide (:func:`console`) and nothing wraps."""
     from rich import box
 
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
-    for c in columns:  # numbers and intervals never wrap; prose columns do
-        t.add_column(c, no_wrap=c not in PROSE, overflow="fold" if c in PROSE else "ellipsis")
+    t = PlainTable(title=escape(title) if title else None, box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
+    for c in columns:
+        t.add_column(c, no_wrap=False, overflow="fold", min_width=MIN_WIDTH.get(c))
     return t
 
 
-PROSE = {"content", "reason", "decision", "file", "variant", "outcome", "finding", "fix"}
+# columns a reader looks a row up by: never squeezed below their usual words
+MIN_WIDTH = {"id": 3, "level": 5, "status": 9, "verdict": 9, "check": 8, "step": 4, "kernel": 10, "workstream": 5,
+             "arm": 3, "n": 2, "ok": 3}  # fmt: skip
+
+
+def console(file=None, is_terminal: bool | None = None):
+    """kinv's console.  On a terminal: its width, and long lines wrap.  Piped or redirected: a wide console
+    whose lines are never wrapped or cut (a log or ``| grep`` gets every word)."""
+    import sys
+
+    from rich.console import Console
+
+    tty = (file or sys.stdout).isatty() if is_terminal is None else is_terminal
+    if tty:
+        return Console(file=file, highlight=False)
+    return Console(file=file, highlight=False, width=WIDE, soft_wrap=True, force_terminal=False)
+
+
+WIDE = 4096  # piped output: wide enough for any table kinv prints, on one line per row
+
+
+def diff(console, text: str) -> None:
+    """A unified diff: coloured on a terminal, the plain text itself when piped."""
+    if console.is_terminal:
+        console.print(Syntax(text, "diff", theme="ansi_dark"))
+    else:
+        console.print(text, markup=False, highlight=False)
 
 
 def _t(ts) -> str:
@@ -34,7 +69,8 @@ def _t(ts) -> str:
 
 def status(console, view) -> None:
     if not view.workstreams and not view.adhoc and not view.campaigns:
-        console.print(f"no workstreams in {view.state_dir}; start one: kinv run plans/3a-attention-occupancy.yaml")
+        console.print(f"no workstreams in {escape(str(view.state_dir))}; start one: kinv run "
+                      "plans/3a-attention-occupancy.yaml")  # fmt: skip
         return
     if view.adhoc:
         adhoc = table("id", "kind", "config", "backend", "status", "verdict", "rounds", "samples",
@@ -44,60 +80,56 @@ def status(console, view) -> None:
                       str(e.rounds or ""), str(e.samples))  # fmt: skip
     by_id = {ws.id: ws for ws in view.workstreams}
     nested = set()
+    # every line whole: a narrow terminal wraps it (the state word and a config's label are never cut off)
     for c in view.campaigns:
-        label = Text.from_markup(f"[bold]campaign {c.id}[/bold] — {c.status}: {c.incumbent}", overflow="ellipsis")
-        label.no_wrap = True
-        tree = Tree(label)
+        tree = Tree(Text.from_markup(f"[bold]campaign {escape(c.id)}[/bold] — {escape(c.status)}: "
+                                     f"{escape(c.incumbent or '')}"))  # fmt: skip
         for st in c.steps:
             ws = by_id.get(st.ws) if st.ws else None
             verdicts = ", ".join(f"{k} {v}" for k, v in st.verdicts.items())
             what = f"{st.ws or '—'} {st.item}: {ws.status if ws else st.phase}"
             what += f" ({st.screened} screened, {st.pruned} pruned)" if st.screened or st.pruned else ""
             what += f"; {verdicts}" if verdicts else (f"; {st.note}" if st.note else "")
-            line = Text(what, overflow="ellipsis")
-            line.no_wrap = True
-            node = tree.add(line)
+            node = tree.add(Text(what))
             if ws:
                 nested.add(ws.id)
                 for t in ws.todos:
-                    tl = Text.from_markup(f"{MARK.get(t.status, '?')} ", overflow="ellipsis")
-                    tl.no_wrap = True
-                    tl.append(f"{t.id} {t.content} ")
-                    tl.append(t.status, style="dim")
-                    node.add(tl)
+                    node.add(_todo_line(t))
         console.print(tree)
         if c.stop_reason:
-            console.print(f"  stopped: {c.stop_reason}", overflow="ellipsis", no_wrap=True, markup=False)
+            console.print(f"  stopped: {c.stop_reason}", markup=False)
     for ws in view.workstreams:
         if ws.id in nested and not ws.pending_approvals:
             continue
-        head = f"[bold]{ws.id}[/bold] {ws.title} — {ws.status}"
+        head = f"[bold]{escape(ws.id)}[/bold] {escape(ws.title or '')} — {escape(ws.status or '')}"
         if ws.parent:
-            head += f"  (part of {ws.parent}: {ws.parent_title or ''})"
-        label = Text.from_markup(head, overflow="ellipsis")
-        label.no_wrap = True
-        tree = Tree(label)
-        for t in ws.todos:  # one line per todo, cut with an ellipsis (kinv todos WS shows them whole)
-            line = Text.from_markup(f"{MARK.get(t.status, '?')} ", overflow="ellipsis")
-            line.no_wrap = True
-            line.append(f"{t.id} {t.content} ")
-            line.append(f"{t.status}{' — ' + t.reason if t.reason else ''}", style="dim")
-            tree.add(line)
+            head += f"  (part of {escape(ws.parent)}: {escape(ws.parent_title or '')})"
+        tree = Tree(Text.from_markup(head))
+        for t in ws.todos:  # one entry per todo, wrapped on a narrow terminal (kinv todos WS: a table)
+            tree.add(_todo_line(t))
         console.print(tree)
         for lp in ws.live_patches:
             console.print(f"  [bold red]live patch[/bold red]: {escape(lp)}; not running, so nothing will revert it: "
                           f"{ws.way_back}")
         for a in ws.pending_approvals:
-            console.print(f"  [bold yellow]waiting for you[/bold yellow]: {a.id} ({a.variant}) → kinv approve {a.id}")
+            console.print(f"  [bold yellow]waiting for you[/bold yellow]: {escape(a.id)} ({escape(a.variant or '')}) "
+                          f"→ kinv approve {escape(a.id)}")  # fmt: skip
         for v in ws.latest_verdicts:
             console.print(f"  verdict {v.variant}: {v.verdict} (kinv show {v.experiment}) — {v.reason or ''}",
-                          overflow="ellipsis", no_wrap=True, markup=False)  # fmt: skip
+                          markup=False)  # fmt: skip
         if ws.recommendation:
-            console.print(f"  next: {ws.recommendation}")
+            console.print(f"  next: {ws.recommendation}", markup=False)
         if ws.report_path:
-            console.print(f"  close-out: {ws.report_path}")
+            console.print(f"  close-out: {ws.report_path}", markup=False)
     if view.adhoc:
         console.print(adhoc)
+
+
+def _todo_line(t) -> Text:
+    line = Text.from_markup(f"{MARK.get(t.status, '?')} ")
+    line.append(f"{t.id} {t.content} ")
+    line.append(f"{t.status}{' — ' + t.reason if t.reason else ''}", style="dim")
+    return line
 
 
 def todos(console, items) -> None:
@@ -119,16 +151,17 @@ def experiments(console, items) -> None:
 
 def show(console, v) -> None:
     e = v.experiment
-    console.print(f"[bold]experiment {e.id}[/bold] {e.workstream or ''} {e.variant or ''} ({e.kind}, {e.backend}): "
-                  f"{e.verdict or e.status} — {e.reason or ''}")  # fmt: skip
+    console.print(f"[bold]experiment {e.id}[/bold] " + escape(f"{e.workstream or ''} {e.variant or ''} ({e.kind}, "
+                  f"{e.backend}): {e.verdict or e.status} — {e.reason or ''}"))  # fmt: skip
     if v.diff:
-        console.print(Syntax(v.diff, "diff", theme="ansi_dark"))
+        diff(console, v.diff)
     for c in v.env_checks:
         console.print(f"env check ({c.get('source')}): {'ok' if c.get('ok') else 'MISMATCH ' + str(c.get('mismatch'))}"
-                      f" expected {c.get('expected')} seen {c.get('seen')}")  # fmt: skip
+                      f" expected {c.get('expected')} seen {c.get('seen')}", markup=False)  # fmt: skip
     if v.correctness:
         console.print(f"correctness: {'passed' if v.correctness.get('ok') else 'FAILED'} "
-                      f"({v.correctness.get('device')}, {v.correctness.get('dtype')}) {v.correctness.get('reason') or ''}")
+                      f"({v.correctness.get('device')}, {v.correctness.get('dtype')}) {v.correctness.get('reason') or ''}",
+                      markup=False)  # fmt: skip
     from kinv.agent.stats import level_names
 
     common, short = level_names([s.level for s in v.sample_summary] + [r.level for r in v.effects])
@@ -159,13 +192,14 @@ def pending(console, items) -> None:
         console.print("nothing is waiting for approval")
         return
     for a in items:
-        console.print(f"[bold]{a.id}[/bold] {a.workstream} {a.variant} ({a.kind}) since {_t(a.created)}")
+        console.print(f"[bold]{escape(a.id)}[/bold] " + escape(f"{a.workstream} {a.variant} ({a.kind}) since "
+                                                             f"{_t(a.created)}"))  # fmt: skip
         if a.title:
-            console.print(f"  {a.variant}: {a.title}" + (f" — {a.rationale}" if a.rationale else ""))
+            console.print(f"  {a.variant}: {a.title}" + (f" — {a.rationale}" if a.rationale else ""), markup=False)
         if a.diff:
-            console.print(Syntax(a.diff, "diff", theme="ansi_dark"))
+            diff(console, a.diff)
         predicted_resources(console, a.resources)
-        console.print(f"  approve: kinv approve {a.id}   reject: kinv reject {a.id} --reason '...'")
+        console.print(f"  approve: kinv approve {a.id}   reject: kinv reject {a.id} --reason '...'", markup=False)
 
 
 def predicted_resources(console, resources: dict) -> None:

@@ -147,9 +147,24 @@ def _db_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
                         f"{live_patch_line(path.parent)}")
 
 
+class StateDirError(BadInput):
+    """The state dir named is a file (or lies under one): bad input, refused before anything is created."""
+
+
 def state_dir(explicit: str | os.PathLike | None = None) -> Path:
-    """The state dir: explicit > $KINV_STATE_DIR > ./state."""
-    return Path(explicit or os.environ.get("KINV_STATE_DIR") or "state").resolve()
+    """The state dir: explicit > $KINV_STATE_DIR > ./state.  One that names a regular file is refused."""
+    named = Path(explicit or os.environ.get("KINV_STATE_DIR") or "state")
+    path = named.resolve()
+    how = "--state-dir" if explicit else ("KINV_STATE_DIR" if os.environ.get("KINV_STATE_DIR") else "the state dir")
+    for up in (path, *path.parents):
+        if up.is_dir():
+            break
+        if up.exists() or up.is_symlink():
+            raise StateDirError(f"{how} {str(named)!r} is not a directory: {up} is a file; name a directory "
+                                "(kinv creates it if it does not exist)" if up != path else
+                                f"{how} {str(named)!r} is a file, not a directory; name a directory "
+                                "(kinv creates it if it does not exist)")  # fmt: skip
+    return path
 
 
 def now() -> float:
