@@ -194,7 +194,9 @@ def mcp(
     Example: kinv mcp --print-config claude > .mcp.json
     """
     from kinv.agent import mcp_server
+    from kinv.agent.store import state_dir as resolve
 
+    resolve(state_dir)  # a state dir that is a file is bad input here too
     if print_config is not None:
         print(mcp_server.print_config(print_config, state_dir))
         return
@@ -472,8 +474,10 @@ def revert(state_dir: str = StateOpt,
     Example: kinv revert --to-plan plans/3a-attention-occupancy.yaml
     Example: kinv revert --to-plan-baseline plans/3a-attention-occupancy.yaml
     """
+    from kinv.agent.store import state_dir as resolve
     from kinv.agent.tools import configs
 
+    resolve(state_dir)  # a state dir that is a file is bad input, --to-plan or not
     if to_plan is not None and to_plan_baseline is not None:
         raise Exit(EXIT_BAD_INPUT, "--to-plan and --to-plan-baseline are two different ways back: give one")
     if to_plan is not None or to_plan_baseline is not None:

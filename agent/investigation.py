@@ -171,7 +171,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
         return EXIT_OK, f"close-out: {result.get('report')}"
     except (InvestigationError, envcheck.EnvMismatch, stats.HarnessBroken, bench.BackendError) as exc:
         store.event(ws, "stopped", str(exc))
-        return (EXIT_BAD_INPUT if isinstance(exc, bench.NoRecording) else EXIT_FAIL), str(exc).splitlines()[0]
+        return (EXIT_BAD_INPUT if isinstance(exc, bench.NoRecording | bench.NoDevice) else EXIT_FAIL), str(exc).splitlines()[0]
     except KeyboardInterrupt as exc:
         from kinv.agent import signals
 

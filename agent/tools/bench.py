@@ -475,7 +475,8 @@ class ReplayBackend(Backend):
                                       "measure it on a GPU (--backend cuda)")  # fmt: skip
                 raise NoRecording(f"replay has no recording of {describe(config)} at {level.key} (a level-conditional "
                                   "config is served level by level from a sweep recording): measure it on a GPU "
-                                  "(--backend cuda), which can record it for replay")  # fmt: skip
+                                  "(--backend cuda), which can record it for replay, or on replay time a recorded "
+                                  "config (kinv bench --config FILE)")  # fmt: skip
             return slot
 
         return ReplayArm(name, kernel, config, env, rec, slot_at)

@@ -1,0 +1,355 @@
+"""Every command the README shows works on a fresh clone, with the exit code the README documents.
+
+The README's command blocks (its lines indented by four spaces) are read here, every ``kinv`` command in them
+is looked up in :data:`EXPECT` (its documented exit code, and how it is run), and the test fails when the README
+shows a command the table does not cover, or the table names one the README no longer shows.  Set-up lines
+(``python3 -m venv ... pip install ...``) are excluded by name: they install kinv, which this test runs already.
+
+Each command runs on replay (``KINV_FORCE_NO_GPU=1``: the answer is the same on a GPU machine) in a copy of the
+project's kernels/, kinv/ and plans/ with its own ``./state``, the way a new user runs it from a fresh clone;
+nothing under the real checkout is written.  Quick commands (no earlier command needed) each run alone in the
+default lane.  The README's blocks also run as the sessions they are, in order, in the slow lane: "Using it"
+(#3a paused, approved, resumed and closed out, then everything after it), the campaign, and Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+QUICK, SESSION = "quick", "session"  # quick: runs alone (and in its session); session: needs the commands before it
+GPU_ONLY = "GPU only: on a machine without one it refuses with one line (bad input, exit 2)"
+
+# README command -> (documented exit code, lane, what the README says it does)
+EXPECT: dict[str, tuple[int, str, str]] = {
+    # ## Using it (one session, in this order)
+    "kinv run plans/3a-attention-occupancy.yaml --approval ask": (3, SESSION, "pauses (exit 3) at V1's kernel edit"),
+    "kinv pending": (0, SESSION, "what waits for you"),
+    "kinv approve 3a-V1-3": (0, SESSION, "approves V1's edit"),
+    "kinv resume 3a": (3, SESSION, "continues; pauses again (exit 3) at V2's edit"),
+    "kinv approve 3a-V2-4": (0, SESSION, "approves V2's edit"),
+    "kinv resume 3a --approval auto": (0, SESSION, "closes #3a out"),
+    "kinv status": (0, SESSION, "every workstream"),
+    "kinv todos 3a --format claude": (0, SESSION, "the todos for Claude Code"),
+    "kinv experiments 3a": (0, SESSION, "#3a's experiments"),
+    "kinv show 3": (0, SESSION, "experiment 3: #3a's V1"),
+    "kinv report 3a": (0, SESSION, "#3a's close-out"),
+    "kinv backups": (0, SESSION, "backups taken before each patch"),
+    "kinv history 3a": (0, SESSION, "the graph nodes that ran"),
+    "kinv kernels": (0, QUICK, "the registered kernels"),
+    "kinv bench --backend cuda": (2, QUICK, GPU_ONLY),
+    "kinv bench --variant num_warps=8 --backend replay": (0, QUICK, "one A/B on replay, with a verdict"),
+    "kinv run plans/4a-expert-gemm-tiles.yaml --approval auto": (0, SESSION, "the MoE kernel's workstream"),
+    "kinv noise --backend replay": (0, QUICK, "the A/A of 4 baseline workers on replay"),
+    "kinv run plans/6a-fault-drill.yaml --approval auto": (0, SESSION, "the fault drill closes out"),
+    "kinv run plans/3c-null-batch-aware.yaml --approval auto": (0, SESSION, "the null drill closes out"),
+    "kinv run plans/6b-source-null.yaml --backend cuda --approval auto": (2, QUICK, GPU_ONLY),
+    "kinv run plans/3b-tile-shape.yaml --approval auto": (0, SESSION, "#3b closes out with a winner"),
+    "kinv adopt 3b V1": (0, SESSION, "shows the diff and commit message, writes nothing"),
+    "kinv adopt 3b V1 --yes": (0, SESSION, "writes it, journaled"),
+    "kinv export 3a --csv": (0, SESSION, "#3a's per-level effects as CSV"),
+    "kinv compare 3 4": (0, SESSION, "#3a's V1 and V2 side by side"),
+    "kinv report 3a --json": (0, SESSION, "the close-out as JSON"),
+    "kinv env --json": (1, QUICK, "exit 1: a fresh shell lacks the plan's TARGET_CTAS=512"),
+    "kinv run plans/3a-attention-occupancy.yaml --new-version": (3, SESSION, "a new version; pauses at V1's edit"),
+    "kinv revert --to-plan plans/3a-attention-occupancy.yaml": (0, QUICK, "a baseline back with no state dir"),
+    "kinv doctor": (0, QUICK, "a healthy state dir"),
+    # ### Campaigns (one session)
+    "kinv campaign plans/7-decode-ceiling.yaml --approval auto-config": (3, SESSION, "waits (exit 3) for its adoption"),
+    "kinv approve 7-adopt": (0, SESSION, "approves the campaign's config"),
+    "kinv campaign plans/7-decode-ceiling.yaml": (0, SESSION, "writes the approved config"),
+    "kinv campaign plans/7-decode-ceiling.yaml --json": (0, SESSION, "the summary as JSON"),
+    # ### Many GPUs
+    "kinv campaign plans/7-decode-ceiling.yaml --backend cuda --executor ray": (2, QUICK, GPU_ONLY),
+    "kinv campaign plans/7-decode-ceiling.yaml --executor ray --ray-address HOST:6379": (
+        -1, SESSION, "skipped: HOST:6379 stands for the user's own Ray cluster"),
+    "kinv campaign plans/7-decode-ceiling.yaml --backend replay --executor ray --ray-actors 2": (
+        0, SESSION, "the campaign on 2 CPU Ray actors"),
+    # ### Coding agents
+    "kinv mcp --print-config claude > .mcp.json": (0, QUICK, "writes .mcp.json"),
+    "kinv mcp --print-config opencode": (0, QUICK, "prints opencode's registration"),
+}
+
+# lines of the README's blocks that are not kinv commands: set-up, excluded by name (they install kinv)
+SETUP_PREFIX = "python3 -m venv .venv && . .venv/bin/activate && pip install "
+
+
+def readme_blocks() -> list[tuple[str, list[str]]]:
+    """(section heading, its commands in order) for every README section with a command block.  A line indented
+    by exactly four spaces is a block line; its ``  # comment`` is dropped and `` ; `` separates commands."""
+    sections: list[tuple[str, list[str]]] = []
+    heading = ""
+    for line in README.read_text().splitlines():
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+            continue
+        m = re.match(r"^    (\S.*)$", line)
+        if not m:
+            continue
+        text = m.group(1)
+        if text.startswith(SETUP_PREFIX):
+            continue
+        assert text.startswith("kinv "), f"README block line is neither a kinv command nor set-up: {text!r}"
+        text = re.split(r"\s+#\s", text, maxsplit=1)[0].strip()
+        if not sections or sections[-1][0] != heading:
+            sections.append((heading, []))
+        sections[-1][1].extend(c.strip() for c in text.split(" ; "))
+    return sections
+
+
+def readme_commands() -> list[str]:
+    return [c for _, cmds in readme_blocks() for c in cmds]
+
+
+def test_every_readme_command_is_in_the_table_and_the_table_is_the_readme():
+    shown = readme_commands()
+    assert len(shown) > 30
+    missing = [c for c in shown if c not in EXPECT]
+    assert not missing, f"README commands the table does not cover (add each with its documented exit code): {missing}"
+    stale = [c for c in EXPECT if c not in shown]
+    assert not stale, f"table entries the README no longer shows: {stale}"
+    setup = [ln for ln in README.read_text().splitlines() if ln.startswith("    " + SETUP_PREFIX)]
+    assert len(setup) == 2, setup  # the main job and the tests: excluded by name, nothing else is
+
+
+def test_the_readme_documents_the_exit_codes_the_table_asserts():
+    text = README.read_text()
+    assert "kinv run plans/3a-attention-occupancy.yaml --approval ask   # pauses (exit 3)" in text
+    assert "exit 3" in text.split("kinv resume 3a ")[1].splitlines()[0]
+    assert "Exit codes: 0 done, 1 a step failed" in text and "3 paused for an approval" in text
+    env_line = next(ln for ln in text.splitlines() if "kinv env --json" in ln)
+    assert "exit 1" in env_line and "TARGET_CTAS" in env_line
+
+
+# --------------------------------------------------------------------------- #
+def _project(tmp_path: Path) -> tuple[Path, dict]:
+    """A fresh copy of the project a new user would run from (its own ./state), and the environment for it."""
+    root = tmp_path / "clone"
+    root.mkdir()
+    skip = shutil.ignore_patterns("__pycache__", "*.kinv-lock")
+    shutil.copytree(ROOT / "kernels", root / "kernels", ignore=skip)
+    shutil.copytree(ROOT / "kinv", root / "kinv", ignore=skip)
+    shutil.copytree(ROOT / "plans", root / "plans", ignore=shutil.ignore_patterns("closeouts", "campaigns"))
+    env = {k: v for k, v in os.environ.items() if k not in ("KINV_STATE_DIR", "TARGET_CTAS", "COLUMNS")}
+    env.update(KINV_CONFIG_DIR=str(root / "kernels" / "configs"), KINV_RECORDINGS=str(ROOT / "kernels" / "recordings"),
+               TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1", PYTHONPATH=os.pathsep.join([str(root), str(ROOT)]))
+    return root, env
+
+
+def _run(root: Path, env: dict, command: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """The README's command line, as a shell runs it, with `kinv` this checkout's CLI."""
+    script = f'kinv() {{ "{sys.executable}" -m kinv.agent.cli "$@"; }}\n{command}\n'
+    return subprocess.run(["bash", "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _check(command: str, r: subprocess.CompletedProcess) -> str | None:
+    """What is wrong with one command's run, or None."""
+    code, _, what = EXPECT[command]
+    err = r.stderr.strip()
+    if r.returncode != code:
+        return f"{command!r}: exit {r.returncode}, the README documents {code} ({what}); stderr: {err[-600:]}"
+    if "Traceback" in r.stderr or "internal error" in r.stderr:
+        return f"{command!r}: {err[-600:]}"
+    if what == GPU_ONLY and (len(err.splitlines()) != 1 or not err.startswith("kinv: ") or "GPU" not in err):
+        return f"{command!r}: a refusal is one line naming the missing GPU, not {err!r}"
+    return None
+
+
+def _session(tmp_path: Path, section: str) -> list[str]:
+    root, env = _project(tmp_path)
+    problems = []
+    for command in dict(readme_blocks())[section]:
+        if EXPECT[command][0] < 0:
+            continue
+        problem = _check(command, _run(root, env, command))
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+@pytest.mark.parametrize("command", [c for c, (code, lane, _) in EXPECT.items() if lane == QUICK])
+def test_a_quick_readme_command_works_on_a_fresh_clone(tmp_path, command):
+    root, env = _project(tmp_path)
+    shipped = (root / "kernels" / "configs" / "mla_decode.json").read_bytes()
+    r = _run(root, env, command, timeout=300)
+    assert _check(command, r) is None, _check(command, r)
+    if EXPECT[command][2] == GPU_ONLY:  # refused: no kernel file written
+        assert (root / "kernels" / "configs" / "mla_decode.json").read_bytes() == shipped
+    if command.startswith("kinv mcp --print-config claude"):
+        assert '"mcpServers"' in (root / ".mcp.json").read_text()
+
+
+@pytest.mark.slow
+def test_the_using_it_block_runs_as_a_session_on_a_fresh_clone(tmp_path):
+    problems = _session(tmp_path, "Using it")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_the_campaign_block_runs_as_a_session_on_a_fresh_clone(tmp_path):
+    section = next(s for s, _ in readme_blocks() if s.startswith("Campaigns"))
+    root, env = _project(tmp_path)
+    cfg = root / "kernels" / "configs" / "mla_decode.json"
+    before = cfg.read_bytes()
+    problems = []
+    for command in dict(readme_blocks())[section]:
+        r = _run(root, env, command)
+        problems += [p for p in [_check(command, r)] if p]
+        if command == "kinv approve 7-adopt":  # the hint is the command that really continues
+            assert "Continue with: kinv campaign plans/7-decode-ceiling.yaml" in r.stdout, r.stdout
+    assert not problems, "\n".join(problems)
+    assert cfg.read_bytes() != before  # `kinv approve 7-adopt ; kinv campaign ...` wrote the proposed config
+
+
+@pytest.mark.slow
+def test_the_ray_block_runs_on_cpu_actors(tmp_path):
+    pytest.importorskip("ray")
+    section = next(s for s, _ in readme_blocks() if s.startswith("Many GPUs"))
+    root, env = _project(tmp_path)
+    problems = [p for c in dict(readme_blocks())[section] if EXPECT[c][0] >= 0 for p in [_check(c, _run(root, env, c))] if p]
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- #
+# what the commands say: hints that run as printed, --json everywhere, a state dir that is a file
+# --------------------------------------------------------------------------- #
+def _kinv(capsys, *args) -> tuple[int, str, str]:
+    from kinv.agent.cli import main
+
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def demo_dir(tmp_path, monkeypatch):
+    """A state dir named with --state-dir (KINV_STATE_DIR points elsewhere), holding the #3a demo store."""
+    from kinv.agent.store import Store
+    from tests.test_views import populate_demo
+
+    d = tmp_path / "elsewhere"
+    store = Store(d)
+    populate_demo(store, n_experiments=3, n_samples=60)
+    store.add_approval(id="3a-V1-3", workstream="#3a", todo="#3a.V1", variant="V1", kind="config", diff="",
+                       resources="{}", hypothesis="")  # fmt: skip
+    store.close()
+    monkeypatch.setenv("KINV_STATE_DIR", str(tmp_path / "state"))
+    return d
+
+
+def test_export_takes_json_as_every_read_command_does(capsys, demo_dir):
+    import json
+
+    code, out, err = _kinv(capsys, "export", "3a", "--json", "--state-dir", demo_dir)
+    assert code == 0, err
+    rows = json.loads(out)
+    assert rows and {"level", "change", "verdict"} <= set(rows[0])
+    assert _kinv(capsys, "export", "3a", "--state-dir", demo_dir)[1] == out  # JSON is the default
+    code, out, err = _kinv(capsys, "export", "3a", "--csv", "--json", "--state-dir", demo_dir)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--csv" in err and not out
+
+
+def test_approve_names_the_resume_with_the_state_dir_it_was_given(capsys, demo_dir):
+    code, out, err = _kinv(capsys, "approve", "3a-V1-3", "--state-dir", demo_dir)
+    assert code == 0, err
+    assert f"Continue with: kinv resume 3a --state-dir {demo_dir}" in out
+    code, out, err = _kinv(capsys, "report", "3b", "--state-dir", demo_dir)  # no close-out yet: the way on
+    assert code == 1 and f"run: kinv resume 3b --state-dir {demo_dir}" in err
+
+
+def test_a_paused_or_interrupted_run_names_commands_with_its_state_dir(tmp_path, demo_dir):
+    from rich.console import Console
+
+    from kinv.agent.ids import continue_command
+    from kinv.agent.investigation import _paused
+    from kinv.agent.store import Store
+
+    store = Store(demo_dir)
+    store.add_approval(id="3a-V2-4", workstream="#3a", todo="#3a.V2", variant="V2", kind="config", diff="",
+                       resources="{}", hypothesis="")  # fmt: skip
+    import io
+
+    code, line = _paused(store, "3a-V2-4", Console(file=io.StringIO()), str(demo_dir))
+    assert code == 3
+    assert f"kinv approve 3a-V2-4 --state-dir {demo_dir}" in line
+    assert f"kinv reject 3a-V2-4 --reason ... --state-dir {demo_dir}" in line
+    assert line.endswith(f"then kinv resume 3a --state-dir {demo_dir}")
+    assert continue_command(store, "#3a", None) == "kinv resume 3a"  # none given: none printed
+
+
+def test_approving_a_campaigns_adoption_names_the_campaign_not_its_closed_workstream(capsys, tmp_path, monkeypatch):
+    """`kinv approve 7-adopt` said "kinv resume 7c", which answers "#7c is already closed out" and writes nothing;
+    the command that writes the approved config is `kinv campaign PLAN`."""
+    from kinv.agent.store import Store
+
+    monkeypatch.chdir(ROOT)
+    d = tmp_path / "s"
+    store = Store(d)
+    store.upsert_campaign({"id": "#7", "plan_path": str(ROOT / "plans" / "7-decode-ceiling.yaml"), "status": "paused",
+                           "kernel": "mla_decode", "steps": "[]"})  # fmt: skip
+    store.upsert_workstream({"id": "#7c", "parent": "#7", "title": "final", "kernel": "mla_decode", "status": "closed",
+                             "campaign": "#7"})  # fmt: skip
+    store.add_approval(id="7-adopt", workstream="#7c", todo="#7c.adopt", variant="V1", kind="adopt", diff="",
+                       resources="{}", hypothesis="")  # fmt: skip
+    store.close()
+    code, out, err = _kinv(capsys, "approve", "7-adopt", "--state-dir", d)
+    assert code == 0, err
+    assert f"Continue with: kinv campaign plans/7-decode-ceiling.yaml --state-dir {d}" in out
+    assert "resume" not in out
+
+
+STATE_DIR_COMMANDS = [
+    ["doctor"], ["status"], ["pending"], ["backups"], ["experiments", "3a"], ["show", "1"], ["export", "3a"],
+    ["todos", "3a"], ["history", "3a"], ["report", "3a"], ["approve", "3a-V1-3"], ["reject", "3a-V1-3", "--reason", "x"],
+    ["resume", "3a"], ["revert"], ["revert", "--to-plan", "plans/3a-attention-occupancy.yaml"],
+    ["run", "plans/3a-attention-occupancy.yaml", "--backend", "replay"], ["bench", "--backend", "replay"],
+    ["noise", "--backend", "replay"], ["mcp", "--print-config", "claude"], ["compare", "1", "2"],
+    ["adopt", "3b", "V1"], ["campaign", "plans/7-decode-ceiling.yaml", "--backend", "replay"], ["env", "--pid", "1"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["--state-dir", "KINV_STATE_DIR"])
+def test_a_state_dir_that_is_a_file_is_bad_input_for_every_command(capsys, tmp_path, monkeypatch, how):
+    monkeypatch.chdir(ROOT)
+    cfg_dir = tmp_path / "configs"  # should a command write a config after all, it writes a copy
+    shutil.copytree(ROOT / "kernels" / "configs", cfg_dir)
+    monkeypatch.setenv("KINV_CONFIG_DIR", str(cfg_dir))
+    f = tmp_path / "afile"
+    f.write_text("not a directory\n")
+    cfg = (cfg_dir / "mla_decode.json").read_bytes()
+    for args in STATE_DIR_COMMANDS:
+        if how == "KINV_STATE_DIR":
+            monkeypatch.setenv("KINV_STATE_DIR", str(f))
+            argv = args
+        else:
+            argv = [*args, "--state-dir", str(f)]
+        code, out, err = _kinv(capsys, *argv)
+        assert code == 2, (argv, code, out, err)
+        assert len(err.strip().splitlines()) == 1 and "is a file, not a directory" in err and str(f) in err, (argv, err)
+        assert "Errno" not in err and f.read_text() == "not a directory\n"
+    code, out, err = _kinv(capsys, "status", "--state-dir", f / "sub")  # under a file: said so too
+    assert code == 2 and f"{f} is a file" in err
+    assert (cfg_dir / "mla_decode.json").read_bytes() == cfg
+
+
+def test_a_replay_without_a_recording_says_what_the_user_can_do(tmp_path):
+    """The advice of a missing recording names what a user can run (a GPU, a recorded config), not a GPU script."""
+    import json
+
+    root, env = _project(tmp_path)
+    cfg = tmp_path / "odd.json"
+    cfg.write_text(json.dumps({"kernel": "mla_decode", "BLOCK_T": 128, "BLOCK_H": 16, "num_warps": 2, "num_stages": 5,
+                               "overrides": [{"batch_max": 1, "num_warps": 8}]}))  # a conditional config, unrecorded
+    r = _run(root, env, f"kinv bench --backend replay --samples 2 --config {cfg}", timeout=120)
+    assert r.returncode == 2, r.stderr
+    err = r.stderr.strip().splitlines()[-1]
+    assert "record.py" not in err and "--backend cuda" in err and "--config" in err, err
