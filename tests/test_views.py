@@ -372,8 +372,9 @@ def test_views_import_no_heavy_modules():
 
 
 def test_every_table_reads_at_80_columns_with_the_varying_part_of_the_level_in_each_row(tmp_path, state_dir):
-    """At 80 columns, or piped, a row still says which level it is (b1, b8, ...: the common part of the key is
-    in the title), nothing is wider than the terminal, and progress is plain lines, not carriage returns."""
+    """Piped with COLUMNS=80, a row still says which level it is (b1, b8, ...: the common part of the key is
+    in the title), nothing is cut (a pipe gets whole lines, however wide: tests/test_terminal.py has the
+    80-column terminal), and progress is plain lines, not carriage returns."""
     from tests.utils import replay_env, run_kinv
 
     env = replay_env(tmp_path, state_dir, COLUMNS="80")
@@ -384,11 +385,8 @@ def test_every_table_reads_at_80_columns_with_the_varying_part_of_the_level_in_e
                                                          "noise --backend replay --rounds 4")}  # fmt: skip
     for cmd, o in outs.items():
         assert o.returncode == 0, (cmd, o.stderr)
-        # tables and the status tree fit; piped prose (show's header, env checks) soft-wraps, and paths stay whole
-        prose = ("experiment ", "env check", "correctness:", "ledger:", "stored as", "REPLAY backend")
-        wide = [ln for ln in o.stdout.splitlines()
-                if len(ln) > 80 and str(tmp_path) not in ln and not ln.startswith(prose)]  # fmt: skip
-        assert not wide, (cmd, wide)
+        # piped: no line is cut with an ellipsis, whatever COLUMNS says
+        assert "…" not in o.stdout, (cmd, o.stdout)
     for cmd in ("show 3", "noise --backend replay --rounds 4"):
         rows = [ln.split()[0] for ln in outs[cmd].stdout.splitlines() if ln.strip().startswith("b")]
         assert {"b1", "b8", "b32", "b64", "b96"} <= set(rows), (cmd, outs[cmd].stdout)
