@@ -65,7 +65,7 @@ def _column(out: str, head: str, next_head: str) -> str:
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in out.splitlines()]
     hl = next(ln for ln in lines if re.search(rf"\b{head}\b", ln) and re.search(rf"\b{next_head}\b", ln))
     a, b = re.search(rf"\b{head}\b", hl).start(), re.search(rf"\b{next_head}\b", hl).start()
-    return "".join(ln[a:b].strip() for ln in lines[lines.index(hl) + 1 :])
+    return "".join(ln[a:b].strip() for ln in lines[lines.index(hl) + 1 :] if not set(ln.strip()) <= set("─ "))
 
 
 def _no_ws(text: str) -> str:
@@ -144,15 +144,16 @@ def test_on_an_80_column_terminal_tables_fold_and_drop_no_column(state_dir, fill
     assert _no_ws(LONG_FILE) in _column(out, "file", "backup") and "#7c" in out
     con = _tty()
     render.experiments(con, views.experiments(store, "#7c"))
-    assert _no_ws(LABEL) in _no_ws(con.file.getvalue()) and "…" not in con.file.getvalue()
+    assert _no_ws(LABEL) in _no_ws(_column(con.file.getvalue(), "variant", "kind")) and "…" not in con.file.getvalue()
     from kinv.agent.investigation import kernels_command
 
     con = _tty()
     kernels_command(False, con)
     out = con.file.getvalue()
     assert "…" not in out
-    assert "kinv.kernels.mla_decode_adapter:MLADecodeAdapter" in _no_ws(out)
-    assert "BLOCK_T16/32/64/128/256" in _no_ws(out) and "num_stages1/2/3/4/5" in _no_ws(out)
+    adapters, tunables = _no_ws(_column(out, "adapter", "tunables")), _no_ws(_column(out, "tunables", "dimensions"))
+    assert "kinv.kernels.mla_decode_adapter:MLADecodeAdapter" in adapters, out
+    assert "BLOCK_T16/32/64/128/256" in tunables and "num_stages1/2/3/4/5" in tunables, out
 
 
 def test_a_data_string_is_never_read_as_markup(state_dir, filled):
