@@ -313,7 +313,7 @@ STATE_DIR_COMMANDS = [
     ["resume", "3a"], ["revert"], ["revert", "--to-plan", "plans/3a-attention-occupancy.yaml"],
     ["run", "plans/3a-attention-occupancy.yaml", "--backend", "replay"], ["bench", "--backend", "replay"],
     ["noise", "--backend", "replay"], ["mcp", "--print-config", "claude"], ["compare", "1", "2"],
-    ["adopt", "3b", "V1"], ["campaign", "plans/7-decode-ceiling.yaml", "--backend", "replay"], ["env", "--pid", "1"],
+    ["adopt", "3b", "V1"], ["campaign", "plans/7-decode-ceiling.yaml", "--backend", "replay"], ["env", "--pid", str(os.getpid())],
 ]  # fmt: skip
 
 
