@@ -139,6 +139,11 @@ def _project(tmp_path: Path) -> tuple[Path, dict]:
     shutil.copytree(ROOT / "kernels", root / "kernels", ignore=skip)
     shutil.copytree(ROOT / "kinv", root / "kinv", ignore=skip)
     shutil.copytree(ROOT / "plans", root / "plans", ignore=shutil.ignore_patterns("closeouts", "campaigns"))
+    (root / "state").mkdir()  # a clone has the repository's empty state/ (state/.gitkeep)
+    (root / "state" / ".gitkeep").touch()
+    git = ["git", "-c", "user.name=kinv test", "-c", "user.email=test@kinv", "-c", "commit.gpgsign=false"]
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "a fresh clone"]):  # a clone is a git checkout
+        subprocess.run([*git, *step], cwd=root, check=True, capture_output=True)
     env = {k: v for k, v in os.environ.items() if k not in ("KINV_STATE_DIR", "TARGET_CTAS", "COLUMNS")}
     env.update(KINV_CONFIG_DIR=str(root / "kernels" / "configs"), KINV_RECORDINGS=str(ROOT / "kernels" / "recordings"),
                TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1", PYTHONPATH=os.pathsep.join([str(root), str(ROOT)]))

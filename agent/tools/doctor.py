@@ -31,6 +31,9 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
     if not state.is_dir():
         return [Finding("state dir", "warn", f"{state} does not exist (nothing has run here)",
                         "kinv run plans/3a-attention-occupancy.yaml")]  # fmt: skip
+    if not any(not p.name.startswith(".") for p in state.iterdir()):  # a fresh clone's state/ (its .gitkeep)
+        return [Finding("state dir", "warn", f"{state} is empty (nothing has run here)",
+                        "kinv run plans/3a-attention-occupancy.yaml")]  # fmt: skip
     rows: dict[str, list] = {}
     markers = live_markers(state)
     way_back = _way_back(markers)
