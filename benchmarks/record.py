@@ -78,7 +78,11 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                     help="with --configs: also record the first config with these tunable changes (repeatable; "
                          "what `kinv bench --variant` times against it)")
-    ap.add_argument("--replicas", type=int, default=2, help="--sweep: workers per config")
+    ap.add_argument("--replicas", type=int, default=2, help="--sweep, --configs: workers per config")
+    ap.add_argument("--space", metavar="CAMPAIGN_PLAN",
+                    help="with --configs: also record every feasible config of this campaign plan's space in the "
+                         "same session, so that any config a campaign picks pairs with the given files on replay")
+    ap.add_argument("--space-replicas", type=int, default=2, help="--space: workers per config of the space")
     ap.add_argument("--jobs", type=int, default=8, help="--sweep: workers set up (compiled) at once")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -220,17 +224,33 @@ def record_configs(args) -> int:
         for lv in plan.levels():
             eff = effective(adapter, cfg, lv)
             configs.setdefault(chash(eff), eff)
-    return _sweep(args, plan, list(configs.values()), [], args.plan[0])
+    replicas = dict.fromkeys(configs, args.replicas)
+    pruned = []
+    if args.space:
+        from kinv.agent.tools.space import feasibility, space_configs
+
+        space_plan = load_plan(args.space)[0]
+        for cfg in space_configs(space_plan):
+            ok, why = feasibility(space_plan, cfg)
+            if not ok:
+                pruned.append({"config": cfg, "reason": why})
+            elif chash(cfg) not in configs:
+                configs[chash(cfg)] = cfg
+                replicas[chash(cfg)] = args.space_replicas
+    return _sweep(args, plan, list(configs.values()), pruned, args.plan[0], replicas)
 
 
-def _sweep(args, plan, configs: list[dict], pruned: list[dict], plan_name: str) -> int:
+def _sweep(args, plan, configs: list[dict], pruned: list[dict], plan_name: str,
+           replicas: dict[str, int] | None = None) -> int:
+    """Every config x its workers (``replicas[hash]``, else ``--replicas``) timed in every round at every level."""
     from concurrent.futures import ThreadPoolExecutor
 
     adapter, env = plan.adapter, dict(plan.environment)
     levels = [lv.to_dict() for lv in plan.levels()]
-    arms = {f"{describe(c)} R{j}": (config_hash(c), f"R{j}", c) for c in configs for j in range(args.replicas)}
+    n_of = {config_hash(c): (replicas or {}).get(config_hash(c), args.replicas) for c in configs}
+    arms = {f"{describe(c)} R{j}": (config_hash(c), f"R{j}", c) for c in configs for j in range(n_of[config_hash(c)])}
     t0 = time.time()
-    print(f"# sweep of {len(configs)} configs x {args.replicas} workers ({len(pruned)} pruned by the resource "
+    print(f"# sweep of {len(configs)} configs, {len(arms)} workers ({len(pruned)} pruned by the resource "
           f"model), {len(levels)} levels, {args.rounds} rounds", flush=True)
 
     def start(item):
