@@ -345,10 +345,9 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
 
     Example: kinv env --pid 12345 --plan plans/3a-attention-occupancy.yaml
     """
+    from kinv.agent.ids import shown
     from kinv.agent.models import load_plan
     from kinv.agent.tools import envcheck
-
-    from kinv.agent.ids import shown
 
     p, _ = load_plan(plan)
     if pid is None:

@@ -15,8 +15,8 @@ from rich.markup import escape
 from kinv.agent.graph import APPROVAL_POLICIES, Context, InvestigationError, build_graph, open_checkpointer, run_config
 from kinv.agent.models import load_plan
 from kinv.agent.store import Store
-from kinv.kernels.errors import BadInput
 from kinv.agent.store import state_dir as state_path
+from kinv.kernels.errors import BadInput
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_PAUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 

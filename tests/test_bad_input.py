@@ -1293,7 +1293,7 @@ def test_plan_control_characters_in_titles(data):
     with box_dir() as d:
         f = d / "plan.yaml"
         f.write_text(dump_plan(plan))
-        with pytest.raises(Exception):
+        with pytest.raises(ValueError):
             load_plan(f)
         refused_in_box(["run", str(f), "--backend", "replay", "--approval", "auto"], "plan: control characters", d,
                        all_needles=(str(path[-1]), "control character"))  # fmt: skip
