@@ -45,10 +45,10 @@ def test_a_plan_changed_after_approval_is_refused_then_runs_as_a_new_version(env
     assert kinv(env, "run", str(plan), "--backend", "replay", "--approval", "ask").returncode == 3
     aid = json.loads(kinv(env, "pending", "--json").stdout)[0]["id"]
     assert kinv(env, "approve", aid).returncode == 0
-    plan.write_text(plan.read_text().replace("patch: {num_warps: 8}", "patch: {num_warps: 16}"))  # edited after
+    plan.write_text(plan.read_text().replace("patch: {num_warps: 8}", "patch: {num_warps: 8, num_stages: 3}"))  # edited after
     r = kinv(env, "resume", "3a", "--backend", "replay")
     assert r.returncode == 2 and "--new-version" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert (Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json").read_bytes() == before  # w16 never written
+    assert (Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json").read_bytes() == before  # the edited V1 never written
     r = kinv(env, "run", str(plan), "--backend", "replay", "--approval", "auto", "--new-version")
     assert r.returncode == 0 and "plan version 2" in r.stdout, r.stdout + r.stderr
     from kinv.agent.store import Store
