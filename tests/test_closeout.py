@@ -178,15 +178,16 @@ def test_an_archived_plan_version_keeps_its_own_close_out_which_the_next_version
     store = Store(tmp_path / "state")
     reports = tmp_path / "state" / "reports"
     reports.mkdir(parents=True)
-    (reports / "9c-closeout.md").write_text("version 1's close-out\n![throughput by level](9c-closeout.png)\n")
-    (reports / "9c-closeout.png").write_bytes(b"png of version 1")
-    store.upsert_workstream({"id": "#9c", "title": "old", "kernel": "mla_decode", "status": "closed", "version": 1,
-                             "plan_hash": "0ld", "plan_path": "old.yaml", "report_path": str(reports / "9c-closeout.md")})
-    # 9c's baseline is on disk and the live file here is the seed's: setup refuses right after version 2 begins
-    r = run_kinv(env, "run", "plans/9c-decode-shape.yaml", "--backend", "replay", "--new-version", timeout=120)
+    (reports / "3a-closeout.md").write_text("version 1's close-out\n![throughput by level](3a-closeout.png)\n")
+    (reports / "3a-closeout.png").write_bytes(b"png of version 1")
+    store.upsert_workstream({"id": "#3a", "title": "old", "kernel": "mla_decode", "status": "closed", "version": 1,
+                             "plan_hash": "0ld", "plan_path": "old.yaml", "report_path": str(reports / "3a-closeout.md")})
+    # version 2 pauses (exit 3) at V1's edit, after version 1 was archived
+    r = run_kinv(env, "run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--new-version",
+                 "--approval", "ask", timeout=300)
     assert "version 1 kept in history" in r.stdout, r.stdout + r.stderr
-    old = Store(tmp_path / "state").plan_versions("#9c")[0]["report_path"]
+    old = Store(tmp_path / "state").plan_versions("#3a")[0]["report_path"]
     assert old and Path(old).read_text().startswith("version 1's close-out\n"), old
     link = Path(old).read_text().split("](", 1)[1].split(")", 1)[0]
     assert (Path(old).parent / link).read_bytes() == b"png of version 1", link  # its own plot, not version 2's
-    assert Path(old) != reports / "9c-closeout.md"  # the path version 2's close-out writes
+    assert Path(old) != reports / "3a-closeout.md"  # the path version 2's close-out writes
