@@ -75,8 +75,13 @@ def test_the_shipped_config_and_source_are_what_kinv_accepted_on_the_h200(tmp_pa
 
 
 def test_adopt_refuses_a_mixed_source_patch_and_shows_the_accepted_one(tmp_path):
+    from kinv.agent.models import load_plan
+
     env, _ = _h200_state(tmp_path)
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
+    # the live file is the config #8a measured its source patches with (a source change is adopted only then)
+    plan, _ = load_plan(ROOT / "plans" / "8a-decode-source.yaml")
+    cfg.write_text(json.dumps({"kernel": "mla_decode", **plan.baseline}, indent=2) + "\n")
     before = cfg.read_bytes()
     r = run_kinv(env, "adopt", "8a", "S1", "--yes")
     assert r.returncode == 2, r.stdout + r.stderr

@@ -146,7 +146,7 @@ def prepare(store: Store, ws: str, vid: str, backend: str | None = None, progres
     cand = plan.variant_config(variant)
     base_hash = exp["base_config_hash"] or config_hash({**plan.baseline, "kernel": adapter.name})
     against_live = base_hash == config_hash(_bare(live))
-    if config_hash(cand) == config_hash(_bare(live)):
+    if not variant.source_patch and config_hash(cand) == config_hash(_bare(live)):  # a source patch changes the code
         raise NoGain(f"{path} already runs {ws} {vid}'s config ({describe(live)}): nothing to adopt")
     note = (f"; the close-out says why: {Path(row['report_path'] or '').name}" if row["report_path"] else "")
     stamp = f"Adopted from {ws} {vid} ({variant.title}) by kinv adopt{note}."
