@@ -23,6 +23,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,24 @@ print(json.dumps({"done": done, "dangling": store.dangling_patches(),
                   "states": [p["state"] for p in store.patches()]}))
 """
 
+
+
+def _run_3a_until_v1_is_patched(env: dict) -> subprocess.Popen:
+    """#3a on replay in a subprocess, returned once V1's patch is live on disk (its output read up to there)."""
+    proc = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "run", str(PLAN3A), "--backend", "replay",
+                             "--approval", "auto"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    lines = []
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "V1: patched" in line or (not line and proc.poll() is not None):
+            break
+    if "V1: patched" not in lines[-1]:
+        proc.kill()
+        raise AssertionError("".join(lines))
+    return proc
 
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("KINV_CRASH_AT", "KINV_COUNT_POINTS", "KINV_STOP_AT")}
@@ -256,7 +275,6 @@ def _kinv(env, *args, cwd=ROOT):
 def killed_run(tmp_path_factory):
     """#3a on replay, observed while V1's patch is live (doctor from its own and from a second state dir, its
     correctness child), then killed with SIGKILL; returns what was seen and the state it left."""
-    import time
 
     from tests.utils import replay_env
 
@@ -264,18 +282,8 @@ def killed_run(tmp_path_factory):
     env = replay_env(tmp, tmp / "state", PYTHONUNBUFFERED="1")
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
     seen = {"baseline": cfg.read_bytes()}
-    proc = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "run", str(PLAN3A), "--backend", "replay",
-                             "--approval", "auto"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    lines = []
+    proc = _run_3a_until_v1_is_patched(env)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if "V1: patched" in line or (not line and proc.poll() is not None):
-                break
-        assert "V1: patched" in lines[-1], "".join(lines)
         seen["live"] = cfg.read_bytes()
         seen["doctor"] = _kinv(env, "doctor", "--json")
         from kinv.agent.store import Store
@@ -371,25 +379,13 @@ def test_a_truncated_kinv_db_or_its_deleted_wal_after_a_kill_is_an_alarm(killed_
 
 
 def test_kinv_db_deleted_during_a_run_fails_loudly_with_the_kernel_restored(tmp_path):
-    import time
-
     from tests.utils import replay_env
 
     env = replay_env(tmp_path, tmp_path / "state", PYTHONUNBUFFERED="1")
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
     before = cfg.read_bytes()
-    proc = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "run", str(PLAN3A), "--backend", "replay",
-                             "--approval", "auto"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = _run_3a_until_v1_is_patched(env)
     try:
-        lines = []
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if "V1: patched" in line or (not line and proc.poll() is not None):
-                break
-        assert "V1: patched" in lines[-1], "".join(lines)
         for suffix in ("", "-wal", "-shm"):
             Path(f"{tmp_path / 'state' / 'kinv.db'}{suffix}").unlink(missing_ok=True)
         out, _ = proc.communicate(timeout=300)
