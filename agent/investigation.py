@@ -60,6 +60,10 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
     # serve the plan's levels and environment, and a first run's live config must be a valid config
     be = backend_obj
     if be is None:
+        started_on = _started_on(state_dir, plan.ws, version_kept=not new_version)
+        if started_on and backend not in ("auto", started_on):
+            return EXIT_BAD_INPUT, _other_backend(backend, plan.ws, started_on)
+        backend = started_on or backend  # a resume checks and builds the backend it continues on
         be = bench.get_backend(backend)  # NoDevice, NoRecording: bad input, exit 2 in main
         be.preflight(plan.kernel, dict(plan.environment), plan.levels())
     if not (state_path(state_dir) / "kinv.db").exists():
@@ -112,9 +116,7 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
             console.print(f"{ws}: plan version {version - 1} kept in history; starting version {version}")
         started_on = _run_backend(store, row, version)
         if started_on and backend not in ("auto", started_on):
-            return EXIT_BAD_INPUT, (f"--backend {backend}: {ws} started on the {started_on} backend and continues there "
-                                    f"(one A/B never mixes backends); leave --backend out, or give --backend "
-                                    f"{started_on}")  # fmt: skip
+            return EXIT_BAD_INPUT, _other_backend(backend, ws, started_on)
         backend = started_on or backend
         store.upsert_workstream({
             "id": ws, "parent": plan.workstream.parent, "parent_title": plan.workstream.parent_title,
@@ -190,6 +192,21 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
         file_lock.__exit__(None, None, None)
         store.release_lock(kernel_lock, os.getpid())
         store.release_lock(ws, os.getpid())
+
+
+def _other_backend(backend: str, ws: str, started_on: str) -> str:
+    return (f"--backend {backend}: {ws} started on the {started_on} backend and continues there (one A/B never "
+            f"mixes backends); leave --backend out, or give --backend {started_on}")
+
+
+def _started_on(state_dir, ws: str, version_kept: bool) -> str | None:
+    """The backend an unfinished run of ``ws`` measured on, read before anything is opened for writing (None
+    without a state dir, or when a new plan version starts afresh)."""
+    if not version_kept or not (state_path(state_dir) / "kinv.db").exists():
+        return None
+    store = Store(state_dir)
+    row = store.workstream(ws)
+    return _run_backend(store, row, int((row or {}).get("version") or 1))
 
 
 def _run_backend(store: Store, row: dict | None, version: int) -> str | None:

@@ -71,7 +71,7 @@ EXPECT: dict[str, tuple[int, str, str]] = {
     "kinv campaign plans/7-decode-ceiling.yaml --backend cuda --executor ray": (2, QUICK, GPU_ONLY),
     "kinv campaign plans/7-decode-ceiling.yaml --executor ray --ray-address HOST:6379": (
         -1, SESSION, "skipped: HOST:6379 stands for the user's own Ray cluster"),
-    "kinv campaign plans/7-decode-ceiling.yaml --backend replay --executor ray --ray-actors 2": (
+    "kinv campaign plans/7-decode-ceiling.yaml --backend replay --executor ray --ray-actors 2 --approval auto-config": (
         0, SESSION, "the campaign on 2 CPU Ray actors"),
     # ### Coding agents
     "kinv mcp --print-config claude > .mcp.json": (0, QUICK, "writes .mcp.json"),
