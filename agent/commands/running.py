@@ -1,0 +1,180 @@
+"""Commands that run things: run, campaign, mcp, resume, approve, reject."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from kinv.agent.commands.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAIL,
+    Exit,
+    JsonOpt,
+    StateOpt,
+    _console,
+    _id,
+    _state_dir,
+    _store,
+    app,
+)
+
+
+# --------------------------------------------------------------------------- #
+# run / resume / approvals
+# --------------------------------------------------------------------------- #
+@app.command()
+def run(
+    plan: Path = typer.Argument(..., help="workstream plan (YAML), e.g. plans/3a-attention-occupancy.yaml"),
+    backend: str = typer.Option("auto", help="auto | cuda | replay"),
+    approval: str = typer.Option("ask", help="ask | auto-config | auto"),
+    new_version: bool = typer.Option(False, "--new-version", help="start the workstream again under this (changed) "
+                                     "plan; the earlier version stays in history"),
+    state_dir: str = StateOpt,
+):
+    """Run a workstream from its plan to its close-out (resumes where it stopped).
+
+    Example: kinv run plans/3a-attention-occupancy.yaml --backend replay --approval auto
+    Exit codes: 0 closed out, 3 paused for an approval, 2 bad input, 1 failed.
+    """
+    from kinv.agent.investigation import run_plan
+
+    _state_dir(state_dir)
+    raise Exit(*run_plan(str(plan), backend, approval, state_dir, _console(), new_version=new_version))
+
+
+@app.command()
+def campaign(
+    plan: Path = typer.Argument(..., help="campaign plan (YAML with a campaign: section), e.g. plans/7-decode-ceiling.yaml"),
+    backend: str = typer.Option("auto", help="auto | cuda | replay"),
+    approval: str = typer.Option("ask", help="ask | auto-config | auto (auto also writes the final config)"),
+    executor: str = typer.Option("local", help="local | ray: where screening shards run (ray: one actor per GPU)"),
+    ray_address: str = typer.Option(None, "--ray-address", help="an existing Ray cluster (default: start one here)"),
+    ray_actors: int = typer.Option(None, "--ray-actors", help="actors (default: one per GPU; replay: 2 CPU actors)"),
+    state_dir: str = StateOpt,
+    as_json: bool = JsonOpt,
+):
+    """Run a campaign: kinv chains workstreams on its own (screen candidates with Optuna, confirm finalists
+    with the full A/B, adopt confirmed wins) until the goal, the budget or the backlog is spent, then proposes
+    one config through the approval gate.  Run it again to resume.
+
+    Example: kinv campaign plans/7-decode-ceiling.yaml --backend replay --approval auto
+    Exit codes: 0 done, 3 paused for an approval, 2 bad input, 1 failed.
+    """
+    import contextlib
+    import io
+
+    from kinv.agent import campaign as camp
+    from kinv.agent.investigation import EXIT_OK as DONE
+
+    _state_dir(state_dir)
+    con = _console()
+    quiet = io.StringIO()
+    if as_json:
+        from rich.console import Console
+
+        con = Console(file=quiet, width=100)
+    with contextlib.redirect_stdout(quiet) if as_json else contextlib.nullcontext():
+        code, line, summary = camp.run(camp.Settings(str(plan), backend, approval, state_dir, con, executor=executor,
+                                                     ray_address=ray_address, ray_actors=ray_actors))  # fmt: skip
+    if as_json and summary:
+        print(json.dumps({**summary, "exit": code, "message": line}, indent=2, default=str))
+        raise Exit(code, "" if code == DONE else line)
+    raise Exit(code, line)
+
+
+@app.command()
+def mcp(
+    allow_approve: bool = typer.Option(False, "--allow-approve", help="expose approve/reject to the agent (by default "
+                                       "only a person approves, in the CLI)"),
+    print_config: str = typer.Option(None, "--print-config", help="print the registration for a client: claude "
+                                     "(.mcp.json) or opencode (opencode.json) and exit"),
+    state_dir: str = StateOpt,
+):
+    """Serve kinv to a coding agent over MCP (stdio): read tools, background runs and campaigns, plans proposed by the
+    agent, close-outs as resources.  Kernel edits still wait for a person unless --allow-approve.
+
+    Example: kinv mcp --print-config claude > .mcp.json
+    """
+    from kinv.agent import mcp_server
+    from kinv.agent.store import state_dir as resolve
+
+    resolve(state_dir)  # a state dir that is a file is bad input here too
+    if print_config is not None:
+        print(mcp_server.print_config(print_config, state_dir))
+        return
+    try:
+        import mcp as _sdk  # noqa: F401
+    except ImportError:
+        raise Exit(EXIT_FAIL, "the mcp SDK is not installed: pip install -e '.[mcp]'") from None
+    mcp_server.serve(state_dir, allow_approve)
+
+
+@app.command()
+def resume(
+    ws: str = typer.Argument(..., help="workstream id, e.g. 3a or #3a"),
+    backend: str = typer.Option("auto", help="auto | cuda | replay (a run continues on the backend it started "
+                                             "with; another one is refused)"),
+    approval: str = typer.Option(None, help="ask | auto-config | auto (default: the policy the run started with)"),
+    state_dir: str = StateOpt,
+):
+    """Continue a paused, interrupted or killed workstream from its last checkpoint, under the approval policy
+    it was started with unless --approval says otherwise.
+
+    Example: kinv resume 3a
+    """
+    from kinv.agent.ids import norm_ws, shown
+
+    ws = _id(ws, "workstream id")
+    store = _store(state_dir)
+    row = store.workstream(norm_ws(ws))
+    if row is None:
+        known = ", ".join(w["id"] for w in store.workstreams()) or "none"
+        raise Exit(EXIT_BAD_INPUT, f"unknown workstream {shown(norm_ws(ws))}; known: {known}")
+    from kinv.agent.investigation import run_plan
+
+    raise Exit(*run_plan(row["plan_path"], backend, approval or row.get("approval") or "ask", state_dir, _console()))
+
+
+def _decide(approval_id: str, status: str, reason: str, state_dir) -> None:
+    approval_id = _id(approval_id, "approval id")
+    store = _store(state_dir)
+    row = store.approval(approval_id)
+    if row is None:
+        pend = ", ".join(a["id"] for a in store.approvals(status="pending")) or "none"
+        raise Exit(EXIT_BAD_INPUT, f"unknown approval {approval_id!r}; pending: {pend}")
+    if row["status"] != "pending":
+        raise Exit(EXIT_BAD_INPUT, f"approval {approval_id} is already {row['status']}; a decision is final")
+    if not store.decide_approval(approval_id, status, reason):
+        now = store.approval(approval_id) or {}
+        raise Exit(EXIT_BAD_INPUT, f"approval {approval_id} was already {now.get('status')} (decided first elsewhere); "
+                                   "a decision is final")  # fmt: skip
+    from kinv.agent.ids import continue_command
+
+    _console().print(f"{approval_id} {status}. Continue with: {continue_command(store, row['workstream'], state_dir)}",
+                     markup=False, highlight=False)
+
+
+@app.command()
+def approve(approval_id: str = typer.Argument(..., help="pending approval id (kinv pending)"), state_dir: str = StateOpt):
+    """Approve a pending kernel edit; then `kinv resume WS` continues.
+
+    Example: kinv approve 3a-V1-2
+    """
+    _decide(approval_id, "approved", "", state_dir)
+
+
+@app.command()
+def reject(
+    approval_id: str = typer.Argument(..., help="pending approval id (kinv pending)"),
+    reason: str = typer.Option(..., "--reason", help="why the edit is rejected (recorded)"),
+    state_dir: str = StateOpt,
+):
+    """Reject a pending kernel edit with a reason; the variant is cancelled.
+
+    Example: kinv reject 3a-V2-3 --reason "V2 needs 81 KB smem on our sm_120 fleet"
+    """
+    if not reason.strip():
+        raise Exit(EXIT_BAD_INPUT, "--reason is empty: say why the edit is rejected (it is recorded in the close-out)")
+    _decide(approval_id, "rejected", reason.strip(), state_dir)
