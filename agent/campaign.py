@@ -4,7 +4,7 @@ A campaign plan is a workstream plan with a ``campaign:`` section (plans/7-decod
 plan's baseline, the campaign repeats, within its budget and under the approval policy:
 
 1. **Pick** the top backlog item it can express as a search: an item with ``tunables`` inside the campaign's
-   space (BLOCK_T, num_stages, ...).  The planner ranks the backlog on the evidence so far
+   space (the plan's tunables).  The planner ranks the backlog on the evidence so far
    (agent.planner.recommend); items it cannot express (OEA, a kernel rewrite) stay recommendations.
 2. **Screen** candidates proposed by Optuna (TPE, or an exhaustive grid when the item's space is smaller
    than the trial budget; studies live in ``<state>/optuna.db``).  A candidate varies the item's tunables
@@ -17,7 +17,8 @@ plan's baseline, the campaign repeats, within its budget and under the approval 
 4. **Adopt in the campaign** only what was confirmed: at each level, the finalist with the largest
    confirmed improvement there becomes the incumbent (a level-conditional config when levels differ).
 
-It stops when the goal is met, the budget is spent, the workstream cap is reached, or no expressible item
+It stops when the goal is met (a fraction of copy bandwidth, or of the bound the kernel's adapter names:
+:meth:`KernelAdapter.roofline`), the budget is spent, the workstream cap is reached, or no expressible item
 is left.  Then a last workstream measures the final config against the starting baseline (on disk, or from the plan with ``baseline_on_disk: false``; the
 evidence for the change), and the campaign proposes it through the approval gate: with ``--approval
 auto`` it is written as a journaled patch with a commit message citing every close-out; otherwise an
@@ -347,26 +348,51 @@ class Campaign:
 
     def goal_met(self) -> str | None:
         goal = self.plan.campaign.goal
-        if goal.copy_fraction is None:
+        want = goal.fraction()
+        if want is None:
             return None
-        fr = self.copy_fractions()
+        fr = self.roofline_fractions()
         labels = set(goal.levels) or {lv.label for lv in self.plan.levels()}
         at = {lv.label: fr.get(lv.key) for lv in self.plan.levels() if lv.label in labels}
-        if at and all(v is not None and v >= goal.copy_fraction for v in at.values()):
-            return f"goal met: >= {goal.copy_fraction:.0%} of copy bandwidth at {', '.join(sorted(at))}"
+        if at and all(v is not None and v >= want for v in at.values()):
+            return f"goal met: >= {want:.0%} of {self.goal_bound()} at {', '.join(sorted(at))}"
         return None
 
-    def copy_fractions(self) -> dict[str, float]:
-        """level key -> the incumbent's measured fraction of copy bandwidth (latest confirmed median)."""
+    def goal_bound(self) -> str:
+        """What the goal's fraction is of: copy bandwidth (``copy_fraction``), or the bound the kernel's adapter
+        names at each goal level (``roofline_fraction``: copy bandwidth or the matrix peak)."""
+        goal = self.plan.campaign.goal
+        if goal.roofline_fraction is None:
+            return "copy bandwidth"
+        copy, peak = self.copy_gbps(), self.matrix_tflops()
+        labels = set(goal.levels) or {lv.label for lv in self.plan.levels()}
+        bounds = {r[1] for lv in self.plan.levels() if lv.label in labels
+                  for r in [self.plan.adapter.roofline(lv, copy, peak)] if r}  # fmt: skip
+        return {frozenset({"memory"}): "copy bandwidth", frozenset({"compute"}): "the matrix peak"}.get(
+            frozenset(bounds), "the roofline (copy bandwidth or the matrix peak, by level)")
+
+    def matrix_tflops(self) -> float | None:
+        """The plan device's matrix-unit peak, where the goal is the kernel's roofline (None for copy_fraction)."""
+        if self.plan.campaign.goal.roofline_fraction is None:
+            return None
+        from kinv.kernels.devices import get_device
+
+        return get_device(self.plan.device).matrix_tflops
+
+    def roofline_fractions(self) -> dict[str, float]:
+        """level key -> the incumbent's latest confirmed median as a fraction of the fewest seconds the kernel's
+        adapter allows there (:meth:`KernelAdapter.roofline`: copy bandwidth only for a ``copy_fraction`` goal)."""
         out = {}
         meas = self.incumbent_us()
         copy = self.copy_gbps()
         if not copy:
             return {}
+        peak = self.matrix_tflops()
         for lv in self.plan.levels():
             us = meas.get(lv.key)
-            if us:
-                out[lv.key] = self.plan.adapter.bytes_moved(lv) / (us * 1e-6) / 1e9 / copy
+            roof = self.plan.adapter.roofline(lv, copy, peak) if us else None
+            if roof:
+                out[lv.key] = roof[0] / (us * 1e-6)
         return out
 
     @property
@@ -418,7 +444,7 @@ class Campaign:
         ws_plan = load_plan(last["plan_path"])[0]
         results = {e["variant"]: {"verdict": e["verdict"]} for e in self.store.experiments(last["ws"])
                    if e["kind"] == "ab" and e["verdict"]}  # fmt: skip
-        fr = self.copy_fractions()
+        fr = self.roofline_fractions()
         headroom = 1 - max(fr.values()) if fr else None
         for r in planner.recommend(ws_plan, results, headroom, measured_by="the incumbent"):
             if r["id"] in ok:
@@ -787,9 +813,15 @@ class Campaign:
         load_plan(path)  # a plan kinv cannot read again is a bug here, not later
         return path
 
-    def _targets(self, step: dict) -> str:
-        item = next((i for i in self.plan.backlog if i.id == step["item"]), None)
-        return item.targets if item else "tile_shape"
+    def _targets(self, step: dict) -> str | None:
+        """The lever a step's variants pull: its backlog item's; for the final A/B (no item of its own), that of
+        the first item whose step changed the incumbent (None when no step did)."""
+        items = {i.id: i for i in self.plan.backlog}
+        if step["item"] in items:
+            return items[step["item"]].targets
+        won = (s["item"] for s in self.row["steps"] if s.get("incumbent_after") and s["item"] in items
+               and config_hash(s["incumbent_after"]) != config_hash(s["incumbent_before"]))  # fmt: skip
+        return next((items[i].targets for i in won), None)
 
     def confirm(self, step: dict) -> tuple[int, str]:
         from kinv.agent.investigation import EXIT_OK, run_plan
@@ -999,7 +1031,8 @@ class Campaign:
             "gpu_seconds": round(gpu, 3), "samples": n, "wall_seconds": round(self.wall(), 1),
             "stop_reason": row["stop_reason"], "adopted": (final or {}).get("adopted"),
             "adoption": (final or {}).get("adoption"),
-            "incumbent_us": self.incumbent_us(), "copy_fraction": self.copy_fractions(),
+            "incumbent_us": self.incumbent_us(), "roofline_fraction": self.roofline_fractions(),
+            "roofline": self.goal_bound(),
             "recommendation": (self.store.workstream(final["ws"]) or {}).get("recommendation") if final else None,
             "beyond_reach": [{"id": i.id, "title": i.title, "targets": i.targets} for i in plan.backlog
                              if not i.tunables],  # fmt: skip

@@ -12,7 +12,8 @@ import unicodedata
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from kinv.agent.ids import norm_ws
 from kinv.kernels.errors import BadInput
@@ -21,7 +22,6 @@ from kinv.kernels.launch_config import ConfigError, brief_repr, one_line
 WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")
 ITEM_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
-MAX_TARGET_CTAS = 1 << 20
 MAX_PLAN_BYTES = 256 * 1024
 PLAN_ROOT_DIRS = ("plans", "kernels")
 BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
@@ -147,8 +147,21 @@ class Budget(Strict):
 class CampaignGoal(Strict):
     copy_fraction: float | None = Field(None, gt=0, le=1, description="stop once the incumbent reaches this "
                                         "fraction of copy bandwidth (0.8 = 80%) at every goal level")
+    roofline_fraction: float | None = Field(None, gt=0, le=1, description="stop once the incumbent reaches this "
+                                            "fraction of the bound its kernel's adapter names at every goal level "
+                                            "(copy bandwidth or the device's matrix peak, whichever is slower)")
     levels: list[str] = Field(default_factory=list, description="level labels the goal applies to (default: every "
                               "level), e.g. [b32, b64, b96]")
+
+    @model_validator(mode="after")
+    def _one_goal(self):
+        if self.copy_fraction is not None and self.roofline_fraction is not None:
+            raise ValueError("give copy_fraction or roofline_fraction, not both")
+        return self
+
+    def fraction(self) -> float | None:
+        """The fraction the goal asks for, whichever bound it is of."""
+        return self.copy_fraction if self.roofline_fraction is None else self.roofline_fraction
 
 
 class Screening(Strict):
@@ -218,7 +231,7 @@ class Plan(Strict):
 
     @field_validator("environment")
     @classmethod
-    def _env(cls, v):
+    def _env(cls, v, info: ValidationInfo):
         for k, val in v.items():
             if not ENV_NAME.fullmatch(k):
                 raise ValueError(f"{brief_repr(k)} is not an environment variable name (A-Z, 0-9, _)")
@@ -226,9 +239,11 @@ class Plan(Strict):
                 raise ValueError(f"value of {k} is longer than 256 characters")
             if "\x00" in val:
                 raise ValueError(f"value of {k} contains a NUL character")
-        from kinv.agent.tools.envcheck import invalid_values
+        if "kernel" not in info.data:  # the kernel was refused: its rule for the environment is unknown
+            return v
+        from kinv.kernels.adapter import get_adapter
 
-        bad = invalid_values(v)
+        bad = get_adapter(info.data["kernel"]).invalid_env(v)
         if bad:
             raise ValueError(bad[0].replace(", which must", " must"))
         return v

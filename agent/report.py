@@ -66,12 +66,10 @@ def roofline(store: Store, ws: str, adapter, levels, copy_gbps: float | None, ma
     ridge = matrix_tflops * 1e12 / (copy_gbps * 1e9) if copy_gbps and matrix_tflops else None
     for lv in levels:
         b, f = adapter.bytes_moved(lv), adapter.flops(lv)
-        mem = b / (copy_gbps * 1e9) if copy_gbps else None
-        comp = f / (matrix_tflops * 1e12) if matrix_tflops else None
-        if mem is None and comp is None:
+        roof = adapter.roofline(lv, copy_gbps, matrix_tflops)
+        if roof is None:
             continue
-        bound = "compute" if comp is not None and (mem is None or comp > mem) else "memory"
-        floor = max(x for x in (mem, comp) if x is not None)
+        floor, bound = roof
         us, who = best.get(lv.key, (None, None))
         fraction = floor / (us * 1e-6) if us else None
         odd = None

@@ -220,6 +220,19 @@ class KernelAdapter(ABC):
         """Throughput a person reads at this level, in :attr:`throughput_unit`, for one call of ``us``."""
         return 1e6 / us
 
+    def roofline(self, level: Level, copy_gbps: float | None, matrix_tflops: float | None) -> tuple[float, str] | None:
+        """The fewest seconds one call can take at this level and what bounds it: ``(seconds, "memory")`` at the
+        device's copy bandwidth, ``(seconds, "compute")`` at its matrix peak, whichever is slower (None with
+        neither figure).  A campaign's goal and the close-out's roofline read it; override it for a kernel
+        bound by something else."""
+        mem = self.bytes_moved(level) / (copy_gbps * 1e9) if copy_gbps else None
+        comp = self.flops(level) / (matrix_tflops * 1e12) if matrix_tflops else None
+        if mem is None and comp is None:
+            return None
+        if comp is not None and (mem is None or comp > mem):
+            return comp, "compute"
+        return mem, "memory"
+
     # ---- the kernel ------------------------------------------------------------------
     @abstractmethod
     def make_inputs(self, level: Level, seed: int, device: str = "cuda", dtype=None, vary_lengths: bool = False) -> dict:
@@ -253,6 +266,13 @@ class KernelAdapter(ABC):
     @abstractmethod
     def resources(self, params: Params, level: Level, device: DeviceSpec, compiled=None) -> Resources:
         """Shared memory, registers, occupancy and feasibility of a config."""
+
+    def invalid_env(self, env: Mapping[str, str | None]) -> list[str]:
+        """What no run of this kernel could use in ``env`` (a plan's environment, a shell's or a process's values,
+        ``None`` for unset), one phrase each, naming the variable, its value and what is valid
+        (``"N='abc', which must be an integer from 1 to 64"``).  A plan with such a value is refused, and so is
+        ``kinv env`` in a shell that has one.  Default: every value is usable."""
+        return []
 
     def derived_env(self, level: Level, params: Params, environ: dict) -> dict:
         """Values derived from the environment at a level (e.g. split count)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 from kinv.kernels.adapter import KernelAdapter, Level, Resources, check_level_values
 from kinv.kernels.devices import DeviceSpec, occupancy
@@ -86,6 +87,7 @@ def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_sta
 MAX_LOCAL_HEADS = max(BLOCK_H_VALUES)
 GPU_CAPS = {"batch": 8, "context": 4096}
 CPU_CAPS = {"batch": 2, "context": 64, "page_size": 16}
+MAX_TARGET_CTAS = 1 << 20  # the most programs a split count is sized for (TARGET_CTAS)
 
 
 def local_heads(model_heads: int, attention_tp: int) -> int:
@@ -275,6 +277,13 @@ class MLADecodeAdapter(KernelAdapter):
         return 2 * level.batch * level.heads * level.context * (d_qk + d_v)
 
     # ---- environment and resources ---------------------------------------------
+    def invalid_env(self, env) -> list[str]:
+        val = env.get("TARGET_CTAS")
+        if val is None or (re.fullmatch(r"[0-9]{1,8}", val) and 1 <= int(val) <= MAX_TARGET_CTAS):
+            return []
+        shown = repr(val) if len(val) <= 40 else f"{val[:40]!r}... ({len(val)} characters)"
+        return [f"TARGET_CTAS={shown}, which must be an integer from 1 to {MAX_TARGET_CTAS}"]
+
     def derived_env(self, level: Level, params: Params, environ: dict) -> dict:
         from kinv.kernels.mla_decode import num_kv_splits, target_ctas_from_env
 

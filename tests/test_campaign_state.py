@@ -158,3 +158,31 @@ def test_sigterm_during_screening_restores_marks_the_campaign_interrupted_and_ex
     store = Store(env["KINV_STATE_DIR"])
     assert store.campaign("#7")["status"] == "interrupted"
     assert not [lk for lk in store.conn.execute("select workstream from locks")]  # the driver's lock is released
+
+
+def test_a_roofline_goal_is_met_against_the_bound_the_kernels_adapter_names(state_dir, monkeypatch):
+    """``roofline_fraction``: the incumbent against the fewest seconds the adapter allows at each goal level (here
+    a compute bound it names), not copy bandwidth; said in the stop reason."""
+    from kinv.agent.models import CampaignGoal
+
+    c, store, plan, start = _campaign(state_dir, [])
+    labels = ["b32", "b64", "b96"]
+    c.plan.campaign.goal = CampaignGoal(roofline_fraction=0.5, levels=labels)
+    floor = {lv.key: 1e-5 * (i + 1) for i, lv in enumerate(plan.levels())}  # seconds, per level
+    monkeypatch.setattr(type(plan.adapter), "roofline", lambda self, lv, copy, peak: (floor[lv.key], "compute"))
+    us = {lv.key: floor[lv.key] * 1e6 / 0.6 for lv in plan.levels()}  # 60% of the bound everywhere
+    step = {"item": "BTSWEEP", "ws": "#7a", "phase": "done", "incumbent_before": start, "incumbent_after": start,
+            "levels": {k: {"us": v, "by": "V1"} for k, v in us.items()}}  # fmt: skip
+    c.save(steps=[step])
+    assert c.goal_met() == "goal met: >= 50% of the matrix peak at b32, b64, b96"
+    c.plan.campaign.goal = CampaignGoal(roofline_fraction=0.7, levels=labels)
+    assert c.goal_met() is None  # 60% < 70%
+
+
+def test_a_campaign_goal_names_one_bound():
+    from pydantic import ValidationError
+
+    from kinv.agent.models import CampaignGoal
+
+    with pytest.raises(ValidationError, match="copy_fraction or roofline_fraction"):
+        CampaignGoal(copy_fraction=0.8, roofline_fraction=0.8)

@@ -98,7 +98,7 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
     p, _ = load_plan(plan)
     if pid is None:
         seen = {k: os.environ.get(k) for k in p.environment}
-        bad = envcheck.invalid_values(seen)  # a value no run could use (TARGET_CTAS=abc): bad input
+        bad = envcheck.invalid_values(seen, p.adapter)  # a value no run of the kernel could use: bad input
         if bad:
             raise Exit(EXIT_BAD_INPUT, f"this shell has {bad[0]}")
         mism = envcheck.compare(p.environment, seen)

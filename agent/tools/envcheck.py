@@ -51,20 +51,10 @@ def compare(expected: dict[str, str], seen: dict[str, str | None]) -> list[Misma
     return [Mismatch(var, want, seen.get(var)) for var, want in expected.items() if seen.get(var) != want]
 
 
-MAX_TARGET_CTAS = 1 << 20
-
-
-def invalid_values(env: dict[str, str | None]) -> list[str]:
-    """What no run could use, one phrase each (``TARGET_CTAS='abc', which must be an integer from 1 to
-    1048576``): the rule a plan's environment follows, applied to a shell's or a process's values."""
-    import re
-
-    out = []
-    val = env.get("TARGET_CTAS")
-    if val is not None and (not re.fullmatch(r"[0-9]{1,8}", val) or not 1 <= int(val) <= MAX_TARGET_CTAS):
-        shown = repr(val) if len(val) <= 40 else f"{val[:40]!r}... ({len(val)} characters)"
-        out.append(f"TARGET_CTAS={shown}, which must be an integer from 1 to {MAX_TARGET_CTAS}")
-    return out
+def invalid_values(env: dict[str, str | None], adapter) -> list[str]:
+    """What no run of ``adapter``'s kernel could use in ``env``, one phrase each: the rule a plan's environment
+    follows (:meth:`KernelAdapter.invalid_env`), applied to a shell's or a process's values."""
+    return list(adapter.invalid_env(env))
 
 
 def proc_environ(pid: int) -> dict[str, str]:
