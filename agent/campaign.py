@@ -40,13 +40,14 @@ from pathlib import Path
 from kinv.agent.ids import state_flag
 from kinv.agent.models import Plan, load_plan
 from kinv.agent.store import Store
+from kinv.kernels.errors import KinvError
 from kinv.kernels.launch_config import config_hash, describe
 
 STUDY_DB = "optuna.db"
 FINAL = "final"
 
 
-class CampaignError(RuntimeError):
+class CampaignError(KinvError, RuntimeError):
     """A campaign cannot go on; one line saying why."""
 
 

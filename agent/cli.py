@@ -9,13 +9,17 @@ triton or langgraph.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import typer
 
-from kinv.agent.commands.common import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, Exit, app
+from kinv.agent import logs
+from kinv.agent.commands.common import Exit, app
+from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, KinvError
 
 for _group in ("running", "measuring", "reading"):  # registers the commands in the order `kinv --help` lists them
     importlib.import_module(f"kinv.agent.commands.{_group}")
@@ -23,23 +27,41 @@ for _group in ("running", "measuring", "reading"):  # registers the commands in 
 
 # --------------------------------------------------------------------------- #
 _ARGV: list[str] | None = None
+log = logging.getLogger(__name__)
 
 
 def main(argv=None) -> int:
-    """Entry point: one line and an exit code for every domain error, never a traceback."""
+    """Entry point, and the one place errors become exits: a :class:`KinvError` is one line and its exit code
+    (2 bad input, 1 a failed step, 3 paused); a usage error is bad input; anything else is a bug: one line
+    naming the log, the traceback in the state dir's kinv.log, exit 1."""
     global _ARGV
     _ARGV = None if argv is None else list(argv)
+    handler = logs.attach(_log_dir() or Path(tempfile.gettempdir()) / "kinv-no-state")
+    try:
+        return _run(argv, handler)
+    finally:
+        logs.detach(handler)
+
+
+def _run(argv, handler) -> int:
     try:
         app(args=argv, standalone_mode=False)
         return EXIT_OK
-    except Exit as e:
-        if e.message:
-            (print if e.code == EXIT_OK else _err)(e.message)
-        return e.code
+    except KinvError as e:  # Exit included: a command's own exit with its line
+        if isinstance(e, Exit):
+            if e.message:
+                (print if e.exit_code == EXIT_OK else _err)(e.message)
+            return e.exit_code
+        line = _first_line(e)
+        if os.environ.get("KINV_DEBUG"):
+            raise
+        log.log(logging.INFO if e.exit_code == EXIT_BAD_INPUT else logging.ERROR, "exit %d: %s", e.exit_code, line)
+        _err(line)
+        return e.exit_code
     except KeyboardInterrupt:
         _err("interrupted")
         return EXIT_INTERRUPTED
-    except Exception as e:  # click usage errors, domain errors of the tools
+    except Exception as e:  # click usage errors, SQLite's and the OS's own failures, bugs
         import click
 
         # typer >= 0.2x raises its own vendored click's exceptions (typer.TyperException, typer.Exit,
@@ -51,53 +73,49 @@ def main(argv=None) -> int:
             return EXIT_OK
         if isinstance(e, click.ClickException) or (isinstance(e, typer.TyperException)
                                                    and hasattr(e, "format_message")):  # fmt: skip
-            _err((e.format_message().splitlines() or [type(e).__name__])[0])
+            # an enum option's bad value: "Invalid value for '--backend': 'gpu' is not one of 'auto', ..."
+            _err((e.format_message().splitlines() or [type(e).__name__])[0].replace(": Value error, ", ": "))
             return EXIT_BAD_INPUT
         if isinstance(e, click.exceptions.Abort | typer.Abort):
             _err("aborted")
             return EXIT_FAIL
-        from kinv.kernels.errors import BadInput
-
-        # bad input is one type (unknown ids, kernels, devices, formats, patches, a missing recording, no
-        # GPU for --backend cuda); a failed step is named by its class; any other exception, a ValueError
-        # included, is a bug: an internal error with its traceback in the log.
-        bad_input = isinstance(e, BadInput)
-        line = str(e).splitlines()[0] if str(e) else type(e).__name__
         if os.environ.get("KINV_DEBUG"):
             raise
-        if bad_input or _expected_failure(e):
-            _err(line)
-        elif _db_failure(e):
-            _err(_db_failure(e))
+        named = _db_failure(e) or _os_failure(e)
+        if named:  # the disk or a database failed under kinv: named, with what to do
+            log.error("%s", named, exc_info=e)
+            _err(named)
         else:  # a bug: one line here, the whole traceback in a log a person can attach to an issue
-            _err(f"internal error: {type(e).__name__}: {line}; traceback in {_log_traceback(e)}")
-        return EXIT_BAD_INPUT if bad_input else EXIT_FAIL
+            _err(f"internal error: {type(e).__name__}: {_first_line(e)}; traceback in {_log_traceback(e, handler)}")
+        return EXIT_FAIL
 
 
-_STEP_FAILURES = {"InvestigationError", "HarnessBroken", "StoreError", "BackendError", "LockedElsewhere",
-                  "RevertError", "EnvMismatch", "LockHeld", "Unreadable", "NotFound", "OSError"}
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e).strip() else type(e).__name__
 
 
-def _expected_failure(e: BaseException) -> bool:
-    """A step that failed for a reason kinv names (a broken harness, an env mismatch, a lock held, ...).
-    Matched by class name along the MRO, so a read command's error path imports nothing heavy."""
-    return any(c.__name__ in _STEP_FAILURES for c in type(e).__mro__)
+def _log_dir() -> Path | None:
+    """The state dir this command names (--state-dir, else $KINV_STATE_DIR, else ./state), or None when it
+    is bad input (the command itself refuses it)."""
+    from kinv.agent.store import state_dir
 
-
-def _log_traceback(e: BaseException) -> str:
-    import tempfile
-    import time
-    import traceback
-
-    path = _state_dir_arg() or Path(os.environ.get("KINV_STATE_DIR") or "state")
-    path = path / "kinv-errors.log" if path.is_dir() else Path(tempfile.gettempdir()) / "kinv-errors.log"
+    if "KINV_STATE_DIR" in os.environ and not os.environ["KINV_STATE_DIR"].strip() and _state_dir_arg() is None:
+        return None
     try:
-        with open(path, "a") as fh:
-            fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime())} kinv {' '.join(sys.argv[1:])}\n")
-            fh.write("".join(traceback.format_exception(e)))
-    except OSError:
+        return state_dir(_state_dir_arg())
+    except (KinvError, OSError):
+        return None
+
+
+def _log_traceback(e: BaseException, handler: logs.StateDirLog) -> str:
+    """The traceback into the state dir's kinv.log (the temp dir's where this command has no state dir)."""
+    if not handler.directory.is_dir():
+        handler.retarget(tempfile.gettempdir())
+    log.error("internal error in kinv %s", " ".join(sys.argv[1:] if _ARGV is None else _ARGV), exc_info=e)
+    handler.flush()
+    if not handler.path.is_file():
         return "(the log could not be written; set KINV_DEBUG=1 to see the traceback)"
-    return str(path)
+    return str(handler.path)
 
 
 def _state_dir_arg() -> Path | None:
@@ -109,6 +127,17 @@ def _state_dir_arg() -> Path | None:
         if a.startswith("--state-dir="):
             return Path(a.split("=", 1)[1])
     return None
+
+
+def _os_failure(e: BaseException) -> str | None:
+    """One line for a full, read-only or failing disk under a write kinv makes (its own files: a missing
+    file a user named is refused as bad input where it is read)."""
+    import errno
+
+    if not isinstance(e, OSError) or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
+        return None
+    where = f" {e.filename}" if e.filename else ""
+    return f"cannot write{where}: {e.strerror or e}; free space there (or make it writable) and run again"
 
 
 def _db_failure(e: BaseException) -> str | None:

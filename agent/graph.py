@@ -20,18 +20,20 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
 from kinv.agent import faults, planner
+from kinv.agent.enums import Approval
 from kinv.agent.models import Plan
 from kinv.agent.store import Store
 from kinv.agent.tools import bench, configs, correctness, envcheck, resources
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.devices import get_device
+from kinv.kernels.errors import KinvError
 from kinv.kernels.launch_config import config_hash, describe
 
-APPROVAL_POLICIES = ("ask", "auto-config", "auto")
+APPROVAL_POLICIES = tuple(Approval)
 RECURSION_LIMIT = 200
 
 
-class InvestigationError(RuntimeError):
+class InvestigationError(KinvError, RuntimeError):
     """The investigation cannot go on; one line says why."""
 
 
@@ -246,9 +248,9 @@ def _baseline_note(ctx: Context, vid: str, cfg: dict) -> str:
 
 
 def _needs_approval(ctx: Context, cfg: dict, source_patch: bool) -> bool:
-    if ctx.approval == "auto":
+    if ctx.approval == Approval.AUTO:
         return False
-    if ctx.approval == "ask" or source_patch:
+    if ctx.approval == Approval.ASK or source_patch:
         return True
     bounds = ctx.plan.bounds
     items = [cfg] + list(cfg.get("overrides", []))

@@ -5,6 +5,7 @@ The CLI calls these and turns their (exit code, message) into an exit.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -16,9 +17,9 @@ from kinv.agent.graph import APPROVAL_POLICIES, Context, InvestigationError, bui
 from kinv.agent.models import load_plan
 from kinv.agent.store import Store
 from kinv.agent.store import state_dir as state_path
-from kinv.kernels.errors import BadInput
+from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PAUSED, BadInput
 
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_PAUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+log = logging.getLogger(__name__)
 
 
 def _on_signals():
@@ -44,6 +45,14 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
              backend_obj=None) -> tuple[int, str]:  # fmt: skip
     """``kinv run``: the workstream's graph from its plan.  ``backend_obj`` (a campaign's Ray backend) measures
     in place of a backend made from the name ``backend``."""
+    log.info("run %s: backend %s, approval %s%s", plan_path, backend, approval, ", new version" if new_version else "")
+    code, message = _run_plan(plan_path, backend, approval, state_dir, console, new_version, backend_obj)
+    log.info("run %s ended: exit %d: %s", plan_path, code, message)
+    return code, message
+
+
+def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, new_version: bool,
+              backend_obj) -> tuple[int, str]:  # fmt: skip
     from langgraph.types import Command
 
     from kinv.agent import stats

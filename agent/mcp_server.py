@@ -32,6 +32,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kinv.agent import views  # the tools' return types: FastMCP reads them from the module's globals
+from kinv.agent.enums import Approval, BackendName
+
+# the tools' choices, from the enums (FastMCP reads annotations from the module's globals): a JSON-schema enum
+BackendChoice = Literal[tuple(m.value for m in BackendName)]
+ApprovalChoice = Literal[tuple(m.value for m in Approval)]
 
 PLAN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}")
 CLIENTS = ("claude", "opencode")
@@ -103,8 +108,8 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
         from kinv.agent.models import PlanError, load_plan
 
         path = plan_file(plan)
-        choice(backend, ("auto", "cuda", "replay"), "backend")
-        choice(approval, ("ask", "auto-config", "auto"), "approval")
+        choice(backend, tuple(BackendName), "backend")
+        choice(approval, tuple(Approval), "approval")
         try:
             return (path, *load_plan(path))
         except PlanError as exc:
@@ -217,8 +222,8 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
 
     # ---- act tools --------------------------------------------------------------------------
     @server.tool()
-    def run(plan: str, backend: Literal["auto", "cuda", "replay"] = "auto",
-            approval: Literal["ask", "auto-config", "auto"] = "ask") -> dict[str, Any]:  # fmt: skip
+    def run(plan: str, backend: BackendChoice = BackendName.AUTO.value,
+            approval: ApprovalChoice = Approval.ASK.value) -> dict[str, Any]:  # fmt: skip
         """Start a workstream from its plan in the background (kinv run); returns at once with the workstream id.
         Watch it with status; kernel edits wait in pending for a person unless approval is auto."""
         path, p, h = checked_plan(plan, backend, approval)
@@ -228,10 +233,10 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
         return {"workstream": p.ws, "plan_hash": h, **started, "pending_approvals": [a.id for a in waiting(p.ws)]}
 
     @server.tool()
-    def resume(ws: str, backend: Literal["auto", "cuda", "replay"] = "auto") -> dict[str, Any]:
+    def resume(ws: str, backend: BackendChoice = BackendName.AUTO.value) -> dict[str, Any]:
         """Continue a paused, interrupted or killed workstream in the background (kinv resume), under the
         approval policy it started with; returns at once."""
-        choice(backend, ("auto", "cuda", "replay"), "backend")
+        choice(backend, tuple(BackendName), "backend")
         wsid = read(lambda: views.resolve_ws(store(), ws))
         left = waiting(wsid)
         if left:
@@ -241,8 +246,8 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
         return {"workstream": wsid, **started, "pending_approvals": []}
 
     @server.tool()
-    def campaign(plan: str, backend: Literal["auto", "cuda", "replay"] = "auto",
-                 approval: Literal["ask", "auto-config", "auto"] = "auto-config") -> dict[str, Any]:  # fmt: skip
+    def campaign(plan: str, backend: BackendChoice = BackendName.AUTO.value,
+                 approval: ApprovalChoice = Approval.AUTO_CONFIG.value) -> dict[str, Any]:  # fmt: skip
         """Start (or resume) a campaign in the background (kinv campaign): kinv chains workstreams on its own and
         proposes one config at the end; returns at once with the campaign id."""
         from kinv.agent.campaign import campaign_id
@@ -257,11 +262,11 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
 
     @server.tool()
     async def bench(plan: str = "plans/3a-attention-occupancy.yaml", variant: str | None = None,
-                    backend: Literal["auto", "cuda", "replay"] = "auto", samples: int = 5) -> dict[str, Any]:  # fmt: skip
+                    backend: BackendChoice = BackendName.AUTO.value, samples: int = 5) -> dict[str, Any]:  # fmt: skip
         """Time the live config at the plan's levels (µs, GB/s, % of copy bandwidth), or A/B a variant such as
         num_warps=8 against it with a verdict (kinv bench --json)."""
         path = plan_file(plan)
-        choice(backend, ("auto", "cuda", "replay"), "backend")
+        choice(backend, tuple(BackendName), "backend")
         if not isinstance(samples, int) or not 1 <= samples <= 1000:
             raise ToolError(f"samples {samples!r} must be an integer from 1 to 1000")
         args = ["bench", "--plan", str(path), "--backend", backend, "--samples", str(samples)]
@@ -277,7 +282,7 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
         """A/A of the live config at the plan's levels: round noise, between-worker offset, outliers, and whether
         the plan's thresholds are decidable (kinv noise --json)."""
         path = plan_file(plan)
-        choice(backend, ("auto", "cuda", "replay"), "backend")
+        choice(backend, tuple(BackendName), "backend")
         if not isinstance(rounds, int) or not 3 <= rounds <= 1000:
             raise ToolError(f"rounds {rounds!r} must be an integer from 3 to 1000")
         if not isinstance(workers, int) or not 2 <= workers <= 8:

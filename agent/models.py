@@ -532,7 +532,7 @@ def _load_plan(path: Path) -> tuple[Plan, str]:
     return plan, hashlib.sha256(raw).hexdigest()[:12]
 
 
-class _TooBig(Exception):
+class _TooBig(BadInput):
     pass
 
 

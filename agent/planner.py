@@ -20,6 +20,7 @@ Rules
 
 from __future__ import annotations
 
+from kinv.agent.enums import LevelVerdict, Verdict
 from kinv.agent.models import Plan, Variant
 from kinv.agent.store import Store
 
@@ -81,13 +82,13 @@ def moot_reason(variant: Variant, results: dict) -> str | None:
     if prior is None:
         return f"moot: {req.variant} was not measured"
     levels = prior.get("levels", {})
-    improved = [lv for lv, v in levels.items() if v == "improved"]
+    improved = [lv for lv, v in levels.items() if v == LevelVerdict.IMPROVED]
     if req.improves_somewhere and not improved:
-        if levels and all(v == "regressed" for v in levels.values()):
+        if levels and all(v == LevelVerdict.REGRESSED for v in levels.values()):
             return f"moot: {req.variant} regressed at every level"
-        if prior.get("verdict") == "incorrect":
+        if prior.get("verdict") == Verdict.INCORRECT:
             return f"moot: {req.variant} was incorrect"
-        if prior.get("verdict") == "infeasible":
+        if prior.get("verdict") == Verdict.INFEASIBLE:
             return f"moot: {req.variant} was infeasible"
         return f"moot: {req.variant} improved at no level ({prior.get('verdict')})"
     return None
@@ -119,7 +120,7 @@ def level_conditional(plan: Plan, variant: Variant, levels: dict[str, str]) -> d
     spec = plan.adapter.spec
     dims, choices = list(spec.override_dims), list(spec.override_choices)
     by_key = {lv.key: lv for lv in plan.levels()}
-    improved = [by_key[k] for k, v in levels.items() if v == "improved" and k in by_key]
+    improved = [by_key[k] for k, v in levels.items() if v == LevelVerdict.IMPROVED and k in by_key]
     if not improved or not (dims or choices):
         return None
     cfg, base = plan.variant_config(variant), plan.baseline
@@ -145,8 +146,8 @@ def _beat(result: dict) -> bool:
     no levels (a campaign's summary) beat it when it was accepted."""
     got = set((result.get("levels") or {}).values())
     if not got:
-        return result.get("verdict") == "accept"
-    return "improved" in got and "regressed" not in got
+        return result.get("verdict") == Verdict.ACCEPT
+    return LevelVerdict.IMPROVED in got and LevelVerdict.REGRESSED not in got
 
 
 def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "copy bandwidth",
@@ -168,12 +169,12 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
     """
     occupancy_ids = [v.id for v in plan.variants if v.targets == "occupancy"]
     occ = [results[i] for i in occupancy_ids if i in results]
-    occ_refuted = (bool(occ) and all(r.get("verdict") in ("reject", "incorrect", "infeasible") for r in occ)
+    occ_refuted = (bool(occ) and all(r.get("verdict") in (Verdict.REJECT, Verdict.INCORRECT, Verdict.INFEASIBLE) for r in occ)
                    and not set(occupancy_ids) & set(unmeasured))  # fmt: skip
-    occ_won = any(r.get("verdict") == "accept" for r in occ)
+    occ_won = any(r.get("verdict") == Verdict.ACCEPT for r in occ)
     all_rejected = bool(results) and not any(_beat(r) for r in results.values())
     tile_won = [v.id for v in plan.variants if v.targets == "tile_shape" and v.id in results
-                and results[v.id].get("verdict") in ("accept", "mixed")]  # fmt: skip
+                and results[v.id].get("verdict") in (Verdict.ACCEPT, Verdict.MIXED)]  # fmt: skip
     incumbent = measured_by or "the baseline"
     ranked = []
     for item in plan.backlog:

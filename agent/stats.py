@@ -105,6 +105,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from kinv.kernels.errors import KinvError
+
 LEVEL_VERDICTS = ("improved", "regressed", "equivalent", "undecided")
 VARIANT_VERDICTS = ("accept", "reject", "mixed", "inconclusive")
 
@@ -410,7 +412,7 @@ def aa_noise(
     )  # fmt: skip
 
 
-class HarnessBroken(RuntimeError):
+class HarnessBroken(KinvError, RuntimeError):
     """The A/A shows two arms of the same config confidently further apart than the threshold."""
 
     def __init__(self, message: str, levels: Sequence[str] = ()) -> None:

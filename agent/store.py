@@ -9,6 +9,7 @@ imports) is loaded on the first write, so read commands stay fast.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -17,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kinv.agent import faults
-from kinv.kernels.errors import BadInput
+from kinv.kernels.errors import BadInput, KinvError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -26,7 +29,7 @@ DB_NAME = "kinv.db"
 CHECKPOINTS_NAME = "checkpoints.db"
 
 
-class StoreError(RuntimeError):
+class StoreError(KinvError, RuntimeError):
     """A state-store problem a user can act on (message says how)."""
 
 
@@ -372,7 +375,11 @@ class Store:
                     f"no kinv state at {self.dir}: start an investigation with "
                     "`kinv run plans/3a-attention-occupancy.yaml`, or point --state-dir / KINV_STATE_DIR at one"
                 )
-            self.dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+            except (PermissionError, FileExistsError, NotADirectoryError) as exc:  # a dir a user named
+                raise StateDirError(f"cannot create the state dir {self.dir}: {exc.strerror or exc}; name a "
+                                    "directory kinv can create or write (--state-dir or KINV_STATE_DIR)") from None
         elif self.path.stat().st_size == 0 and (seen := earlier_runs(self.dir)):
             raise StateDamaged(f"{self.path} is empty (truncated?) although {seen}: its records are lost; "
                                f"{live_patch_line(self.dir)}")  # fmt: skip
@@ -813,6 +820,7 @@ class Store:
         return cur.rowcount == 1
 
     def event(self, ws_id: str | None, kind: str, message: str, data: dict | None = None) -> None:
+        log.info("%s %s: %s", ws_id or "-", kind, message)  # patches, reverts, checks, approvals: kinv.log too
         self._insert("events", {"workstream": ws_id, "t": now(), "kind": kind, "message": message,
                                 "data": json.dumps(data or {}, default=str)})  # fmt: skip
 

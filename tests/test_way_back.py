@@ -59,15 +59,20 @@ def test_an_internal_failure_is_not_bad_input_one_line_and_the_traceback_in_a_lo
 
     env = _env(tmp_path, state_dir)
     assert _kinv(env, "run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval", "ask").returncode == 3
+    # the run's key steps are in the state dir's log, from its first line (before the state dir existed)
+    ran = (Path(state_dir) / "kinv.log").read_text()
+    assert " INFO " in ran and "backend replay, approval ask" in ran and "REPLAY backend" in ran, ran
+    assert "patch" in ran or "approval" in ran, ran
+    assert "ended: exit 3: waiting for approval" in ran and "Traceback" not in ran, ran
     conn = sqlite3.connect(Path(state_dir) / "kinv.db")
     conn.execute("drop table verdicts")  # damage kinv cannot explain: a bug-shaped failure
     conn.commit()
     conn.close()
     r = _kinv(env, "show", "3")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    assert "internal error" in r.stderr and "kinv-errors.log" in r.stderr
-    log = (Path(state_dir) / "kinv-errors.log").read_text()
-    assert "Traceback" in log and "no such table: verdicts" in log
+    assert "internal error" in r.stderr and str(Path(state_dir) / "kinv.log") in r.stderr
+    log = (Path(state_dir) / "kinv.log").read_text()
+    assert log.startswith(ran) and "Traceback" in log and "no such table: verdicts" in log
 
 
 def test_the_error_log_follows_state_dir_not_the_working_directory(tmp_path, state_dir):
@@ -89,9 +94,9 @@ def test_the_error_log_follows_state_dir_not_the_working_directory(tmp_path, sta
     env["PYTHONPATH"] = str(ROOT)
     r = run_kinv(env, "status", "--state-dir", str(other), cwd=cwd)
     assert r.returncode == 1 and "internal error" in r.stderr, r.stderr
-    assert str(other / "kinv-errors.log") in r.stderr
-    assert "no such table: experiments" in (other / "kinv-errors.log").read_text()
-    assert not (cwd / "state" / "kinv-errors.log").exists() and not Path(state_dir).exists()
+    assert str(other / "kinv.log") in r.stderr
+    assert "no such table: experiments" in (other / "kinv.log").read_text()
+    assert not (cwd / "state" / "kinv.log").exists() and not Path(state_dir).exists()
 
 
 def _corrupt_header(db: Path) -> None:

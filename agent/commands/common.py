@@ -9,13 +9,12 @@ from pathlib import Path
 
 import typer
 
+from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, KinvError  # noqa: F401  (the commands import them here)
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="kinv: kernel-optimization investigations with todo tracking, approvals and close-outs.\n\n"
                        "Example: kinv run plans/3a-attention-occupancy.yaml --approval auto")  # fmt: skip
-
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_PAUSED = 0, 1, 2, 3
-EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP: state restored, resumable
 
 
 def _state_dir_ok(value):
@@ -30,11 +29,17 @@ def _state_dir_ok(value):
 StateOpt = typer.Option(None, "--state-dir", callback=_state_dir_ok,
                         help="state directory (default ./state or $KINV_STATE_DIR)")
 JsonOpt = typer.Option(False, "--json", help="print the documented JSON instead of tables")
+BACKEND_HELP = "where samples come from (auto: cuda when a GPU is visible, else replay)"
+APPROVAL_HELP = ("who approves kernel edits (ask: a person, every edit; auto-config: config edits within the "
+                 "plan's bounds go ahead; auto: every edit goes ahead)")
 
 
-class Exit(Exception):
+class Exit(KinvError):
+    """A command's end: its exit code and the line it prints (stdout for exit 0, stderr otherwise)."""
+
     def __init__(self, code: int, message: str = ""):
-        self.code, self.message = code, message
+        super().__init__(message)
+        self.exit_code, self.message = code, message
 
 
 def _version(value: bool) -> None:

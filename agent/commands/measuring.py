@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from kinv.agent.commands.common import (
+    BACKEND_HELP,
     EXIT_BAD_INPUT,
     EXIT_FAIL,
     EXIT_OK,
@@ -21,6 +22,7 @@ from kinv.agent.commands.common import (
     _store,
     app,
 )
+from kinv.agent.enums import BackendName
 
 # --------------------------------------------------------------------------- #
 # measuring
@@ -34,7 +36,7 @@ def bench(
     plan: Path = PlanOpt,
     config: Path = typer.Option(None, help="config JSON to time (default: the kernel's live config)"),
     variant: str = typer.Option(None, help="A/B against the live config: tunable changes such as num_warps=8"),
-    backend: str = typer.Option("auto", help="auto | cuda | replay"),
+    backend: BackendName = typer.Option(BackendName.AUTO, help=BACKEND_HELP),
     samples: int = typer.Option(5, min=1, max=1000, help="samples per level for a single config"),
     rounds: int = typer.Option(32, min=2, max=1000, help="max ABBA rounds for --variant"),
     state_dir: str = StateOpt,
@@ -48,7 +50,7 @@ def bench(
     from kinv.agent.investigation import bench_command
 
     _state_dir(state_dir)
-    raise Exit(*bench_command(plan, config, variant, backend, samples, rounds, state_dir, as_json, _console()))
+    raise Exit(*bench_command(plan, config, variant, backend.value, samples, rounds, state_dir, as_json, _console()))
 
 
 @app.command()
@@ -56,7 +58,7 @@ def noise(
     plan: Path = PlanOpt,
     rounds: int = typer.Option(16, min=3, max=1000, help="A/A rounds (every worker in every round)"),
     workers: int = typer.Option(4, min=2, max=8, help="baseline workers: they measure the between-arm offset"),
-    backend: str = typer.Option("auto", help="auto | cuda | replay"),
+    backend: BackendName = typer.Option(BackendName.AUTO, help=BACKEND_HELP),
     state_dir: str = StateOpt,
     as_json: bool = JsonOpt,
 ):
@@ -69,7 +71,7 @@ def noise(
     from kinv.agent.investigation import noise_command
 
     _state_dir(state_dir)
-    raise Exit(*noise_command(plan, rounds, backend, state_dir, as_json, _console(), arms_n=workers))
+    raise Exit(*noise_command(plan, rounds, backend.value, state_dir, as_json, _console(), arms_n=workers))
 
 
 @app.command()
@@ -123,7 +125,7 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
 def adopt(ws: str = typer.Argument(..., help="workstream id, e.g. 3b"),
           variant: str = typer.Argument(..., help="the variant to adopt, e.g. V1"),
           yes: bool = typer.Option(False, "--yes", help="write it (without: show the diff and message only)"),
-          backend: str = typer.Option("auto", help="auto | cuda | replay: where the confirming A/B against the "
+          backend: BackendName = typer.Option(BackendName.AUTO, help="where the confirming A/B against the "
                                                    "live file runs, when the variant was measured against another"),
           state_dir: str = StateOpt, as_json: bool = JsonOpt):  # fmt: skip
     """Adopt a measured winner: its config (a mixed one's per-level overrides, or its source patch) written to
@@ -136,15 +138,13 @@ def adopt(ws: str = typer.Argument(..., help="workstream id, e.g. 3b"),
     """
     from kinv.agent import views
     from kinv.agent.tools import adopt as adopt_tool
-    from kinv.agent.tools import bench, configs
+    from kinv.agent.tools import configs
 
     ws = _id(ws, "workstream id")
-    if backend not in bench.BACKENDS:
-        raise Exit(EXIT_BAD_INPUT, f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
     store = _store(state_dir)
     wsid = views.resolve_ws(store, ws)
     say = None if as_json else (lambda m: _console().print(m, markup=False))  # --json: stderr is for the refusal
-    a = adopt_tool.prepare(store, wsid, variant.strip(), backend=backend, progress=say)
+    a = adopt_tool.prepare(store, wsid, variant.strip(), backend=backend.value, progress=say)
     if not yes:
         if as_json:
             print(adopt_tool.as_json(a))

@@ -216,7 +216,11 @@ def report(ws: str = typer.Argument(..., help="workstream id"), out: Path = type
     if out:
         import shutil
 
-        out.write_text(text)
+        try:
+            out.write_text(text)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+            raise Exit(EXIT_BAD_INPUT, f"--out {out}: cannot write it ({exc.strerror or exc}); name a file in a "
+                                       "writable directory") from None  # fmt: skip
         png = Path(row["report_path"]).with_suffix(".png")
         if png.exists():
             shutil.copy(png, out.with_suffix(".png"))

@@ -8,6 +8,8 @@ from pathlib import Path
 import typer
 
 from kinv.agent.commands.common import (
+    APPROVAL_HELP,
+    BACKEND_HELP,
     EXIT_BAD_INPUT,
     EXIT_FAIL,
     Exit,
@@ -19,6 +21,7 @@ from kinv.agent.commands.common import (
     _store,
     app,
 )
+from kinv.agent.enums import Approval, BackendName
 
 
 # --------------------------------------------------------------------------- #
@@ -27,8 +30,8 @@ from kinv.agent.commands.common import (
 @app.command()
 def run(
     plan: Path = typer.Argument(..., help="workstream plan (YAML), e.g. plans/3a-attention-occupancy.yaml"),
-    backend: str = typer.Option("auto", help="auto | cuda | replay"),
-    approval: str = typer.Option("ask", help="ask | auto-config | auto"),
+    backend: BackendName = typer.Option(BackendName.AUTO, help=BACKEND_HELP),
+    approval: Approval = typer.Option(Approval.ASK, help=APPROVAL_HELP),
     new_version: bool = typer.Option(False, "--new-version", help="start the workstream again under this (changed) "
                                      "plan; the earlier version stays in history"),
     state_dir: str = StateOpt,
@@ -41,14 +44,14 @@ def run(
     from kinv.agent.investigation import run_plan
 
     _state_dir(state_dir)
-    raise Exit(*run_plan(str(plan), backend, approval, state_dir, _console(), new_version=new_version))
+    raise Exit(*run_plan(str(plan), backend.value, approval.value, state_dir, _console(), new_version=new_version))
 
 
 @app.command()
 def campaign(
     plan: Path = typer.Argument(..., help="campaign plan (YAML with a campaign: section), e.g. plans/7-decode-ceiling.yaml"),
-    backend: str = typer.Option("auto", help="auto | cuda | replay"),
-    approval: str = typer.Option("ask", help="ask | auto-config | auto (auto also writes the final config)"),
+    backend: BackendName = typer.Option(BackendName.AUTO, help=BACKEND_HELP),
+    approval: Approval = typer.Option(Approval.ASK, help=APPROVAL_HELP + " (auto also writes the final config)"),
     executor: str = typer.Option("local", help="local | ray: where screening shards run (ray: one actor per GPU)"),
     ray_address: str = typer.Option(None, "--ray-address", help="an existing Ray cluster (default: start one here)"),
     ray_actors: int = typer.Option(None, "--ray-actors", help="actors (default: one per GPU; replay: 2 CPU actors)"),
@@ -76,7 +79,7 @@ def campaign(
 
         con = Console(file=quiet, width=100)
     with contextlib.redirect_stdout(quiet) if as_json else contextlib.nullcontext():
-        code, line, summary = camp.run(camp.Settings(str(plan), backend, approval, state_dir, con, executor=executor,
+        code, line, summary = camp.run(camp.Settings(str(plan), backend.value, approval.value, state_dir, con, executor=executor,
                                                      ray_address=ray_address, ray_actors=ray_actors))  # fmt: skip
     if as_json and summary:
         print(json.dumps({**summary, "exit": code, "message": line}, indent=2, default=str))
@@ -114,9 +117,9 @@ def mcp(
 @app.command()
 def resume(
     ws: str = typer.Argument(..., help="workstream id, e.g. 3a or #3a"),
-    backend: str = typer.Option("auto", help="auto | cuda | replay (a run continues on the backend it started "
-                                             "with; another one is refused)"),
-    approval: str = typer.Option(None, help="ask | auto-config | auto (default: the policy the run started with)"),
+    backend: BackendName = typer.Option(BackendName.AUTO, help="a run continues on the backend it started with; another "
+                                                              "one is refused"),
+    approval: Approval = typer.Option(None, help=APPROVAL_HELP + " (default: the policy the run started with)"),
     state_dir: str = StateOpt,
 ):
     """Continue a paused, interrupted or killed workstream from its last checkpoint, under the approval policy
@@ -134,7 +137,8 @@ def resume(
         raise Exit(EXIT_BAD_INPUT, f"unknown workstream {shown(norm_ws(ws))}; known: {known}")
     from kinv.agent.investigation import run_plan
 
-    raise Exit(*run_plan(row["plan_path"], backend, approval or row.get("approval") or "ask", state_dir, _console()))
+    policy = approval.value if approval else row.get("approval") or Approval.ASK.value
+    raise Exit(*run_plan(row["plan_path"], backend.value, policy, state_dir, _console()))
 
 
 def _decide(approval_id: str, status: str, reason: str, state_dir) -> None:

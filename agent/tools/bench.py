@@ -28,7 +28,7 @@ from pathlib import Path
 from kinv.agent.tools import bench_worker
 from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
 from kinv.kernels.adapter import KERNELS_DIR, Level, get_adapter
-from kinv.kernels.errors import BadInput
+from kinv.kernels.errors import BadInput, KinvError
 from kinv.kernels.launch_config import config_hash, describe
 
 BACKENDS = ("auto", "cuda", "replay")
@@ -38,7 +38,7 @@ ROUND_SEED0 = 1000
 (and cancel in its paired log-ratio); the memory placement is each arm's own, re-drawn every round."""
 
 
-class BackendError(RuntimeError):
+class BackendError(KinvError, RuntimeError):
     """A backend cannot serve this request; one line, names what is valid."""
 
 

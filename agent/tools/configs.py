@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kinv.agent import faults
-from kinv.kernels.errors import BadInput
+from kinv.kernels.errors import BadInput, KinvError
 from kinv.kernels.launch_config import ConfigError, load_config, validate_config
 
 if TYPE_CHECKING:
@@ -43,14 +43,14 @@ class PatchError(BadInput):
     """A patch that cannot be applied; nothing was changed.  One line naming the bad value."""
 
 
-class RevertError(RuntimeError):
+class RevertError(KinvError, RuntimeError):
     """A file could not be restored to its recorded baseline."""
 
 
 # --------------------------------------------------------------------------- #
 # hashing, rendering, diffs
 # --------------------------------------------------------------------------- #
-class LockedElsewhere(RuntimeError):
+class LockedElsewhere(KinvError, RuntimeError):
     """Another kinv run (possibly of another state dir) holds the kernel's live config file."""
 
 

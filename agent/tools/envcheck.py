@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kinv.kernels.errors import BadInput
+from kinv.kernels.errors import BadInput, KinvError
 
 if TYPE_CHECKING:
     from kinv.agent.store import Store
@@ -27,7 +27,7 @@ class EnvCheckError(BadInput):
     """The environment could not be read (no such process, no permission)."""
 
 
-class EnvMismatch(RuntimeError):
+class EnvMismatch(KinvError, RuntimeError):
     """A worker or process does not have the expected environment; one line naming var, expected, seen."""
 
     def __init__(self, message: str, mismatches: list[Mismatch]):

@@ -20,13 +20,14 @@ from __future__ import annotations
 import os
 
 from kinv.agent.tools.screening import screen_shard
+from kinv.kernels.errors import KinvError
 
 EXECUTORS = ("local", "ray")
 ENV_FOR_ACTORS = ("KINV_FORCE_NO_GPU", "KINV_RECORDINGS", "KINV_CONFIG_DIR", "TRITON_INTERPRET", "TRITON_CACHE_DIR", "PYTHONPATH",
                   "KINV_EXECUTOR_FAULT", "KINV_EXECUTOR_FAULT_MARKER")  # fmt: skip
 
 
-class ExecutorError(RuntimeError):
+class ExecutorError(KinvError, RuntimeError):
     """The executor cannot run (Ray missing, no GPU in the cluster, every actor lost); one line."""
 
 

@@ -14,8 +14,10 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from kinv.kernels.errors import KinvError
 
-class IncumbentFailed(RuntimeError):
+
+class IncumbentFailed(KinvError, RuntimeError):
     """The incumbent's own worker failed: the shard has no reference to pair its candidates with."""
 
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from kinv import IMPORT_ROOT
+from kinv.kernels.errors import KinvError
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (or the installed kinv/): the worker's cwd
 
@@ -74,11 +75,11 @@ def watch_parent(every: float = 0.5) -> None:
     threading.Thread(target=watch, daemon=True, name="kinv-watch-parent").start()
 
 
-class WorkerCrashed(RuntimeError):
+class WorkerCrashed(KinvError, RuntimeError):
     """The worker died (crash, illegal address, out of memory) or broke protocol."""
 
 
-class WorkerError(RuntimeError):
+class WorkerError(KinvError, RuntimeError):
     """The worker answered a request with an error; it is still alive."""
 
 

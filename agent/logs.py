@@ -1,0 +1,75 @@
+"""kinv's log: ``<state dir>/kinv.log``, written through :mod:`logging`.
+
+kinv's modules log through ``logging.getLogger(__name__)`` (loggers under ``kinv.``); the command line
+attaches one :class:`StateDirLog` for the command's state dir and detaches it when the command ends.  The
+file is opened only once the state dir exists: a command that creates it (``kinv run``) logs from its first
+line, because records wait until then; a command that never creates one (a read command, bad input) writes
+nothing and creates nothing.  Without the command line (the library in-process, a worker) kinv's INFO
+records go nowhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+LOG_NAME = "kinv.log"
+FORMAT = "%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"
+_EARLY_MAX = 1000  # records kept while the state dir does not exist yet
+
+
+class StateDirLog(logging.FileHandler):
+    """A file handler on ``DIR/kinv.log`` that opens the file only once DIR exists; until then it keeps the
+    records (at most 1000) and writes them first."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self._early: list[logging.LogRecord] = []
+        super().__init__(self.directory / LOG_NAME, delay=True, encoding="utf-8")
+        self.setFormatter(logging.Formatter(FORMAT, datefmt="%Y-%m-%dT%H:%M:%S%z"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.stream is None and not self.directory.is_dir():
+            if len(self._early) < _EARLY_MAX:
+                self._early.append(record)
+            return
+        early, self._early = self._early, []
+        for r in early:
+            super().emit(r)
+        super().emit(record)
+
+    def retarget(self, directory: str | os.PathLike) -> None:
+        """Write to DIR/kinv.log instead (an internal error where no state dir exists: the temp dir)."""
+        self.acquire()
+        try:
+            if self.stream is not None:
+                self.stream.close()
+                self.stream = None
+            self.directory = Path(directory)
+            self.baseFilename = os.path.abspath(self.directory / LOG_NAME)
+        finally:
+            self.release()
+
+    @property
+    def path(self) -> Path:
+        return Path(self.baseFilename)
+
+
+def attach(directory: str | os.PathLike) -> StateDirLog:
+    """Log kinv's INFO records and above to DIR/kinv.log (from when DIR exists) until :func:`detach`."""
+    handler = StateDirLog(directory)
+    handler.setLevel(logging.INFO)
+    root = logging.getLogger("kinv")
+    handler._level_before = root.level  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    if root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)
+    return handler
+
+
+def detach(handler: StateDirLog) -> None:
+    root = logging.getLogger("kinv")
+    root.removeHandler(handler)
+    root.setLevel(getattr(handler, "_level_before", logging.NOTSET))
+    handler.close()

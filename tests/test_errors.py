@@ -1,0 +1,172 @@
+"""Errors and the log: every kinv exception is a KinvError carrying its exit code, the command line maps them in
+one place, an internal error is a bug (one line, its traceback in the state dir's kinv.log, exit 1), and bad
+input writes no log and creates no state dir."""
+
+from __future__ import annotations
+
+import ast
+import errno
+import importlib
+import inspect
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch, tmp_path):
+    monkeypatch.delenv("KINV_DEBUG", raising=False)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # a log with no state dir goes here, not to /tmp
+
+
+def _exception_classes():
+    """Every exception class defined in agent/ and kernels/ (found in the source, checked on the imported class).
+    A signal's ``Interrupted`` is a KeyboardInterrupt, not an error: exit 130 like Ctrl-C."""
+    found = []
+    for path in sorted([*ROOT.glob("agent/**/*.py"), *ROOT.glob("kernels/**/*.py")]):
+        tree = ast.parse(path.read_text())
+        names = [n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.bases]
+        if not names:
+            continue
+        module = importlib.import_module("kinv." + ".".join(path.relative_to(ROOT).with_suffix("").parts))
+        for name in names:
+            cls = getattr(module, name, None)
+            if inspect.isclass(cls) and issubclass(cls, Exception) and cls.__module__ == module.__name__:
+                found.append(cls)
+    return found
+
+
+def test_every_kinv_exception_is_a_kinv_error_with_its_exit_code():
+    from kinv.kernels.errors import BadInput, KinvError
+
+    classes = _exception_classes()
+    assert len(classes) >= 22, classes
+    for cls in classes:
+        assert issubclass(cls, KinvError), f"{cls.__module__}.{cls.__qualname__} is not a KinvError"
+        if cls.__name__ == "Exit":
+            continue  # a command's own exit: its code is the instance's
+        assert cls.exit_code == (2 if issubclass(cls, BadInput) else 1), cls
+    from kinv.agent.store import NoState
+    from kinv.agent.tools.bench import NoDevice, NoRecording
+
+    assert NoRecording.exit_code == NoDevice.exit_code == NoState.exit_code == 2  # bad input wins over a failure
+
+
+def test_the_exit_codes_are_defined_once():
+    from kinv.agent import cli, investigation
+    from kinv.agent.commands import common
+    from kinv.kernels import errors
+
+    for mod in (cli, investigation, common):
+        for name in ("EXIT_OK", "EXIT_FAIL", "EXIT_BAD_INPUT"):
+            assert getattr(mod, name) is getattr(errors, name), (mod, name)
+    assert (errors.EXIT_OK, errors.EXIT_FAIL, errors.EXIT_BAD_INPUT, errors.EXIT_PAUSED) == (0, 1, 2, 3)
+
+
+def test_an_internal_error_is_one_line_and_its_traceback_in_the_state_dirs_log(tmp_path, state_dir, monkeypatch,
+                                                                               capsys):  # fmt: skip
+    """A ValueError that is no BadInput is a bug: exit 1 (never 2), one line naming <--state-dir>/kinv.log,
+    where the traceback is; $KINV_STATE_DIR's dir is not touched."""
+    from kinv.agent import views
+    from kinv.agent.cli import main
+    from kinv.agent.store import Store
+
+    other = tmp_path / "other-state"
+    Store(other).close()
+
+    def broken(store):
+        raise ValueError("a bug, not bad input")
+
+    monkeypatch.setattr(views, "status", broken)
+    rc = main(["status", "--state-dir", str(other)])
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1 and "Traceback" not in out.err, out.err
+    assert lines[0].startswith("kinv: internal error: ValueError: a bug, not bad input; traceback in ")
+    assert lines[0].endswith(str(other / "kinv.log")), lines
+    log = (other / "kinv.log").read_text()
+    assert "Traceback (most recent call last)" in log and "ValueError: a bug, not bad input" in log
+    assert "status --state-dir" in log  # the command that failed
+    assert not state_dir.exists()
+
+
+def test_an_internal_error_where_no_state_dir_exists_creates_none(state_dir, monkeypatch, capsys):
+    from kinv.agent.cli import main
+    from kinv.agent.tools import doctor
+
+    def broken(directory):
+        raise KeyError("missing")
+
+    monkeypatch.setattr(doctor, "diagnose", broken)
+    rc = main(["doctor"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "internal error: KeyError" in err[0], err
+    log = Path(tempfile.gettempdir()) / "kinv.log"
+    assert err[0].endswith(str(log)) and "KeyError: 'missing'" in log.read_text()
+    assert not state_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "raised, code, line",
+    [
+        ("StateDamaged", 1, "kinv: kinv.db is damaged: kinv doctor names the way back"),
+        ("NoRecording", 2, "kinv: kinv.db is damaged: kinv doctor names the way back"),
+        ("ENOSPC", 1, "kinv: cannot write /x/kinv.db: No space left on device; free space there"),
+    ],
+)
+def test_a_named_failure_is_its_one_line_and_exit_code(state_dir, monkeypatch, capsys, raised, code, line):
+    """A KinvError (or a full disk) is its own line and its exit code, no 'internal error', no log written where
+    no state dir exists."""
+    from kinv.agent.cli import main
+    from kinv.agent.store import StateDamaged
+    from kinv.agent.tools import bench, doctor
+
+    exc = {"StateDamaged": StateDamaged("kinv.db is damaged: kinv doctor names the way back"),
+           "NoRecording": bench.NoRecording("kinv.db is damaged: kinv doctor names the way back"),
+           "ENOSPC": OSError(errno.ENOSPC, "No space left on device", "/x/kinv.db")}[raised]  # fmt: skip
+
+    def broken(directory):
+        raise exc
+
+    monkeypatch.setattr(doctor, "diagnose", broken)
+    rc = main(["doctor"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == code and len(err) == 1 and err[0].startswith(line) and "internal error" not in err[0], err
+    assert not state_dir.exists() and not (Path(tempfile.gettempdir()) / "kinv.log").exists()
+
+
+def test_bad_input_writes_no_log_and_creates_no_state_dir(tmp_path, state_dir, capsys):
+    from kinv.agent.cli import main
+
+    assert main(["run", str(tmp_path / "nope.yaml"), "--backend", "replay"]) == 2
+    assert main(["show", "3"]) == 2  # a read command on no state: bad input
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "nope.yaml does not exist" in err[0] and "no kinv state" in err[1], err
+    assert not state_dir.exists() and not (Path(tempfile.gettempdir()) / "kinv.log").exists()
+
+
+def test_the_log_holds_the_records_from_before_the_state_dir_existed(tmp_path):
+    """A command that creates its state dir logs from its first line; one that never does writes nothing."""
+    import logging
+
+    from kinv.agent import logs
+
+    made, never = tmp_path / "made", tmp_path / "never"
+    for d in (made, never):
+        h = logs.attach(d)
+        try:
+            logging.getLogger("kinv.agent.test").info("first, before the dir %s exists", d.name)
+            if d is made:
+                d.mkdir()
+                logging.getLogger("kinv.agent.test").info("second")
+        finally:
+            logs.detach(h)
+    text = (made / "kinv.log").read_text().splitlines()
+    assert len(text) == 2 and "INFO kinv.agent.test" in text[0] and "first, before the dir made" in text[0], text
+    assert text[1].endswith("second") and not never.exists()
+    assert not logging.getLogger("kinv").handlers  # detached: the library in-process logs nowhere
