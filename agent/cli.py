@@ -27,7 +27,7 @@ for _group in ("running", "measuring", "reading"):  # registers the commands in 
 
 # --------------------------------------------------------------------------- #
 _ARGV: list[str] | None = None
-log = logging.getLogger(__name__)
+log = logging.getLogger("kinv.agent.cli")  # not __name__: `python -m kinv.agent.cli` runs it as __main__
 
 
 def main(argv=None) -> int:
