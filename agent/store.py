@@ -257,7 +257,7 @@ def m001_initial(db: sqlite_utils.Database) -> None:
 
 @migration
 def m002_variance_components(db: sqlite_utils.Database) -> None:
-    """Issue 9: the A/A's variance components and warnings; every interval's real confidence."""
+    """The A/A's variance components and warnings; every interval's real confidence."""
     for col, typ in (("round_sd", float), ("offset_sd", float), ("n_arms", int), ("outliers", int),
                      ("max_gap", float), ("threshold", float), ("broken", int), ("warning", str)):  # fmt: skip
         db["noise"].add_column(col, typ)
@@ -268,14 +268,14 @@ def m002_variance_components(db: sqlite_utils.Database) -> None:
 
 @migration
 def m003_pinned_approvals(db: sqlite_utils.Database) -> None:
-    """Issue 11: an approval pins the plan's hash and the exact edit; it shows the variant's title and rationale."""
+    """An approval pins the plan's hash and the exact edit; it shows the variant's title and rationale."""
     for col in ("plan_hash", "patch_sha", "title", "rationale"):
         db["approvals"].add_column(col, str)
 
 
 @migration
 def m004_plan_versions(db: sqlite_utils.Database) -> None:
-    """Issue 11: a changed plan under the same workstream id is a new version; history keeps every version."""
+    """A changed plan under the same workstream id is a new version; history keeps every version."""
     db["workstreams"].add_column("version", int)
     db["experiments"].add_column("version", int)
     db["plan_versions"].create(
@@ -288,7 +288,7 @@ def m004_plan_versions(db: sqlite_utils.Database) -> None:
 
 @migration
 def m005_node_runs(db: sqlite_utils.Database) -> None:
-    """Issue 11: every graph node run is recorded in kinv.db (``kinv history`` reads it, not LangGraph's tables)."""
+    """Every graph node run is recorded in kinv.db (``kinv history`` reads it, not LangGraph's tables)."""
     db["node_runs"].create(
         {"id": int, "workstream": str, "version": int, "node": str, "step": int, "started": float, "finished": float,
          "decision": str, "outcome": str, "pid": int},
@@ -299,7 +299,7 @@ def m005_node_runs(db: sqlite_utils.Database) -> None:
 
 @migration
 def m006_campaigns(db: sqlite_utils.Database) -> None:
-    """Issue 13: a campaign chains workstreams; its row holds the incumbent and the steps taken."""
+    """A campaign chains workstreams; its row holds the incumbent and the steps taken."""
     db["campaigns"].create(
         {"id": str, "plan_path": str, "plan_hash": str, "kernel": str, "status": str, "backend": str,
          "approval": str, "start_config": str, "incumbent": str, "steps": str, "stop_reason": str,
@@ -311,7 +311,7 @@ def m006_campaigns(db: sqlite_utils.Database) -> None:
 
 @migration
 def m007_sample_place(db: sqlite_utils.Database) -> None:
-    """Issue 16: which GPU of the node or cluster timed a sample (a Ray actor's place); empty in one process."""
+    """Which GPU of the node or cluster timed a sample (a Ray actor's place); empty in one process."""
     db["samples"].add_column("place", str)
 
 

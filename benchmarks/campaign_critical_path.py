@@ -1,4 +1,4 @@
-"""Where a campaign's wall time goes, and how much of it more GPUs could take (issue 16).
+"""Where a campaign's wall time goes, and how much of it more GPUs could take.
 
     python benchmarks/campaign_critical_path.py benchmarks/results/issue16_h200/local/kinv.db --wall 225.8 \
         --gpus 2 4 --out benchmarks/results/issue16_h200/critical_path.json

@@ -1,4 +1,4 @@
-"""The exhaustive sweep as the truth a campaign is judged against (issue 13).
+"""The exhaustive sweep as the truth a campaign is judged against.
 
     python benchmarks/campaign_truth.py kernels/recordings/h200/mla_decode-v4flash-sweep.jsonl.gz \
         [--campaign summary.json] [--json out.json]

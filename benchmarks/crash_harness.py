@@ -1,6 +1,6 @@
 """Crash harness: SIGKILL `kinv run` at random fault points, again and again, and check every recovery.
 
-Issue 6, part 1: "A test harness kills `kinv run` with SIGKILL at 100 or more
+What it checks: "A test harness kills `kinv run` with SIGKILL at 100 or more
 random points across an investigation (replay backend).  After every kill,
 the next start recovers, and all of these hold: the kernel config and any
 patched source are byte-identical to the baseline; the journal has no

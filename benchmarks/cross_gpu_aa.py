@@ -1,4 +1,4 @@
-"""Cross-GPU A/A: the same config on every GPU of a node, timed round by round (issue 16).
+"""Cross-GPU A/A: the same config on every GPU of a node, timed round by round.
 
     python3 benchmarks/cross_gpu_aa.py --plan plans/7-decode-ceiling.yaml --workers-per-gpu 2 --rounds 16 \
         --out cross_gpu_aa.json

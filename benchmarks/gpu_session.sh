@@ -28,7 +28,7 @@ if [ -n "$SWEEP" ]; then
     --jobs 12 --out "$OUT/mla_decode-v4flash-sweep.jsonl.gz" 2>&1 | grep -v "^# round"
 fi
 if [ -n "$CAMPAIGN" ]; then
-  # the campaign of issue 13, live; cut at ${CAMPAIGN_S:-540} s by SIGINT (it restores every file and resumes later)
+  # campaign #7, live; cut at ${CAMPAIGN_S:-540} s by SIGINT (it restores every file and resumes later)
   CS=/tmp/kinv-campaign; rm -rf "$CS"
   /usr/bin/time -f "campaign wall %e s" timeout -s INT "${CAMPAIGN_S:-540}" python3 -m kinv.agent.cli campaign \
     plans/7-decode-ceiling.yaml --backend cuda --approval auto --state-dir "$CS" 2>&1 | grep -v "\] round" | tail -40

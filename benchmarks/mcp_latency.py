@@ -1,4 +1,4 @@
-"""Tool-call latency of `kinv mcp` through the MCP SDK's own client (issue 15; target: median < 300 ms).
+"""Tool-call latency of `kinv mcp` through the MCP SDK's own client (target: median < 300 ms).
 
     python benchmarks/mcp_latency.py [--state-dir DIR] [--calls 50]
 

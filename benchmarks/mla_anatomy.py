@@ -1,4 +1,4 @@
-"""Where the MLA decode kernel's time goes (issue 14): stages, program count, the memory pattern alone.
+"""Where the MLA decode kernel's time goes: stages, program count, the memory pattern alone.
 
     python benchmarks/mla_anatomy.py --out benchmarks/results/mla_anatomy_h200.json [--part all]
 

@@ -1,4 +1,4 @@
-"""The MLA decode kernel against the copy-bandwidth ceiling (issue 14): every level of the goal, many configs.
+"""The MLA decode kernel against the copy-bandwidth ceiling: every level of the goal, many configs.
 
     python benchmarks/mla_ceiling.py --grid explore --out benchmarks/results/mla_ceiling_h200.json
     python benchmarks/mla_ceiling.py --grid shipped --out ...   # the shipped config file, every level
@@ -13,7 +13,7 @@ compiled by ``--jobs`` workers side by side (Triton's cache keeps the binaries),
 one config at a time, so no two kernels ever share the GPU while timed.
 
 The peer figures are not measured here: they are the best graph-timed configs of vLLM's Triton MLA decode
-kernel on this H200 from ../shared/GPU.md and issue 14 (same levels, 16 heads, page 64).
+kernel on this H200 from docs/gpu.md (same levels, 16 heads, page 64).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from kinv.agent.tools.worker_client import WorkerError, WorkerProcess  # noqa: E
 # the goal's levels: both shapes at context 4096 and 16384, batch >= 32; batch 1 for latency
 LEVELS = [(shape, ctx, b) for ctx in (4096, 16384) for shape in ("v3", "v4flash") for b in (64, 96, 32)]
 LEVELS = [*LEVELS[:6], ("v3", 4096, 1), ("v4flash", 4096, 1), *LEVELS[6:]]
-# vLLM Triton MLA decode, best config per level, H200 graph-timed (GPU.md; issue 14's table)
+# vLLM Triton MLA decode, best config per level, H200 graph-timed (docs/gpu.md)
 PEER_US = {("v3", 4096, 1): 26.2, ("v3", 4096, 32): 93.1, ("v3", 4096, 64): 159.2, ("v3", 4096, 96): 290.7,
            ("v3", 16384, 32): 294.3, ("v3", 16384, 64): 559.4, ("v3", 16384, 96): 1028.8,
            ("v4flash", 4096, 1): 25.8, ("v4flash", 4096, 32): 89.0, ("v4flash", 4096, 64): 151.8,

@@ -1,4 +1,4 @@
-"""The correctness gate of issue 14 for a config file of the MLA decode kernel, on a GPU.
+"""The wide correctness gate for a config file of the MLA decode kernel, on a GPU.
 
     python benchmarks/mla_gate.py [--config kernels/configs/mla_decode.json] [--out gate.json]
 

@@ -1,4 +1,4 @@
-"""Launch the shipped MLA config at a few levels, for Nsight Compute (issue 14: what the fixed cost per launch is).
+"""Launch the shipped MLA config at a few levels, for Nsight Compute (what the fixed cost per launch is).
 
     ncu --clock-control none --kernel-name regex:_mla_decode --launch-skip 4 --launch-count 2 \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14: Nsight Compute reports of the shipped MLA config at the goal's levels that miss 80% of copy bandwidth
+# Nsight Compute reports of the shipped MLA config at the goal's levels that miss 80% of copy bandwidth
 # (V3 and V4-Flash at 4096, batch 32 and 64), and at V3/16384/b64 (92%) for contrast. One call on the H200;
 # the reports land in $OUT as text. ncu needs --clock-control none here (the device README).
 OUT=${OUT:-/tmp/kinv-out}; mkdir -p "$OUT"

@@ -3,7 +3,7 @@
     python benchmarks/placement_offset.py --workers 6 --rounds 12 --out placement_h200.json
 
 N worker processes time the SAME config with the SAME seed at each level, in rotated order each round.
-Protocol ``fixed``: one allocation per worker for the whole run (kinv before issue 9).  Protocol
+Protocol ``fixed``: one allocation per worker for the whole run (kinv before it re-set every sample).  Protocol
 ``reset``: every sample re-allocates inputs, outputs and scratch and re-captures the graph (kinv now);
 the inputs of round r come from seed 1000 + r in every worker, as both arms of a kinv round share a seed.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Repack a Ray wheel into a slim one that fits the device machine's 64 MiB carry limit (issue 16).
+"""Repack a Ray wheel into a slim one that fits the device machine's 64 MiB carry limit.
 
 What kinv's Ray executor needs is core Ray: ray.init, remote actors, ray.get/wait/kill.  The cp312 wheel is
 79.3 MB; slimmed and stripped it is 32.8 MB.  Made so for benchmarks/issue16_session.sh:

@@ -16,7 +16,7 @@ degrees of freedom the means took; they already hold the recorded per-round plac
 planted per-arm memory-placement offset, normal with SD 0.25%, 0.5% or 0.75%:
 
 * ``re-set`` (the harness kinv ships): the arm is re-set every round, so ``o`` is drawn again every round;
-* ``fixed`` (one allocation per worker, kinv before issue 9): ``o`` is drawn once per worker and kept.
+* ``fixed`` (one allocation per worker, kinv before it re-set every sample): ``o`` is drawn once per worker and kept.
 
 The variant's times carry a planted throughput change ``delta`` at every level (time / (1 + delta)).
 Reported per condition: false claims under the null (any level improved or regressed, per investigation and

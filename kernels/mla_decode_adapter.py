@@ -58,7 +58,7 @@ SPEC = TunableSpec(
         Tunable("BLOCK_H", BLOCK_H_VALUES, "BH", "a power of two from 16 to 128 (heads per tile)"),
         Tunable("num_warps", (1, 2, 4, 8, 16), "w", "a power of two from 1 to 16"),
         Tunable("num_stages", (1, 2, 3, 4, 5, 6), "s", "an integer from 1 to 6"),
-        # optional (issue 14): the split rule and the KV load path; their defaults are the seed's kernel
+        # optional: the split rule and the KV load path; their defaults are the seed's kernel
         Tunable("CTAS_PER_SM", (0, 1, 2, 3, 4), "cps",
                 "0 (splits from TARGET_CTAS) or 1-4 (splits sized to whole waves of that many CTAs per SM)", default=0),
         Tunable("TMA", (0, 1), "tma", "0 (gathered KV rows) or 1 (bulk tensor-descriptor loads of whole tiles)",
@@ -67,7 +67,7 @@ SPEC = TunableSpec(
                 "0 (a second kernel merges the splits) or 1 (the last split of each request merges them)", default=0),
     ),
     override_dims={"batch": "b"},
-    # the model shape is categorical: an override may say "shape": "v3" (issue 14: V3 and V4-Flash want
+    # the model shape is categorical: an override may say "shape": "v3" (V3 and V4-Flash want
     # different tiles at some batches)
     override_choices={"shape": tuple(SHAPES)},
 )

@@ -19,16 +19,18 @@ ROOT = Path(__file__).resolve().parents[1]
 H200_DB = ROOT / "benchmarks" / "results" / "issue14_kinv_h200.db"  # #8a, #8b
 H200_DB_9 = ROOT / "benchmarks" / "results" / "issue14_9_kinv_h200.db"  # #9a, #9b
 H200_DB_9C = ROOT / "benchmarks" / "results" / "issue14_9c_kinv_h200.db"  # #9c
+MEASURED_PLANS = ROOT / "tests" / "fixtures" / "h200-plans"  # #8a, #8b as measured
 
 
 def _h200_state(tmp_path) -> tuple[dict, Path]:
-    """A state dir holding the H200's kinv.db of #8a/#8b, its plan paths pointed at this checkout."""
+    """A state dir holding the H200's kinv.db of #8a/#8b, its plan paths pointed at the plans as they were measured
+    (tests/fixtures/h200-plans: the bytes whose hashes that kinv.db holds)."""
     state = tmp_path / "state"
     state.mkdir()
     shutil.copy(H200_DB, state / "kinv.db")
     store = Store(state)
     for ws, plan in (("#8a", "8a-decode-source.yaml"), ("#8b", "8b-decode-configs.yaml")):
-        store.update_workstream(ws, plan_path=str(ROOT / "plans" / plan))
+        store.update_workstream(ws, plan_path=str(MEASURED_PLANS / plan))
     store.close()
     return replay_env(tmp_path, state), state
 
