@@ -1,6 +1,6 @@
 """The investigation graph: LangGraph StateGraph with a SqliteSaver checkpointer.
 
-Data flow (DESIGN.md): setup -> baseline -> noise -> pick -> design ->
+Data flow (docs/design.md): setup -> baseline -> noise -> pick -> design ->
 [approval] -> apply -> gate -> measure -> revert -> decide -> pick ... ->
 closeout.  Nodes are thin: they call the tools (agent/tools/*), the planner
 and the stats.  The graph state holds ids and small values only; samples,

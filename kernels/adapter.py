@@ -248,7 +248,7 @@ class KernelAdapter(ABC):
     def make_scratch(self, inputs: dict, params: Params) -> dict | None:
         """Scratch buffers one launch needs (passed back as ``launch(..., scratch=...)``), or ``None`` when the
         kernel allocates none.  The timing harness allocates them itself, fresh every round, so that no
-        fixed placement of them biases an arm (GPU.md, "memory placement")."""
+        fixed placement of them biases an arm (docs/gpu.md, "memory placement")."""
         return None
 
     @abstractmethod

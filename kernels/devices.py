@@ -25,7 +25,7 @@ class DeviceSpec:
     max_threads_per_sm: int
     max_ctas_per_sm: int
     reg_alloc_unit: int = 256  # registers per warp are allocated in this granule
-    matrix_tflops: float | None = None  # dense bf16 matrix-unit peak, measured (GPU.md); None where unknown
+    matrix_tflops: float | None = None  # dense bf16 matrix-unit peak, measured (docs/gpu.md); None where unknown
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -34,7 +34,7 @@ class DeviceSpec:
 DEVICES: dict[str, DeviceSpec] = {
     # Hopper: 228 KB shared memory per SM, 227 KB opt-in per block.
     "sm_90": DeviceSpec("NVIDIA H200 / H100 SXM", "sm_90", 132, 232448, 233472, 1024, 65536, 255, 2048, 32,
-                        matrix_tflops=686.0),  # bf16 8192^3 on the H200, GPU.md
+                        matrix_tflops=686.0),  # bf16 8192^3 on the H200, docs/gpu.md
     # Blackwell datacenter (B200): same per-SM limits as Hopper, 148 SMs.
     "sm_100": DeviceSpec("NVIDIA B200", "sm_100", 148, 232448, 233472, 1024, 65536, 255, 2048, 32),
     # Blackwell workstation (RTX PRO 6000): 99 KB per block (Triton's "Hardware

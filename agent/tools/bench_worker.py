@@ -17,7 +17,7 @@ Requests
 ``{"op": "copy_bandwidth", "mib": 2048}``       device-to-device copy GB/s
 ``{"op": "exit"}``
 
-Timing (GPU.md "Timing"): each level's launches are captured in one CUDA
+Timing (docs/gpu.md, "Timing"): each level's launches are captured in one CUDA
 graph; the graph cycles through enough input sets that their KV exceeds 3x
 the L2, so no launch reads its KV from L2 (stated as ``l2`` in the setup
 reply).  A sample is the median over ``replays`` event-timed replays of
@@ -28,7 +28,7 @@ Every sample re-sets the arm first (``reset``, the default): the previous
 inputs, outputs, scratch buffers and graph are freed, new ones are allocated
 behind a pad of random size, and the graph is captured again.  One fixed
 allocation shifts an arm's times by a constant placement offset of up to
-~1% (GPU.md, "memory placement"); re-drawing it every sample makes rounds
+~1% (docs/gpu.md, "memory placement"); re-drawing it every sample makes rounds
 independent replicates.  ``reset: false`` keeps one allocation for the
 whole run (the old protocol, kept to measure the difference).
 """
@@ -243,7 +243,7 @@ class Worker:
 
         The previous round's buffers and graph are freed and the allocator's cache is emptied first, and
         a pad of random size is held for the round, so the new buffers land at new addresses: a fixed
-        placement shifts an arm's times by a constant offset (GPU.md, "memory placement"), and a new one
+        placement shifts an arm's times by a constant offset (docs/gpu.md, "memory placement"), and a new one
         every round turns that offset into round-to-round noise that the paired statistics can see.
         The input data come from ``seed``: the caller gives both arms of a round the same seed, so what
         the data do to the time (the page order of the block table, say) is common to the pair and

@@ -1,7 +1,7 @@
 """The MLA split-K decode kernel against its float32 reference.
 
 On CPU every test runs the real Triton kernel in the interpreter (float16 /
-float32; the interpreter's bf16 dot is wrong, GPU.md).  The ``gpu`` tests run
+float32; the interpreter's bf16 dot is wrong, docs/gpu.md).  The ``gpu`` tests run
 in bf16 on a CUDA device.
 """
 

@@ -1,7 +1,7 @@
 """The MoE expert grouped GEMM against its float32 reference, and its routing metadata.
 
 On CPU every kernel test runs the real Triton kernel in the interpreter
-(float16 / float32; the interpreter's bf16 dot is wrong, GPU.md).  Every
+(float16 / float32; the interpreter's bf16 dot is wrong, docs/gpu.md).  Every
 launch writes into an output poisoned with NaN, so an element the kernel
 leaves unwritten fails.  The ``gpu`` tests run DeepSeek-V3 shapes in bf16.
 """
