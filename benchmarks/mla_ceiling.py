@@ -4,7 +4,7 @@
     python benchmarks/mla_ceiling.py --grid shipped --out ...   # the shipped config file, every level
     python benchmarks/mla_ceiling.py --grid merge --out ...     # #9a's screening (needs its source patch)
     python benchmarks/mla_ceiling.py --grid occupancy --out ... # after #9b: programs per SM, stages, merge
-    python benchmarks/mla_ceiling.py --grid tail --contexts 4096 --min-batch 32 --out ...  # #9d (issue14_tail.sh)
+    python benchmarks/mla_ceiling.py --grid tail --contexts 4096 --min-batch 32 --out ...  # #9d (lab/merge_one_pass_session.sh)
 
 Standard library + the worker (torch, triton) only, so it runs on the GPU machine as it is.  Every figure
 comes from ``agent/tools/bench_worker.py`` (correctness on fresh random inputs with the output poisoned,

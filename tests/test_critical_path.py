@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ROOT / "benchmarks" / "results" / "issue16_h200"
+RUNS = ROOT / "benchmarks" / "results" / "ray_campaign_h200"
 SCRIPT = ROOT / "benchmarks" / "campaign_critical_path.py"
 
 

@@ -1,7 +1,7 @@
 """Issue 14: the MLA kernel kinv ships is the one kinv measured and adopted on the H200.
 
-These tests read the state kinv wrote live on the H200 for #8a and #8b (benchmarks/results/issue14_kinv_h200.db)
-and for #9a-#9c (issue14_9_kinv_h200.db, issue14_9c_kinv_h200.db), copied into a temporary state dir: the shipped config and kernel source must be what those workstreams
+These tests read the state kinv wrote live on the H200 for #8a and #8b (benchmarks/results/decode_8ab_kinv_h200.db)
+and for #9a-#9c (decode_9ab_kinv_h200.db, decode_9c_kinv_h200.db), copied into a temporary state dir: the shipped config and kernel source must be what those workstreams
 accepted, and `kinv adopt` must refuse what they did not.
 """
 
@@ -16,9 +16,9 @@ from kinv.kernels.launch_config import config_hash, load_config
 from tests.utils import replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[1]
-H200_DB = ROOT / "benchmarks" / "results" / "issue14_kinv_h200.db"  # #8a, #8b
-H200_DB_9 = ROOT / "benchmarks" / "results" / "issue14_9_kinv_h200.db"  # #9a, #9b
-H200_DB_9C = ROOT / "benchmarks" / "results" / "issue14_9c_kinv_h200.db"  # #9c
+H200_DB = ROOT / "benchmarks" / "results" / "decode_8ab_kinv_h200.db"  # #8a, #8b
+H200_DB_9 = ROOT / "benchmarks" / "results" / "decode_9ab_kinv_h200.db"  # #9a, #9b
+H200_DB_9C = ROOT / "benchmarks" / "results" / "decode_9c_kinv_h200.db"  # #9c
 MEASURED_PLANS = ROOT / "tests" / "fixtures" / "h200-plans"  # #8a, #8b as measured
 
 

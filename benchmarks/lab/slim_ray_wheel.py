@@ -2,11 +2,11 @@
 """Repack a Ray wheel into a slim one that fits the device machine's 64 MiB carry limit.
 
 What kinv's Ray executor needs is core Ray: ray.init, remote actors, ray.get/wait/kill.  The cp312 wheel is
-79.3 MB; slimmed and stripped it is 32.8 MB.  Made so for benchmarks/issue16_session.sh:
+79.3 MB; slimmed and stripped it is 32.8 MB.  Made so for benchmarks/lab/ray_campaign_session.sh:
 
     pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux2014_x86_64 -d /tmp/ray312 ray==2.60.0
-    python3 benchmarks/slim_ray_wheel.py /tmp/ray312/ray-2.60.0-*.whl .whl/ --strip
+    python3 benchmarks/lab/slim_ray_wheel.py /tmp/ray312/ray-2.60.0-*.whl .whl/ --strip
 
 (its dependencies travel beside it: click, filelock, jsonschema and its tree, msgpack, protobuf, pyyaml,
 requests and its tree).

@@ -8,6 +8,6 @@ sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --sec
 for lv in v3/4096/32 v3/4096/64 v4flash/4096/32 v3/16384/64 v3/4096/1; do
   name=${lv//\//_}
   timeout 300 ncu --clock-control none --kernel-name regex:_mla_decode --launch-skip 4 --launch-count 2 \
-    "${sections[@]}" python3 benchmarks/mla_profile.py --level "$lv" > "$OUT/ncu_$name.txt" 2>&1
+    "${sections[@]}" python3 benchmarks/lab/mla_profile.py --level "$lv" > "$OUT/ncu_$name.txt" 2>&1
   echo "$lv: rc $? $(grep -c 'Duration' "$OUT/ncu_$name.txt") kernels"
 done

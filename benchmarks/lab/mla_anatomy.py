@@ -1,6 +1,6 @@
 """Where the MLA decode kernel's time goes: stages, program count, the memory pattern alone.
 
-    python benchmarks/mla_anatomy.py --out benchmarks/results/mla_anatomy_h200.json [--part all]
+    python benchmarks/lab/mla_anatomy.py --out benchmarks/results/mla_anatomy_h200.json [--part all]
 
 At context 4096 the shipped kernel reaches 53-66% of copy bandwidth, at 16384 80-87%: the extra KV of the
 longer context moves at the copy rate, so the gap is a cost that does not grow with the context.  This script
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kinv.kernels import mla_decode as K  # noqa: E402
 from kinv.kernels.launch_config import LaunchParams  # noqa: E402

@@ -3,9 +3,9 @@
     ncu --clock-control none --kernel-name regex:_mla_decode --launch-skip 4 --launch-count 2 \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
         --section SchedulerStats --section MemoryWorkloadAnalysis \
-        python3 benchmarks/mla_profile.py --level v3/4096/32
+        python3 benchmarks/lab/mla_profile.py --level v3/4096/32
 
-    bash benchmarks/mla_profile.sh   # the levels of the goal that miss 80%, one report each, on the GPU
+    bash benchmarks/lab/mla_profile.sh   # the levels of the goal that miss 80%, one report each, on the GPU
 
 Every launch gets a KV cache of its own from a set larger than L2, as the worker's timing does, so the profiled
 launch reads its KV from memory.  It runs the correctness gate (``agent/tools/correctness.check``) at the level
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kinv.agent.tools import correctness  # noqa: E402
 from kinv.kernels.adapter import get_adapter  # noqa: E402
@@ -30,7 +30,7 @@ L2_BYTES = 60 * 2**20
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--level", default="v3/4096/32", help="shape/context/batch, e.g. v3/4096/32")
-    ap.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "kernels/configs/mla_decode.json"))
+    ap.add_argument("--config", default=str(Path(__file__).resolve().parents[2] / "kernels/configs/mla_decode.json"))
     ap.add_argument("--launches", type=int, default=8)
     args = ap.parse_args()
     try:

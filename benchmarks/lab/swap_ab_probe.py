@@ -1,6 +1,6 @@
-"""Probe of the transposed-products attempt (plans/patches/8a-swap-ab.diff) on a GPU, one config per process.
+"""Probe of the transposed-products attempt (benchmarks/lab/patches/8a-swap-ab.diff) on a GPU, one config per process.
 
-    git apply plans/patches/8a-swap-ab.diff && python benchmarks/swap_probe.py; git apply -R plans/patches/8a-swap-ab.diff
+    git apply benchmarks/lab/patches/8a-swap-ab.diff && python benchmarks/lab/swap_ab_probe.py; git apply -R benchmarks/lab/patches/8a-swap-ab.diff
 
 For each config: V3 576/512, 16 heads, page 64, context 4096, at batch 1 and 64, the kernel against the float32
 reference (bf16); a crash of the child process is reported as such.  Standard library + torch + triton.
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
 import sys, json, torch
 sys.path.insert(0, {root!r})

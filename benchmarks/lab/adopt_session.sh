@@ -4,7 +4,7 @@
 #   1. against the shipped file (BT32 slower at every level: nothing to adopt, nothing written);
 #   2. against a hand-tuned file (BT16, BT64/w8 at batch 1), where BT32 wins above batch 1: written only there,
 #      and its samples saved as a replay recording in the same step.
-# Runs from a checkout with nothing installed; needs the wheels of .whl/ on PYTHONPATH (see gpu_session.sh).
+# Runs from a checkout with nothing installed; needs the wheels of .whl/ on PYTHONPATH (see benchmarks/gpu_session.sh).
 set -x
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kinv-out}; mkdir -p "$OUT"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16 live on a node of H200s, one call per mode: campaign #7 (plans/7-decode-ceiling.yaml) from the
+# Campaign #7 (plans/7-decode-ceiling.yaml) live on a node of H200s, one call per mode, from the
 # seed's BT16/w4/s2, timed end to end.
 #   MODE=ray    kinv campaign ... --executor ray   (one Ray actor per GPU of the node, `ray.init()` local)
 #   MODE=local  kinv campaign ...                  (one process, CUDA_VISIBLE_DEVICES=0: one GPU)
@@ -11,7 +11,7 @@
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 export PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 MODE=${MODE:-ray}
-FINAL=${OUT:-/tmp/kinv-out}; OUT=/tmp/kinv-issue16-$MODE${KILL:+-kill}; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
+FINAL=${OUT:-/tmp/kinv-out}; OUT=/tmp/kinv-ray-$MODE${KILL:+-kill}; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
 ST=/tmp/kinv-state-16-$MODE${KILL:+-kill}; rm -rf "$ST" "$ST.fault"; CFG=/tmp/kinv-cfg-16-$MODE${KILL:+-kill}; rm -rf "$CFG"; mkdir -p "$CFG"
 cp kernels/configs/mla_decode.json "$CFG/"
 # a cold Triton cache for each run: a run never reuses another's compiles (the first H200 runs did: see RESULTS)
@@ -41,4 +41,4 @@ PY
 cat "$OUT/wall.json"; ls "$ST.fault" 2>/dev/null && echo "the planted actor death fired"; grep -v "\] round" "$OUT/campaign.err" | tail -25
 cp "$ST"/reports/*.md "$OUT"/ 2>/dev/null; cp "$ST/kinv.db" "$OUT/kinv-16-$MODE.db" 2>/dev/null
 cp "$ST/kinv-errors.log" "$OUT"/ 2>/dev/null
-tar czf "$FINAL/issue16-$MODE.tgz" -C "$OUT" . && ls -la "$OUT" | tail -20
+tar czf "$FINAL/ray-campaign-$MODE.tgz" -C "$OUT" . && ls -la "$OUT" | tail -20

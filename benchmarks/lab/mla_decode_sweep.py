@@ -1,6 +1,6 @@
 """Sweep of the MLA decode kernel on a GPU: baseline at every level, config search.
 
-    python benchmarks/mla_decode_sweep.py --out benchmarks/results/mla_decode_sweep_h200.json
+    python benchmarks/lab/mla_decode_sweep.py --out benchmarks/results/mla_decode_sweep_h200.json
 
 Standard library + the worker (torch, triton) only, so it runs on the GPU
 machine as it is.  Every figure comes from ``agent/tools/bench_worker.py``
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kinv.agent.tools.worker_client import WorkerError, WorkerProcess  # noqa: E402
 
@@ -69,7 +69,7 @@ def main() -> int:
         result["copy_gbps"] = copy["gbps"]
         print(f"# {hello['fingerprint']['gpu']}  copy bandwidth {copy['gbps']:.0f} GB/s", flush=True)
 
-        base = json.loads((Path(__file__).resolve().parents[1] / "kernels/configs/mla_decode.json").read_text())
+        base = json.loads((Path(__file__).resolve().parents[2] / "kernels/configs/mla_decode.json").read_text())
         base.pop("description", None)
         for shape, ctx, b in itertools.product(SHAPES, CONTEXTS, BATCHES):
             level = {"batch": b, "context": ctx, "shape": shape, "heads": 16, "page_size": 64}

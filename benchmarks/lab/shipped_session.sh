@@ -4,7 +4,7 @@
 # #3b V1 (BT32), and the seed's BT16 and the BT64/w8 and BT64/w4 that campaign #7 on replay chooses per level
 # (its final config is confirmed against the shipped file before it is written). `--space PLAN` would add a
 # campaign's whole space to the session (70 workers for plans/7-decode-ceiling.yaml, about 10 minutes).
-# Runs from a checkout with nothing installed; needs the wheels of .whl/ on PYTHONPATH (see gpu_session.sh).
+# Runs from a checkout with nothing installed; needs the wheels of .whl/ on PYTHONPATH (see benchmarks/gpu_session.sh).
 set -x
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kinv-out}; mkdir -p "$OUT"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 14 live on the H200, in one call: #8a (the kernel source patch) and #8b (per-level configs of the
+# Workstreams #8a and #8b live on the H200, in one call: #8a (the kernel source patch) and #8b (per-level configs of the
 # patched kernel) run by kinv, each adopted through `kinv adopt` when it wins; then the shipped config file
 # timed at every level of the goal and put through the correctness gate.
-# Runs from a checkout with nothing installed; needs the wheels of .whl/ on PYTHONPATH (see gpu_session.sh).
-# Later rounds: WS="9a 9b" ADOPT_ORDER="S1 V1" OUT=... bash benchmarks/issue14_session.sh (#9a, #9b).
+# Runs from a checkout with nothing installed; needs the wheels of .whl/ on PYTHONPATH (see benchmarks/gpu_session.sh).
+# #9a and #9b the same way: WS="9a 9b" ADOPT_ORDER="S1 V1" OUT=... bash benchmarks/lab/decode_workstreams_session.sh (#9a, #9b).
 export PYTHONUNBUFFERED=1
-FINAL=${OUT:-/tmp/kinv-out}; OUT=/tmp/kinv-issue14; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
+FINAL=${OUT:-/tmp/kinv-out}; OUT=/tmp/kinv-decode; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
 ST=/tmp/kinv-state-${WS:-8}; ST=${ST// /}; rm -rf "$ST"
 kinv() { python3 -m kinv.agent.cli "$@"; }
 for ws in ${WS:-8a 8b}; do
@@ -28,4 +28,4 @@ timeout -s INT ${TABLE_S:-150} python3 benchmarks/mla_ceiling.py --grid shipped 
   --out "$OUT/mla_ceiling_shipped_h200.json" 2>&1 | grep -v "^$" | tail -16
 cp "$ST"/reports/* "$OUT"/ 2>/dev/null; cp "$ST/kinv.db" "$OUT/kinv-h200.db"
 cp "$ST"/adoptions/* "$OUT"/ 2>/dev/null; sha256sum kernels/mla_decode.py
-tar czf "$FINAL/issue14.tgz" -C "$OUT" . && ls -la "$OUT"
+tar czf "$FINAL/decode.tgz" -C "$OUT" . && ls -la "$OUT"

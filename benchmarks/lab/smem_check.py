@@ -1,6 +1,6 @@
 """Shared-memory estimate vs the compiled kernel, on a GPU.
 
-    python benchmarks/smem_check.py --out benchmarks/results/smem_check_h200.json
+    python benchmarks/lab/smem_check.py --out benchmarks/results/smem_check_h200.json
 
 Compiles stage 1 for BLOCK_T 16/32 x BLOCK_H 16/32 x num_warps 4/8 x
 num_stages 1/2/3 x both shapes (64 heads) and compares the compiled shared
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kinv.kernels.devices import detect  # noqa: E402
 from kinv.kernels.mla_decode_adapter import MLADecodeAdapter, mla_params  # noqa: E402
