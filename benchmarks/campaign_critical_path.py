@@ -1,7 +1,7 @@
 """Where a campaign's wall time goes, and how much of it more GPUs could take.
 
     python benchmarks/campaign_critical_path.py benchmarks/results/ray_campaign_h200/local/kinv.db --wall 225.8 \
-        --gpus 2 4 --out benchmarks/results/ray_campaign_h200/critical_path.json
+        --gpus 2 4 --out benchmarks/results/ray_campaign_h200/critical_path_local.json
 
 It reads a one-GPU campaign's state database (a copy: the file given is never opened for writing) through
 kinv's store: the graph's node runs, the events and the campaign row.  It splits the wall time into parts:

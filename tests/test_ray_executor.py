@@ -17,7 +17,8 @@ pytest.importorskip("ray")
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = "plans/7-decode-ceiling.yaml"
-# the chosen config per level of the single-process replay campaign (benchmarks/RESULTS.md, issue 14 re-record)
+# the chosen config per level of the single-process replay campaign
+# (benchmarks/RESULTS.md, "Campaign #7 on replay of the re-recorded sweep")
 # what the single-process campaign chooses on the H200 sweep of the #9a kernel (kernels/recordings/h200/)
 EXPECTED_LEVELS = {"b1": "BT64/BH16/w8/s2", "b8": "BT32/BH16/w4/s2", "b32": "BT64/BH16/w4/s2",
                    "b64": "BT64/BH16/w4/s2", "b96": "BT64/BH16/w4/s2"}  # fmt: skip
