@@ -49,13 +49,18 @@ def _run(argv, handler) -> int:
         return EXIT_OK
     except KinvError as e:  # Exit included: a command's own exit with its line
         if isinstance(e, Exit):
+            if e.exit_code == EXIT_BAD_INPUT:
+                handler.discard()
             if e.message:
                 (print if e.exit_code == EXIT_OK else _err)(e.message)
             return e.exit_code
         line = _first_line(e)
         if os.environ.get("KINV_DEBUG"):
             raise
-        log.log(logging.INFO if e.exit_code == EXIT_BAD_INPUT else logging.ERROR, "exit %d: %s", e.exit_code, line)
+        if e.exit_code == EXIT_BAD_INPUT:
+            handler.discard()  # bad input leaves no trace
+        else:
+            log.error("exit %d: %s", e.exit_code, line)
         _err(line)
         return e.exit_code
     except KeyboardInterrupt:
@@ -75,6 +80,7 @@ def _run(argv, handler) -> int:
                                                    and hasattr(e, "format_message")):  # fmt: skip
             # an enum option's bad value: "Invalid value for '--backend': 'gpu' is not one of 'auto', ..."
             _err((e.format_message().splitlines() or [type(e).__name__])[0].replace(": Value error, ", ": "))
+            handler.discard()
             return EXIT_BAD_INPUT
         if isinstance(e, click.exceptions.Abort | typer.Abort):
             _err("aborted")
@@ -109,7 +115,7 @@ def _log_dir() -> Path | None:
 
 def _log_traceback(e: BaseException, handler: logs.StateDirLog) -> str:
     """The traceback into the state dir's kinv.log (the temp dir's where this command has no state dir)."""
-    if not handler.directory.is_dir():
+    if not (handler.directory / logs.STATE_FILE).is_file():
         handler.retarget(tempfile.gettempdir())
     log.error("internal error in kinv %s", " ".join(sys.argv[1:] if _ARGV is None else _ARGV), exc_info=e)
     handler.flush()

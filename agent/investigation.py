@@ -1,6 +1,8 @@
 """Library side of the commands that run things: run a plan, bench, noise.
 
-The CLI calls these and turns their (exit code, message) into an exit.
+The CLI calls these and turns their (exit code, message) into an exit; bench, noise and revert raise a
+KinvError (bad input, a failed step) instead of returning its code.  ``run_plan`` still returns its outcomes
+as codes (a campaign reads them: closed out, paused, interrupted, refused).
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
              backend_obj=None) -> tuple[int, str]:  # fmt: skip
     """``kinv run``: the workstream's graph from its plan.  ``backend_obj`` (a campaign's Ray backend) measures
     in place of a backend made from the name ``backend``."""
-    log.info("run %s: backend %s, approval %s%s", plan_path, backend, approval, ", new version" if new_version else "")
     code, message = _run_plan(plan_path, backend, approval, state_dir, console, new_version, backend_obj)
-    log.info("run %s ended: exit %d: %s", plan_path, code, message)
+    if code != EXIT_BAD_INPUT:  # bad input leaves no trace, in the log neither
+        log.info("run %s ended: exit %d: %s", plan_path, code, message)
     return code, message
 
 
@@ -79,6 +81,8 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         configs.read_config(plan.adapter.config_path(), plan.adapter.name)  # ConfigError: exit 2 in main
     store = Store(state_dir)
     ws = plan.ws
+    log.info("run %s (%s): backend %s, approval %s%s", plan_path, ws, be.name if be else backend, approval,
+             ", new version" if new_version else "")
     # One writer per workstream, and one per kernel file (two workstreams patch the same config).
     # Recovery runs only once both locks are held, so it can never revert a live run's patch.
     kernel_lock = f"kernel:{plan.kernel}"
@@ -287,17 +291,17 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
             k, _, v = item.partition("=")
             k = k.strip()
             if k not in adapter.spec.names:
-                return EXIT_BAD_INPUT, (f"--variant item {brief_repr(item)}: {brief_repr(k)} is not a tunable of "
-                                        f"{adapter.name}; its tunables: {', '.join(adapter.spec.names)}")  # fmt: skip
+                raise BadInput(f"--variant item {brief_repr(item)}: {brief_repr(k)} is not a tunable of "
+                               f"{adapter.name}; its tunables: {', '.join(adapter.spec.names)}")  # fmt: skip
             if re.fullmatch(r"[0-9]{1,9}", v.strip()):  # ASCII digits only: no "٨", "0_8" or "+8"
                 patch[k] = int(v.strip())
             else:
-                return EXIT_BAD_INPUT, (f"--variant item {brief_repr(item)} must be KEY=INT, e.g. "
-                                        f"{adapter.spec.names[-1]}=2")  # fmt: skip
+                raise BadInput(f"--variant item {brief_repr(item)} must be KEY=INT, e.g. "
+                               f"{adapter.spec.names[-1]}=2")  # fmt: skip
         try:
             var_cfg = adapter.validate_config({**cfg, **patch})
         except ConfigError as exc:
-            return EXIT_BAD_INPUT, f"--variant {brief_repr(variant)}: {exc}"
+            raise BadInput(f"--variant {brief_repr(variant)}: {exc}") from None
     lvls = plan.levels()
     env = dict(plan.environment)
     if variant is None:
@@ -456,8 +460,9 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[
             try:
                 action, rec = configs.restore_file_of_record(path)
             except configs.RevertError as exc:
-                return EXIT_FAIL, (f"{exc}. To write {plan.ws}'s measurement baseline ({describe(plan.baseline)}) "
-                                   f"instead: kinv revert --to-plan-baseline {plan_path}")  # fmt: skip
+                raise configs.RevertError(f"{exc}. To write {plan.ws}'s measurement baseline "
+                                          f"({describe(plan.baseline)}) instead: kinv revert --to-plan-baseline "
+                                          f"{plan_path}") from None  # fmt: skip
             if action == "unchanged":
                 return EXIT_OK, f"{path} already holds its file of record: {rec.source} (file sha {rec.sha})"
             return EXIT_OK, f"restored {path} to its file of record: {rec.source} (file sha {rec.sha})"
@@ -472,7 +477,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[
         configs.write_config(path, base)
         got = configs.read_config(path, plan.adapter.name)
         if config_hash(got) != config_hash(base):
-            return EXIT_FAIL, f"{path} did not verify after the write"
+            raise configs.RevertError(f"{path} did not verify after the write")
     return EXIT_OK, (f"wrote the measurement baseline of {plan.ws} into {path} ({describe(base)}, config hash "
                      f"{config_hash(base)}, file sha {configs.sha(path)}); this is not the shipped file: kinv "
                      f"revert --to-plan {plan_path} restores that")  # fmt: skip

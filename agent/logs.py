@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 LOG_NAME = "kinv.log"
+STATE_FILE = "kinv.db"  # a state dir is one that holds it: an empty ./state (a checkout's) gets no log
 FORMAT = "%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"
 _EARLY_MAX = 1000  # records kept while the state dir does not exist yet
 
@@ -30,7 +31,7 @@ class StateDirLog(logging.FileHandler):
         self.setFormatter(logging.Formatter(FORMAT, datefmt="%Y-%m-%dT%H:%M:%S%z"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.stream is None and not self.directory.is_dir():
+        if self.stream is None and not (self.directory / STATE_FILE).is_file():
             if len(self._early) < _EARLY_MAX:
                 self._early.append(record)
             return
@@ -40,7 +41,8 @@ class StateDirLog(logging.FileHandler):
         super().emit(record)
 
     def retarget(self, directory: str | os.PathLike) -> None:
-        """Write to DIR/kinv.log instead (an internal error where no state dir exists: the temp dir)."""
+        """Write to DIR/kinv.log from now on, the waiting records first (an internal error where no state dir
+        exists: the temp dir's)."""
         self.acquire()
         try:
             if self.stream is not None:
@@ -48,8 +50,13 @@ class StateDirLog(logging.FileHandler):
                 self.stream = None
             self.directory = Path(directory)
             self.baseFilename = os.path.abspath(self.directory / LOG_NAME)
+            self.stream = self._open()
         finally:
             self.release()
+
+    def discard(self) -> None:
+        """Forget the waiting records (a command refused as bad input leaves no trace)."""
+        self._early = []
 
     @property
     def path(self) -> Path:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from kinv.agent import planner, summary
+from kinv.agent.enums import MEASURED_VERDICTS
 from kinv.agent.ids import stamp
 from kinv.agent.store import Store
 from kinv.kernels.launch_config import describe
@@ -243,7 +244,7 @@ def results_conf(store: Store, data: dict) -> float | None:
     return None
 
 
-_MEASURED = ("accept", "reject", "mixed", "inconclusive")
+_MEASURED = MEASURED_VERDICTS
 """Verdicts that come from timing; a void, failed or unmeasured variant's rows are not data."""
 
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-LEVEL_VERDICTS = ("improved", "regressed", "equivalent", "undecided", "unmeasured")
+from kinv.agent.enums import LevelVerdict
+
+LEVEL_VERDICTS = tuple(LevelVerdict)
 STATUSES = ("measured", "rejected", "moot", "failed", "not run")
 
 

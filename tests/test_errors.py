@@ -148,10 +148,20 @@ def test_bad_input_writes_no_log_and_creates_no_state_dir(tmp_path, state_dir, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "nope.yaml does not exist" in err[0] and "no kinv state" in err[1], err
     assert not state_dir.exists() and not (Path(tempfile.gettempdir()) / "kinv.log").exists()
+    from kinv.agent.store import Store
+
+    Store(state_dir).close()  # an existing state: bad input leaves no line in its log either
+    assert main(["run", str(tmp_path / "nope.yaml"), "--backend", "replay"]) == 2
+    assert main(["resume", "9z", "--backend", "replay"]) == 2
+    assert main(["run", str(tmp_path / "nope.yaml"), "--backend", "gpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "unknown workstream '#9z'" in err[1] and "'gpu' is not one of 'auto', 'cuda'" in err[2], err
+    assert not (state_dir / "kinv.log").exists()
 
 
 def test_the_log_holds_the_records_from_before_the_state_dir_existed(tmp_path):
-    """A command that creates its state dir logs from its first line; one that never does writes nothing."""
+    """A command that creates its state dir (its kinv.db) logs from its first line; one that never does writes
+    nothing."""
     import logging
 
     from kinv.agent import logs
@@ -163,6 +173,7 @@ def test_the_log_holds_the_records_from_before_the_state_dir_existed(tmp_path):
             logging.getLogger("kinv.agent.test").info("first, before the dir %s exists", d.name)
             if d is made:
                 d.mkdir()
+                (d / "kinv.db").touch()  # a state dir is one with a kinv.db (an empty ./state is not)
                 logging.getLogger("kinv.agent.test").info("second")
         finally:
             logs.detach(h)
