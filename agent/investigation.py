@@ -257,17 +257,25 @@ def _plan_and_backend(plan_path, backend, as_json: bool = False):
 
     if backend not in bench.BACKENDS:  # bad input (exit 2); get_backend's BackendError would be a failed step
         raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
+    said = ""
+    if plan_path is None:  # no --plan: a registered kernel's example plan, and a phrase saying whose
+        from kinv.kernels.adapter import default_plan
+
+        plan_path, said = default_plan()
     plan, _ = load_plan(plan_path)
     be = bench.get_backend(backend)
-    return plan, be
+    return plan, be, said
 
 
-def _banner(be, as_json: bool) -> None:
-    """Say which backend measures; callers print it once their inputs are valid (under --json it goes to
-    stderr, where bad input must leave exactly one line: the refusal)."""
+def _banner(be, as_json: bool, said: str = "") -> None:
+    """Say which backend measures (and which plan, when none was given); callers print it once their inputs are
+    valid (under --json it goes to stderr, where bad input must leave exactly one line: the refusal)."""
     import sys
 
-    print(be.loud, flush=True, file=sys.stderr if as_json else sys.stdout)
+    out = sys.stderr if as_json else sys.stdout
+    if said:
+        print(said, flush=True, file=out)
+    print(be.loud, flush=True, file=out)
 
 
 def bench_command(plan_path, config_path, variant, backend, samples, rounds, state_dir, as_json, console):
@@ -280,7 +288,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
     from kinv.agent.tools import bench
     from kinv.kernels.launch_config import ConfigError, brief_repr, describe, load_config
 
-    plan, be = _plan_and_backend(plan_path, backend, as_json)
+    plan, be, said = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter
     cfg = load_config(config_path or adapter.config_path(), adapter.name)
     cfg = {k: v for k, v in cfg.items() if k != "description"}
@@ -309,7 +317,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
     else:  # the two arms as bench.run_ab opens them
         be.preflight(plan.kernel, env, lvls, [(("baseline", plan.kernel, cfg, env), {"partner": var_cfg, "role": "base"}),
                                               (("variant", plan.kernel, var_cfg, env), {"partner": cfg})])  # fmt: skip
-    _banner(be, as_json)
+    _banner(be, as_json, said)
     store = Store(state_dir)
     if variant is None:
         exp = store.new_experiment(kind="bench", variant="config", backend=be.name, config_json=json.dumps(cfg))
@@ -364,13 +372,13 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     from kinv.agent.tools import bench
     from kinv.kernels.launch_config import load_config
 
-    plan, be = _plan_and_backend(plan_path, backend, as_json)
+    plan, be, said = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter
     cfg = {k: v for k, v in load_config(adapter.config_path(), adapter.name).items() if k != "description"}
     lvls = plan.levels()
     env = dict(plan.environment)
     be.preflight(plan.kernel, env, lvls, [(("A", plan.kernel, cfg, env), {"replica": j}) for j in range(arms_n)])
-    _banner(be, as_json)
+    _banner(be, as_json, said)
     store = Store(state_dir)
     exp = store.new_experiment(kind="noise", variant="A/A", backend=be.name)
     acc, gpu_s = bench.run_aa(store, exp, be, plan.kernel, cfg, dict(plan.environment), lvls, rounds, arms_n)
@@ -416,8 +424,8 @@ def kernels_rows() -> list[dict]:
                      "restrictions": [r.text for r in a.spec.restrictions], "level_dims": list(a.level_dims),
                      "override_dims": list(a.spec.override_dims),
                      "override_choices": {d: list(v) for d, v in a.spec.override_choices.items()},
-                     "throughput_unit": a.throughput_unit,
-                     "config": str(a.config_path())})  # fmt: skip
+                     "throughput_unit": a.throughput_unit, "config": str(a.config_path()),
+                     "example_plan": str(a.root() / a.example_plan) if a.example_plan else None})  # fmt: skip
     return rows
 
 
@@ -433,15 +441,22 @@ def kernels_command(as_json: bool, console) -> tuple[int, str]:
 
     from kinv.agent.render import table
 
-    t = table("kernel", "adapter", "tunables", "level dimensions", "throughput",
+    t = table("kernel", "adapter", "tunables", "level dimensions", "throughput", "example plan",
               title="registered kernels (kinv.kernels entry points; a plan may also name package.module:Class)")
     for r in rows:
         if "error" in r:
-            t.add_row(r["name"], r["ref"], Text(r["error"], "red"), "", "")
+            t.add_row(r["name"], r["ref"], Text(r["error"], "red"), "", "", "")
             continue
         tun = "; ".join(f"{k} {'/'.join(map(str, v))}" for k, v in r["tunables"].items())
-        t.add_row(r["name"], r["ref"], tun, ", ".join(r["level_dims"]), r["throughput_unit"])
+        t.add_row(r["name"], r["ref"], tun, ", ".join(r["level_dims"]), r["throughput_unit"], r["example_plan"] or "")
     console.print(t)
+    from kinv.kernels.adapter import default_plan
+
+    try:
+        path, _ = default_plan()
+        console.print(f"kinv bench, noise and env without --plan use {path}", markup=False, highlight=False)
+    except BadInput:
+        console.print("no kernel names an example plan: kinv bench, noise and env need --plan", markup=False)
     return EXIT_OK, ""
 
 

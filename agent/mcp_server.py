@@ -103,6 +103,10 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
                             "plans/3a-attention-occupancy.yaml)")  # fmt: skip
         return path
 
+    def plan_args(p: str | None) -> list[str]:
+        """``--plan PATH`` for a plan the agent named; none without one (kinv picks a registered kernel's example)."""
+        return [] if p is None else ["--plan", str(plan_file(p))]
+
     def checked_plan(plan: str, backend: str, approval: str):
         """(path, Plan, hash) of a plan the agent named, with the backend and approval policy checked."""
         from kinv.agent.models import PlanError, load_plan
@@ -261,33 +265,35 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
                 "pending_approvals": [a.id for a in waiting(None)]}  # fmt: skip
 
     @server.tool()
-    async def bench(plan: str = "plans/3a-attention-occupancy.yaml", variant: str | None = None,
+    async def bench(plan: str | None = None, variant: str | None = None,
                     backend: BackendChoice = BackendName.AUTO.value, samples: int = 5) -> dict[str, Any]:  # fmt: skip
-        """Time the live config at the plan's levels (µs, GB/s, % of copy bandwidth), or A/B a variant such as
-        num_warps=8 against it with a verdict (kinv bench --json)."""
-        path = plan_file(plan)
+        """Time the live config at the plan's levels (µs, GB/s, % of copy bandwidth), or A/B a variant (tunable=value
+        changes of the plan kernel's tunables, as the kernels tool lists them) against it with a verdict (kinv bench
+        --json).  Without a plan: the example plan of the first registered kernel that names one."""
+        on = plan_args(plan)
         choice(backend, tuple(BackendName), "backend")
         if not isinstance(samples, int) or not 1 <= samples <= 1000:
             raise ToolError(f"samples {samples!r} must be an integer from 1 to 1000")
-        args = ["bench", "--plan", str(path), "--backend", backend, "--samples", str(samples)]
+        args = ["bench", *on, "--backend", backend, "--samples", str(samples)]
         if variant is not None:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=[0-9]{1,7}(,[A-Za-z_][A-Za-z0-9_]*=[0-9]{1,7})*", variant):
-                raise ToolError(f"variant {variant!r} must be tunable=value[,tunable=value], e.g. num_warps=8")
+                raise ToolError(f"variant {variant!r} must be tunable=value[,tunable=value] in the plan kernel's "
+                                "tunables (the kernels tool lists them)")
             args += ["--variant", variant]
         return {"result": await cli_json(args, timeout=1800)}
 
     @server.tool()
-    async def noise(plan: str = "plans/3a-attention-occupancy.yaml", backend: Literal["auto", "cuda", "replay"] = "auto",
+    async def noise(plan: str | None = None, backend: Literal["auto", "cuda", "replay"] = "auto",
                     rounds: int = 16, workers: int = 4) -> dict[str, Any]:  # fmt: skip
         """A/A of the live config at the plan's levels: round noise, between-worker offset, outliers, and whether
-        the plan's thresholds are decidable (kinv noise --json)."""
-        path = plan_file(plan)
+        the plan's thresholds are decidable (kinv noise --json).  Without a plan: as the bench tool."""
+        on = plan_args(plan)
         choice(backend, tuple(BackendName), "backend")
         if not isinstance(rounds, int) or not 3 <= rounds <= 1000:
             raise ToolError(f"rounds {rounds!r} must be an integer from 3 to 1000")
         if not isinstance(workers, int) or not 2 <= workers <= 8:
             raise ToolError(f"workers {workers!r} must be an integer from 2 to 8")
-        return {"result": await cli_json(["noise", "--plan", str(path), "--backend", backend, "--rounds", str(rounds),
+        return {"result": await cli_json(["noise", *on, "--backend", backend, "--rounds", str(rounds),
                                "--workers", str(workers)], timeout=1800)}  # fmt: skip
 
     @server.tool()

@@ -106,8 +106,8 @@ class BacklogItem(Strict):
         description="what it attacks: the kernel's roofline gap, occupancy, tile shape, or time outside this kernel"
     )
     prior: float = Field(0.5, ge=0, le=1, description="prior plausibility from 0 to 1")
-    tunables: list[str] = Field(default_factory=list, description="the kernel tunables this item varies (e.g. "
-                                "[BLOCK_T]): a campaign can run it as a search; empty: out of a campaign's reach")
+    tunables: list[str] = Field(default_factory=list, description="the kernel tunables this item varies "
+                                "(names the kernel's adapter declares): a campaign can run it as a search; empty: out of a campaign's reach")
 
     _id = field_validator("id")(classmethod(lambda cls, v: check_item_id(v)))
     _title = field_validator("title")(classmethod(lambda cls, v: check_text(v)))
@@ -186,12 +186,13 @@ class Campaign(Strict):
 
 class Plan(Strict):
     workstream: WorkstreamRef = Field(description="the workstream this plan investigates")
-    kernel: str = Field(description="kernel: a registered name (`kinv kernels`), e.g. 'mla_decode', or "
+    kernel: str = Field(description="kernel: a registered name (`kinv kernels` lists them) or "
                         "package.module:Class of an adapter")
     hypothesis: str = Field(min_length=1, max_length=4000, description="what the investigation tests")
     device: str = Field("sm_90", description="target device for feasibility: sm_90, sm_100, sm_120, h200, ...")
     workload: dict = Field(description="the levels to measure, in the kernel adapter's own terms (its workload model)")
-    environment: dict[str, str] = Field(default_factory=dict, description="expected env vars, e.g. TARGET_CTAS")
+    environment: dict[str, str] = Field(default_factory=dict, description="expected env vars (name: value), "
+                                           "checked in every worker; the kernel's adapter says which values are valid")
     baseline: dict = Field(description="the baseline launch config: a value for each of the kernel's tunables")
     variants: list[Variant] = Field(description="the variants to test, in order")
     bounds: dict[str, list[int]] = Field(default_factory=dict, description="values of each tunable a config patch "
@@ -349,7 +350,7 @@ class Plan(Strict):
                              f"levels: {', '.join(labels)}")  # fmt: skip
         if not any(set(i.tunables) & set(self.search_space()) for i in self.backlog):
             raise ValueError("backlog: a campaign needs at least one item with tunables inside campaign.space "
-                             "(e.g. tunables: [BLOCK_T]) to turn into a workstream")
+                             "(tunables: [NAME, ...]) to turn into a workstream")
 
     def search_space(self) -> dict[str, list[int]]:
         """A campaign's space: campaign.space, else the plan's bounds; each tunable's values as listed."""

@@ -110,8 +110,8 @@ def next_variant(plan: Plan, results: dict, cancelled: set[str]) -> tuple[str | 
 
 def level_conditional(plan: Plan, variant: Variant, levels: dict[str, str]) -> dict | None:
     """For a mixed verdict: the baseline plus overrides that run the variant only at the levels where it improved,
-    conditioned on the level dimensions the kernel's overrides accept (MLA: the batch, and the model shape by
-    value); None when the kernel takes no overrides or the variant changes nothing there.
+    conditioned on the level dimensions the kernel's overrides accept (its adapter's ``override_dims``, and
+    ``override_choices`` by value); None when the kernel takes no overrides or the variant changes nothing there.
 
     Each new override says every tunable the variant runs with at its level that differs from the baseline's
     own values, and goes before the baseline's overrides (the first match wins), so a variant whose change is

@@ -25,8 +25,8 @@ symmetry and on nothing else about the noise's shape:
 * with fewer than ``HL_MIN_ROUNDS`` (12) rounds, the Student-t interval on the mean of ``d``.  For symmetric
   noise the t statistic's tails are no heavier than Student's -- heavy tails make it conservative, not
   liberal -- so it stays valid even at the tiny per-look error rates of the sequential correction
-  (simulated with 5% outliers 3-10x wider: 0.3-0.7x the nominal rate; shaped like the H200 recordings:
-  0.3-0.5x).  What it loses under outliers is power: one wild round widens it for the rest of the run.
+  (simulated with 5% outliers 3-10x wider: 0.3-0.7x the nominal rate; shaped like the shipped
+  recordings' noise: 0.3-0.5x).  What it loses under outliers is power: one wild round widens it for the rest of the run.
 * from ``HL_MIN_ROUNDS`` rounds on, the Hodges-Lehmann estimate (median of the Walsh averages
   ``(d_i + d_j) / 2``, ``i <= j``) with the exact Wilcoxon signed-rank interval.  Under symmetry its coverage
   is exact whatever the tails (distribution-free), it has 95% of the t-interval's efficiency on Gaussian
@@ -83,7 +83,7 @@ Decision pipeline
    reaches ``T``; regressed in the mirror case; equivalent when the interval lies inside ``+/-T``;
    undecided otherwise.  The levels combine into the variant's verdict (:func:`variant_verdict`).
 
-Error rates, simulated over the recorded H200 noise with planted per-arm placement offsets re-drawn every
+Error rates, simulated over the shipped recordings' noise (kernels/recordings/) with planted per-arm placement offsets re-drawn every
 round (SD 0.25-0.75%), 1,000 investigations per condition (``benchmarks/verdict_simulation.py``, figures in
 ``benchmarks/RESULTS.md``): false claims under the null 0.0% at every offset SD (target <= 1%); a true
 +/-1.5% (1.5 T) decided in the right direction at 98.2-100% of levels for offset SD <= 0.5%, 94.0-99.4% at

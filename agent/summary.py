@@ -69,7 +69,7 @@ class VariantVerdict:
     verdict: str | None = None  # the variant's verdict word as its table prints it (accept, reject, ...)
     levels: tuple[LevelVerdict, ...] = ()
     note: str = ""  # why it was not measured: a person's reason, the moot premise, the failure
-    changes: str = ""  # what it changes ("num_stages 3"), to say what was never measured
+    changes: str = ""  # what it changes (a tunable and its value), to say what was never measured
 
     def at(self, verdict: str) -> list[LevelVerdict]:
         return [lv for lv in self.levels if lv.verdict == verdict] if self.status == "measured" else []

@@ -46,7 +46,7 @@ class TodoView(View):
     id: str = Field(description="todo id, e.g. '#3a.V1'")
     workstream: str = Field(description="workstream id, e.g. '#3a'")
     parent: str | None = Field(None, description="parent todo id for a follow-up, e.g. '#3a.V1' for '#3a.V3'")
-    content: str = Field(description="what the todo is, imperative ('Test V1: num_warps 8')")
+    content: str = Field(description="what the todo is, imperative ('Test V1: ' and what it changes)")
     active_form: str | None = Field(None, description="present-continuous form shown while it runs, if stored")
     status: str = Field(description="kinv status: pending, in_progress, completed, cancelled, ...")
     reason: str | None = Field(None, description="why it ended as it did, e.g. 'moot: V1 regressed at every level'")

@@ -125,6 +125,9 @@ class KernelAdapter(ABC):
     kernel_files: tuple[str, ...] = ()
     #: (file relative to :meth:`root`, qualified name) of the reference and metric definitions (hashed)
     reference_parts: tuple[tuple[str, str], ...] = ()
+    #: a plan of this kernel, relative to :meth:`root`, that ``kinv bench``, ``kinv noise`` and ``kinv env`` use
+    #: without ``--plan`` (the first registered kernel's that names one); empty: none
+    example_plan: str = ""
 
     # ---- where things live -----------------------------------------------------------
     def root(self) -> Path:
@@ -314,6 +317,35 @@ def registered() -> dict[str, str]:
     return out
 
 
+def default_plan() -> tuple[Path, str]:
+    """The plan ``kinv bench``, ``kinv noise`` and ``kinv env`` use without ``--plan``: the example plan of the
+    first registered kernel (kinv's own, then the entry points) whose adapter names one that exists, relative to
+    the working directory when it lies under it; and a phrase saying whose it is, naming the other registered
+    kernels when there are several.  BadInput when no kernel names one."""
+    import os
+
+    names = list(registered())
+    for name in names:
+        try:
+            adapter = get_adapter(name)
+        except UnknownKernelError:  # a broken plugin is not the default; its own commands say what is wrong
+            continue
+        path = adapter.root() / adapter.example_plan if adapter.example_plan else None
+        if path and path.is_file():
+            break
+    else:
+        raise BadInput("no --plan given and no registered kernel names an example plan; give --plan PLAN.yaml")
+    try:
+        shown = Path(os.path.relpath(path)) if path.resolve().is_relative_to(Path.cwd().resolve()) else path
+    except (OSError, ValueError):
+        shown = path
+    others = [n for n in names if n != name]
+    said = f"no --plan: {shown}, the example plan of {name}"
+    if others:
+        said += f"; also registered: {', '.join(others)} (--plan picks another kernel's plan)"
+    return shown, said
+
+
 def import_path() -> list[str]:
     """The folders this process imported ``package.module:Class`` adapters from (the working directory, say),
     for a child's PYTHONPATH after its own entries: the correctness child and the benchmark workers start with
@@ -397,5 +429,6 @@ __all__ = [
     "get_adapter",
     "import_path",
     "project_root",
+    "default_plan",
     "registered",
 ]

@@ -159,6 +159,7 @@ class MLADecodeAdapter(KernelAdapter):
     level_dims = ("shape", "heads", "page_size", "context", "batch")
     max_local_heads = MAX_LOCAL_HEADS
     throughput_unit = "tok/s"
+    example_plan = "plans/3a-attention-occupancy.yaml"
     kernel_files = ("kernels/mla_decode.py",)
     reference_parts = (
         ("kernels/mla_decode_ref.py", "mla_decode_reference"),

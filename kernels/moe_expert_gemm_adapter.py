@@ -72,6 +72,7 @@ class MoEExpertGemmAdapter(KernelAdapter):
     spec = SPEC
     level_dims = ("tokens", "experts", "top_k", "hidden", "n")
     throughput_unit = "TFLOP/s"
+    example_plan = "plans/4a-expert-gemm-tiles.yaml"
     kernel_files = ("kernels/moe_expert_gemm.py",)
     reference_parts = (
         ("kernels/moe_expert_gemm_ref.py", "moe_expert_gemm_reference"),

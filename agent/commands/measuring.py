@@ -27,15 +27,17 @@ from kinv.agent.enums import BackendName
 # --------------------------------------------------------------------------- #
 # measuring
 # --------------------------------------------------------------------------- #
-PlanOpt = typer.Option(Path("plans/3a-attention-occupancy.yaml"), "--plan",
-                       help="plan whose kernel, levels, environment and thresholds to use")
+PlanOpt = typer.Option(None, "--plan", show_default=False,
+                       help="plan whose kernel, levels, environment and thresholds to use (default: the example plan "
+                       "of the first registered kernel that names one: kinv kernels)")
 
 
 @app.command()
 def bench(
     plan: Path = PlanOpt,
     config: Path = typer.Option(None, help="config JSON to time (default: the kernel's live config)"),
-    variant: str = typer.Option(None, help="A/B against the live config: tunable changes such as num_warps=8"),
+    variant: str = typer.Option(None, help="A/B against the live config: tunable changes NAME=VALUE[,NAME=VALUE] "
+                                         "(the plan kernel's tunables: kinv kernels)"),
     backend: BackendName = typer.Option(BackendName.AUTO, help=BACKEND_HELP),
     samples: int = typer.Option(5, min=1, max=1000, help="samples per level for a single config"),
     rounds: int = typer.Option(32, min=2, max=1000, help="max ABBA rounds for --variant"),
@@ -45,7 +47,7 @@ def bench(
     """Time one config at the plan's levels (µs, GB/s, % of copy bandwidth, throughput), or A/B a variant.
 
     Example: kinv bench --plan plans/4a-expert-gemm-tiles.yaml --backend cuda
-    Example: kinv bench --variant num_warps=8 --backend replay
+    Example: kinv bench --variant NAME=VALUE --backend replay   (NAME: a tunable of the plan's kernel)
     """
     from kinv.agent.investigation import bench_command
 
@@ -87,9 +89,10 @@ def kernels(as_json: bool = JsonOpt):
 
 @app.command()
 def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/environ"),
-        plan: Path = typer.Option(Path("plans/3a-attention-occupancy.yaml"), help="plan whose environment is expected"),
+        plan: Path = typer.Option(None, show_default=False, help="plan whose environment is expected (default: "
+                                  "the example plan of the first registered kernel that names one: kinv kernels)"),
         state_dir: str = StateOpt, as_json: bool = JsonOpt):  # fmt: skip
-    """Check the plan's expected environment (e.g. TARGET_CTAS=512) against a live process.
+    """Check the plan's expected environment (its environment: section) against this shell or a live process.
 
     Example: kinv env --pid 12345 --plan plans/3a-attention-occupancy.yaml
     """
@@ -97,6 +100,12 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
     from kinv.agent.models import load_plan
     from kinv.agent.tools import envcheck
 
+    said = ""
+    if plan is None:
+        from kinv.kernels.adapter import default_plan
+
+        plan, said = default_plan()
+        said = f"; {said}"
     p, _ = load_plan(plan)
     if pid is None:
         seen = {k: os.environ.get(k) for k in p.environment}
@@ -108,9 +117,9 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
             print(json.dumps({"source": "shell", "expected": p.environment, "seen": seen, "ok": not mism,
                               "mismatch": [m.var for m in mism]}, indent=2))  # fmt: skip
             raise Exit(EXIT_FAIL if mism else EXIT_OK, "")
-        said = "; ".join(f"{m.var}: expected {m.expected!r}, this shell has {shown(m.seen) if m.seen else 'it unset'}"
+        diff = "; ".join(f"{m.var}: expected {m.expected!r}, this shell has {shown(m.seen) if m.seen else 'it unset'}"
                          for m in mism)  # fmt: skip
-        raise Exit(EXIT_FAIL if mism else EXIT_OK, said or f"this shell matches {p.environment}")
+        raise Exit(EXIT_FAIL if mism else EXIT_OK, (diff or f"this shell matches {p.environment}") + said)
     seen = envcheck.proc_environ(pid)  # a bad pid is refused before the store is opened
     store = _store(state_dir, create=True)
     envcheck.check_pid(store, p.ws, pid, p.environment, seen=seen)
@@ -118,7 +127,7 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
         print(json.dumps({"source": f"pid {pid}", "expected": p.environment, "seen": p.environment, "ok": True,
                           "mismatch": []}, indent=2))  # fmt: skip
         return
-    _console().print(f"pid {pid} sees {p.environment}: ok")
+    _console().print(f"pid {pid} sees {p.environment}: ok{said}")
 
 
 @app.command()

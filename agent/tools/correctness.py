@@ -4,8 +4,8 @@ For every level the kernel runs on FRESH random inputs (irregular shapes where
 the adapter has them) and is compared with the adapter's float32 reference under
 the adapter's tolerance; every output must also be finite, and each checked
 launch writes into an output first filled with NaN.  The level actually run is
-the adapter's stand-in (``KernelAdapter.stand_in``: MLA caps batch and context
-so a check stays quick, and runs a small stand-in on CPU); on a GPU it runs in
+the adapter's stand-in (``KernelAdapter.stand_in``: an adapter may cap its level's
+dimensions so a check stays quick, and run a small stand-in on CPU); on a GPU it runs in
 bf16, on CPU in the Triton interpreter in float16 (the interpreter's bf16 dot is
 wrong).  A launch that raises (compile error, out of resources) is a failed
 check, never an exception.

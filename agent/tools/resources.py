@@ -1,8 +1,8 @@
 """Feasibility and the "why" figures of a config: shared memory, occupancy, and whatever the adapter
-explains (MLA: splits, tiles, waves), per level.
+explains (``Resources.why``: a split kernel's splits, tiles and waves, say), per level.
 
 The figures come from the kernel's adapter (``KernelAdapter.resources``); the derivations that feed
-them (MLA's heads / TP -> local heads -> BLOCK_H, the seed's lesson) live in the adapter too.
+them (a tunable derived from the workload, ``KernelAdapter.workload_notes``) live in the adapter too.
 """
 
 from __future__ import annotations

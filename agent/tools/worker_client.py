@@ -1,7 +1,7 @@
 """Talk to a benchmark worker subprocess (standard library only).
 
 One :class:`WorkerProcess` per variant: it is started with the variant's own
-environment (and so its own TARGET_CTAS) and keeps its compiled kernels and
+environment (the plan's ``environment:``, checked) and keeps its compiled kernels and
 captured graphs between samples, so a sample costs one pipe round trip beyond
 the GPU time itself.
 """
