@@ -477,13 +477,15 @@ class Campaign:
 
     def final_reserve(self) -> float:
         """GPU seconds kept for the final A/B: the first A/A's cost plus one full-length A/B at that rate."""
+        from kinv.agent.tools import protocol
+
         st = self.plan.stats
         for step in self.row["steps"]:
             if not step.get("ws"):
                 continue
             for e in self.store.experiments(step["ws"]):
                 if e["kind"] == "noise" and e["status"] == "done":
-                    aa = sum(x["gpu_s"] or 0.0 for x in self.store.samples(e["id"]))
+                    aa = protocol.gpu_seconds(self.store.samples(e["id"]))
                     return aa * (1 + 2 * st.max_rounds / (st.aa_rounds * st.aa_arms))
         return 0.0
 

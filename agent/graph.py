@@ -23,7 +23,7 @@ from kinv.agent import faults, planner
 from kinv.agent.enums import Approval
 from kinv.agent.models import Plan
 from kinv.agent.store import Store
-from kinv.agent.tools import bench, configs, correctness, envcheck, resources
+from kinv.agent.tools import bench, configs, correctness, envcheck, protocol, resources
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.devices import get_device
 from kinv.kernels.errors import KinvError
@@ -203,12 +203,10 @@ def _thresholds(ctx: Context) -> dict[str, float]:
 
 
 def sequential_plan(plan: Plan):
-    """The plan's statistics settings as the sequential A/B runs them."""
-    from kinv.agent import stats
+    """The plan's statistics settings as the sequential A/B runs them (agent.tools.protocol.sequential_plan)."""
+    from kinv.agent.tools import protocol
 
-    s = plan.stats
-    return stats.SequentialPlan(quick_rounds=s.quick_rounds, step_rounds=s.step_rounds, max_rounds=s.max_rounds,
-                                conf=s.conf)  # fmt: skip
+    return protocol.sequential_plan(plan.stats)
 
 
 def look_conf(plan: Plan) -> float:
@@ -358,7 +356,7 @@ def noise(state: State, runtime: Runtime[Context]) -> dict:
     look = look_conf(plan)
     bands = [stats.aa_noise(acc[lv.key], lv.key, thresholds[lv.key], s.max_rounds, look) for lv in levels]
     store.add_noise(exp, ws, [b.__dict__ for b in bands])
-    gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
+    gpu_total = protocol.gpu_seconds(store.samples(exp))
     store.update_experiment(exp, status="done", rounds=s.aa_rounds, gpu_s=gpu_total,
                             wall_s=time.time() - t0, finished=time.time())  # fmt: skip
     warnings = stats.check_aa(bands)  # HarnessBroken only on evidence that the harness is broken
@@ -557,13 +555,13 @@ def measure(state: State, runtime: Runtime[Context]) -> dict:
         void = _integrity(store, exp, state["baseline_hashes"])  # rounds already taken may void it anyway
         if void:
             kind, why = "void", f"{void} (and then {kind}: {why})"
-        spent = sum(x["gpu_s"] or 0 for x in store.samples(exp))
+        spent = protocol.gpu_seconds(store.samples(exp))
         res = _failed(store, state, kind, why, gpu_s=spent, wall_s=time.time() - t0,
                       **({"void_reason": void} if void else {}))
         ctx.say("failed", message=f"{vid}: {todo_reason(res)}")
         return {"results": {vid: res}, "decision": todo_reason(res)[:200]}
     store.add_verdicts(exp, bench.verdict_rows(seq_res))
-    gpu_total = sum(x["gpu_s"] or 0 for x in store.samples(exp))
+    gpu_total = protocol.gpu_seconds(store.samples(exp))
     void = _integrity(store, exp, state["baseline_hashes"])
     verdict, reason = seq_res.verdict, seq_res.reason
     if void:

@@ -280,12 +280,12 @@ def _banner(be, as_json: bool, said: str = "") -> None:
 
 def bench_command(plan_path, config_path, variant, backend, samples, rounds, state_dir, as_json, console):
     """``kinv bench``: time one config at the plan's levels, or A/B a variant against it (the same
-    sequential A/B the graph runs, bench.run_ab)."""
+    sequential A/B the graph runs, bench.run_ab, without an A/A's offsets)."""
     import json
     import math
 
     from kinv.agent import stats
-    from kinv.agent.tools import bench
+    from kinv.agent.tools import bench, protocol
     from kinv.kernels.launch_config import ConfigError, brief_repr, describe, load_config
 
     plan, be, said = _plan_and_backend(plan_path, backend, as_json)
@@ -334,10 +334,10 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
         return EXIT_OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
     exp = store.new_experiment(kind="ab", variant=describe(var_cfg), backend=be.name, config_json=json.dumps(var_cfg))
     thresholds = {lv.key: plan.stats.threshold_at(lv.label) for lv in lvls}
-    seq = stats.SequentialPlan(quick_rounds=min(plan.stats.quick_rounds, rounds), step_rounds=plan.stats.step_rounds,
-                               max_rounds=rounds, conf=plan.stats.conf)  # fmt: skip
+    # the graph's sequential A/B, capped at --rounds; no A/A has measured this pair's offset, and it is one variant
+    seq = protocol.sequential_plan(plan.stats, max_rounds=rounds)
     res, _ = bench.run_ab(store, exp, be, plan.kernel, cfg, var_cfg, env, lvls, thresholds, seq)
-    gpu_s = sum(s["gpu_s"] or 0 for s in store.samples(exp))
+    gpu_s = protocol.gpu_seconds(store.samples(exp))
     store.add_verdicts(exp, bench.verdict_rows(res))
     store.update_experiment(exp, status="done", verdict=res.verdict, reason=res.reason, rounds=res.rounds, gpu_s=gpu_s)
     if as_json:

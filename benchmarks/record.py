@@ -3,7 +3,7 @@
     python benchmarks/record.py --plan plans/3a-attention-occupancy.yaml --plan plans/3b-tile-shape.yaml \
         --rounds 32 --aa-rounds 16 --out kernels/recordings/h200/mla_decode-v4flash.jsonl.gz
 
-The recording follows the protocol of a live investigation (agent/tools/bench.py), so a replayed
+The recording follows the protocol of a live investigation (agent/tools/protocol.py), so a replayed
 investigation sees the same statistics as a live one:
 
 * every sample re-sets its arm (fresh inputs, outputs and scratch at a new placement, the graph
@@ -17,7 +17,7 @@ Rounds interleave every pair and level in a rotated order, so slow drifts spread
 
 ``--sweep PLAN`` records a campaign's whole space instead (plans/7-decode-ceiling.yaml): every config of
 ``campaign.space`` that the resource model passes, as ``--replicas`` independent workers each, all timed in
-every round at every level (round r draws seed SEED0 + r for every arm, the order rotated per round).  Any two
+every round at every level (round r draws seed protocol.round_seed(r) for every arm, the order rotated per round).  Any two
 configs' workers then form a paired A/B (round r against round r), replica j of one config is arm j of its
 A/A, and the means over all rounds are the exhaustive sweep a campaign is judged against
 (benchmarks/campaign_truth.py).  Slots are ``("sw", <config hash>, "R<j>")``.
@@ -35,10 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kinv.agent.tools import protocol  # noqa: E402
 from kinv.agent.tools.worker_client import WorkerProcess  # noqa: E402
 from kinv.kernels.launch_config import config_hash, describe  # noqa: E402
-
-SEED0 = 1000  # round r of every arm draws its inputs from SEED0 + r (agent/tools/bench.py ROUND_SEED0)
 
 
 def from_plans(paths: list[str]):
@@ -133,7 +132,7 @@ def main() -> int:
         w, hello = workers[name]
         s = setups[(name, adapter.level(lv).key)]
         t_req = time.perf_counter()
-        smp = w.request("sample", key=s["key"], seed=SEED0 + r)  # the same data for every arm of round r
+        smp = w.request("sample", key=s["key"], seed=protocol.round_seed(r))  # the same data for every arm of round r
         lines.append({
             "type": "sample", "kind": kind, "pair": pair, "role": role, "arm": name, "round": r,
             "config_hash": config_hash(cfg), "level": s["level"], "us": smp["us"], "us_min": smp["us_min"],
@@ -144,16 +143,15 @@ def main() -> int:
 
     names = list(var)
     for r in range(max(args.rounds, args.aa_rounds)):
-        order = names[r % len(names):] + names[: r % len(names)] if names else []
+        order = protocol.rotated(names, r)
         units = []
         if r < args.rounds:
             for name in order:
                 ab = [f"{name}: baseline", f"{name}: variant"]
-                units.append(ab if r % 2 == 0 else ab[::-1])  # ABBA within each pair
+                units.append([ab[j] for j in protocol.round_order(2, r, abba=True)])  # ABBA within each pair
         if r < args.aa_rounds and args.aa_arms:
             aa = [f"A/A arm {j}" for j in range(args.aa_arms)]
-            k = r % len(aa)
-            units.append(aa[k:] + aa[:k])
+            units.append(protocol.rotated(aa, r))
         for unit in units:
             for lv in levels:
                 for name in unit:
@@ -299,14 +297,14 @@ def _sweep(args, plan, configs: list[dict], pruned: list[dict], plan_name: str,
     lines = [header]
     names = list(arms)
     for r in range(args.rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = protocol.rotated(names, r)
         for lv in levels:
             for name in order:
                 chash, role, cfg = arms[name]
                 w, hello, sets = workers[name]
                 s = sets[adapter.level(lv).key]
                 t_req = time.perf_counter()
-                smp = w.request("sample", key=s["key"], seed=SEED0 + r)
+                smp = w.request("sample", key=s["key"], seed=protocol.round_seed(r))
                 lines.append({
                     "type": "sample", "kind": "sw", "pair": chash, "role": role, "arm": name, "round": r,
                     "config_hash": chash, "level": s["level"], "us": smp["us"], "us_min": smp["us_min"],

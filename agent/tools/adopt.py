@@ -271,7 +271,7 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
     very pair on this backend is re-read, never measured twice; an unfinished one resumes from its rounds.
     Without a recording of the pair on replay (or on any backend failure) it refuses, and nothing is kept."""
     from kinv.agent.graph import sequential_plan
-    from kinv.agent.tools import bench
+    from kinv.agent.tools import bench, protocol
     from kinv.kernels.launch_config import config_hash, describe
 
     if backend is None:
@@ -319,7 +319,7 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
                          f"live file {describe(base)}, and the confirming A/B of the two cannot run on {be.name} "
                          f"({what}: {str(exc).splitlines()[0]}){hint}; nothing written") from None  # fmt: skip
     store.add_verdicts(exp_id, bench.verdict_rows(res))
-    gpu = sum(s["gpu_s"] or 0 for s in store.samples(exp_id))
+    gpu = protocol.gpu_seconds(store.samples(exp_id))
     store.update_experiment(exp_id, status="done", verdict=res.verdict, reason=res.reason, rounds=res.rounds,
                             gpu_s=gpu)  # fmt: skip
     store.event(ws, "adopt.confirmed", f"{vid} against the live file {describe(base)}: {res.verdict} after "

@@ -1,8 +1,8 @@
 """Screening a batch of candidates against one incumbent worker, on one GPU: the unit a campaign spreads.
 
 ``screen_shard`` touches no store: it opens the arms (a worker per config on the GPU this process sees, or the
-replay's recorded workers), times every arm at every level in every round in an order rotated by the round,
-and returns the sample rows, each candidate's paired per-level change against the incumbent *of the same
+replay's recorded workers), times every arm at every level in every round in an order rotated by the round
+(agent/tools/protocol.py), and returns the sample rows, each candidate's paired per-level change against the incumbent *of the same
 GPU*, and what failed.  The campaign's driver stores the rows and tells the optimizer; the same function runs
 in-process (one GPU) or inside a Ray actor that holds one GPU (agent/tools/executor.py).  Results from
 different GPUs meet only as these per-GPU paired effects, never as pooled raw times.
@@ -10,7 +10,6 @@ different GPUs meet only as these per-GPU paired effects, never as pooled raw ti
 
 from __future__ import annotations
 
-import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,10 +24,12 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
                  levels: list[dict], rounds: int, round0: int, exp: int, where: str = "local") -> dict:  # fmt: skip
     """Time ``candidates`` (config hash -> config) against ``incumbent`` in ``rounds`` rounds from ``round0``.
 
-    Returns ``{"rows": [...], "gains": {hash: {level: change}}, "failed": {hash: why}, "gpu_s": float,
-    "fingerprint": {...}, "where": where}``.  A candidate whose worker fails is dropped from the shard.
+    Returns ``{"rows": [...], "gains": {hash: {level: change}}, "intervals": {hash: {level: [low, high]}},
+    "failed": {hash: why}, "gpu_s": float, "fingerprint": {...}, "where": where}``: each change is the
+    protocol's paired estimate (agent.tools.protocol.screen_effect), with its 95% interval (None bounds after
+    a single round).  A candidate whose worker fails is dropped from the shard.
     """
-    from kinv.agent.tools import bench
+    from kinv.agent.tools import bench, protocol
     from kinv.kernels.adapter import get_adapter
 
     _fault("screen", where)
@@ -61,15 +62,14 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
             else:
                 arms[h] = arm
         hashes = (bench.harness_hash(), bench.reference_hash(kernel))
-        logs = {h: {lv.key: [] for lv in lvs} for h in arms}
+        times = {h: {lv.key: ([], []) for lv in lvs} for h in arms}  # (incumbent, candidate) per paired round
         rows, gpu = [], 0.0
         for r in range(rounds):
             ri = round0 + r
             for lv in lvs:
-                order = [("incumbent", "I", inc)] + [(h, f"C{h[:6]}", a) for h, a in arms.items()]
-                k = r % len(order)
                 got = {}
-                for key, tag, a in order[k:] + order[:k]:
+                order = [("incumbent", "I", inc)] + [(h, f"C{h[:6]}", a) for h, a in arms.items()]
+                for key, tag, a in protocol.rotated(order, r):
                     try:
                         smp = a.sample(lv, ri)
                     except bench.VariantFailed as exc:
@@ -77,18 +77,22 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
                             raise IncumbentFailed(f"the incumbent's worker failed on {where}: {exc}") from None
                         failed[key] = str(exc)
                         continue
-                    gpu += smp.get("gpu_s") or 0.0
-                    got[key] = smp["us"]
+                    got[key] = smp
                     place = None if where == "local" else where  # which GPU timed it (a Ray actor's)
-                    rows.append(bench._sample_row(exp, a, lv, ri, tag, {**smp, "place": place}, be.name, hashes, None))
+                    rows.append(protocol.sample_row(exp, a, lv, ri, tag, {**smp, "place": place}, be.name, hashes,
+                                                    None))  # fmt: skip
+                gpu += protocol.gpu_seconds(got.values())
                 for h in list(arms):
                     if h in got:
-                        logs[h][lv.key].append(math.log(got["incumbent"] / got[h]))
+                        times[h][lv.key][0].append(got["incumbent"]["us"])
+                        times[h][lv.key][1].append(got[h]["us"])
                     else:
                         arms.pop(h).close()
-        gains = {h: {k: math.expm1(sum(v) / len(v)) for k, v in logs[h].items()} for h in arms}
-        return {"rows": rows, "gains": gains, "failed": failed, "gpu_s": gpu, "fingerprint": inc.fingerprint,
-                "where": where}  # fmt: skip
+        est = {h: {k: protocol.screen_effect(a, b, k) for k, (a, b) in times[h].items()} for h in arms}
+        gains = {h: {k: e["gain"] for k, e in by.items()} for h, by in est.items()}
+        intervals = {h: {k: [e["ci_low"], e["ci_high"]] for k, e in by.items()} for h, by in est.items()}
+        return {"rows": rows, "gains": gains, "intervals": intervals, "failed": failed, "gpu_s": gpu,
+                "fingerprint": inc.fingerprint, "where": where}  # fmt: skip
     finally:
         for arm, _err in started:
             if arm is not None:

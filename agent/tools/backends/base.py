@@ -1,0 +1,138 @@
+"""The benchmark backend interface: an :class:`Arm` is one variant under measurement, a :class:`Backend`
+opens arms and times them in rounds.
+
+The arm contract, which every backend honours (cuda, replay, ray):
+
+* ``Backend.open(...)`` returns an arm with ``fingerprint`` (the device it runs on) and ``env_seen`` (the
+  environment its worker saw);
+* ``Arm.setup(level)`` prepares a level and returns its set-up record: at least ``correct`` and
+  ``derived_env``; it raises :class:`VariantFailed` when the variant crashes or is incorrect there;
+* ``Arm.sample(level, round_index)`` returns one sample: at least ``us``, ``replays`` and ``gpu_s``; round r
+  draws its inputs from :func:`kinv.agent.tools.protocol.round_seed` (r);
+* ``Arm.close()`` stops what the arm started.
+
+The rounds, their order and their seeds belong to the measurement protocol (agent/tools/protocol.py), not
+to a backend; a backend only says how one round is timed (:meth:`Backend.sample_round`).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import field
+
+from kinv.agent.tools import bench_worker
+from kinv.kernels.adapter import KERNELS_DIR, Level, get_adapter
+from kinv.kernels.errors import BadInput, KinvError
+from kinv.kernels.launch_config import config_hash
+
+RECORDINGS = KERNELS_DIR / "recordings"
+
+class BackendError(KinvError, RuntimeError):
+    """A backend cannot serve this request; one line, names what is valid."""
+
+
+class NoRecording(BackendError, BadInput):
+    """Replay cannot serve what was asked (a level, an env value, a config): bad input, exit 2."""
+
+
+class NoDevice(BackendError, BadInput):
+    """The backend asked for cannot run here (--backend cuda without a GPU): bad input, exit 2."""
+
+
+class VariantFailed(BackendError):
+    """The variant's worker crashed or the variant failed its gate: the variant's failure, not kinv's."""
+
+
+def harness_hash() -> str:
+    """Hash of the timing harness (the worker's own file)."""
+    return bench_worker.harness_hash()
+
+
+def reference_hash(kernel: str) -> str:
+    """Hash of the kernel's reference and metric definitions as they are on disk now."""
+    return bench_worker.reference_hash(get_adapter(kernel))
+
+
+def kernel_hash(kernel: str) -> str:
+    """Hash of the kernel's source files as they are on disk now (a source patch changes it)."""
+    return bench_worker.kernel_source_hash(get_adapter(kernel))
+
+
+def gpu_visible() -> bool:
+    if os.environ.get("KINV_FORCE_NO_GPU"):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+class Arm(ABC):
+    """One variant under measurement: a config in its own environment."""
+
+    name: str
+    kernel: str
+    config: dict
+    env: dict
+    fingerprint: dict = field(default_factory=dict)
+    env_seen: dict = field(default_factory=dict)
+    setups: dict = field(default_factory=dict)
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.config)
+
+    @abstractmethod
+    def setup(self, level: Level) -> dict:
+        """Prepare a level: derived env, resources, correctness, graph."""
+
+    @abstractmethod
+    def sample(self, level: Level, round_index: int) -> dict:
+        """One sample at a level: at least us, replays, gpu_s."""
+
+    def close(self) -> None:
+        pass
+
+
+class Backend(ABC):
+    name: str = ""
+    loud: str = ""
+
+    @abstractmethod
+    def open(self, name: str, kernel: str, config: dict, env: dict, replica: int | None = None,
+             pythonpath: list[str] | None = None, partner: dict | None = None,
+             role: str = "variant") -> Arm:  # fmt: skip
+        """Start an arm.  ``replica`` j names arm j of an A/A (independent workers of one config);
+        ``partner`` is the config this arm is compared with in an A/B and ``role`` its side ("base" or
+        "variant"): the replay backend serves the rounds recorded for that very pair; ``pythonpath`` puts a kernel source snapshot first (the
+        baseline arm while a source patch is live)."""
+
+    def copy_bandwidth(self) -> float | None:
+        return None
+
+    def describe(self) -> str:
+        return self.name
+
+    def preflight(self, kernel: str, env: dict, levels: list[Level], arms: list[tuple[tuple, dict]] = ()) -> None:
+        """Refuse, before anything is written, a measurement this backend cannot serve: raises NoRecording
+        naming what is missing.  ``arms`` are :meth:`open` argument specs as :func:`open_arms` takes them
+        (checked at every level); without them only what every arm needs (env, levels).  A GPU serves
+        anything: nothing to check."""
+
+    def prepare(self, arms: list[Arm], levels: list[Level]) -> None:
+        """Set up every arm at every level (a backend spread over GPUs sets up each level where it runs)."""
+        for a in arms:
+            for lv in levels:
+                a.setup(lv)
+
+    def sample_round(self, arms: list[Arm], levels: list[Level], round_index: int,
+                     orders: dict[str, list[int]]) -> dict[str, dict[int, dict]]:  # fmt: skip
+        """One round: at each level, arm ``j`` for ``j`` in ``orders[level]``.  Returns ``{level: {j: sample}}``.
+        Here every level in turn, in this process; the Ray backend times each level on the GPU that owns it,
+        its levels on several GPUs at once, and both arms of a level always on that one GPU."""
+        out: dict[str, dict[int, dict]] = {}
+        for lv in levels:
+            out[lv.key] = {j: arms[j].sample(lv, round_index) for j in orders[lv.key]}
+        return out

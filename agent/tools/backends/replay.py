@@ -1,0 +1,134 @@
+"""The replay backend: serves samples that the cuda backend recorded on a real GPU
+(``kernels/recordings/<gpu>/*.jsonl.gz``), selected by kernel, config hash, level and workload, so a whole
+investigation runs without a GPU.  It says so loudly, and refuses a config or level it has no recording of."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, NoRecording, kernel_hash
+from kinv.agent.tools.backends.replay_index import Recording
+from kinv.kernels.adapter import Level, get_adapter
+from kinv.kernels.launch_config import config_hash, describe
+
+
+class ReplayArm(Arm):
+    def __init__(self, name, kernel, config, env, recording: Recording, slot):
+        """``slot`` is the recorded slot, or a function of the level giving it (a level-conditional config
+        runs a different config at each level)."""
+        super().__init__(name=name, kernel=kernel, config=config, env=env)
+        self.rec = recording
+        self.slot_at = slot if callable(slot) else (lambda _level, _s=slot: _s)
+        self.fingerprint = recording.fingerprint
+        self.env_seen = dict(recording.headers[0].get("env", {}))
+
+    def setup(self, level: Level) -> dict:
+        cell = self.rec.cell(self.slot_at(level), level.key)
+        first = cell[min(cell)]
+        s = {"level": level.key, "derived_env": first.get("derived_env", {}), "rounds_recorded": len(cell),
+             "correct": True, "replayed": True}  # fmt: skip
+        self.setups[level.key] = s
+        return s
+
+    def sample(self, level: Level, round_index: int) -> dict:
+        cell = self.rec.cell(self.slot_at(level), level.key)
+        row = cell.get(round_index)
+        if row is None:  # never wrap around: a re-used round is not an independent replicate
+            raise NoRecording(f"replay has {len(cell)} recorded rounds of {describe(self.config)} at {level.key}; "
+                              f"round {round_index + 1} was asked for: set stats.max_rounds / aa_rounds to at most "
+                              f"{len(cell)}, or record more rounds (benchmarks/record.py)")
+        return {
+            "us": row["us"], "replays": row["replays"], "gpu_s": row["gpu_s"], "t": row["t"],
+            "derived_env": row.get("derived_env", {}), "harness_hash": self.rec.headers[0]["harness_hash"],
+            "recorded_round": row["round"], "env_seen": row.get("env", {}),
+        }  # fmt: skip
+
+
+class ReplayBackend(Backend):
+    name = "replay"
+
+    def __init__(self, directory: Path | None = None):
+        directory = Path(directory or os.environ.get("KINV_RECORDINGS") or RECORDINGS)
+        files = sorted(directory.rglob("*.jsonl.gz"))
+        if not files:
+            raise NoRecording(f"replay backend: no recordings under {directory}"
+                              + (" (set by KINV_RECORDINGS)" if os.environ.get("KINV_RECORDINGS") else "")
+                              + "; point KINV_RECORDINGS at a directory of *.jsonl.gz recordings, or record them "
+                              "with benchmarks/record.py")
+        self.files = files
+        self.recording = Recording(files)
+        self._by_kernel: dict[str, Recording] = {}
+        fp = self.recording.fingerprint
+        self.loud = (
+            f"REPLAY backend: no GPU is measured; serving samples recorded on {fp.get('gpu')} "
+            f"({fp.get('sms')} SMs, torch {fp.get('torch')}, triton {fp.get('triton')})"
+        )
+
+    def for_kernel(self, kernel: str) -> Recording:
+        name = get_adapter(kernel).name
+        if name not in self._by_kernel:
+            self._by_kernel[name] = Recording(self.files, name)
+        return self._by_kernel[name]
+
+    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
+        rec = self.for_kernel(kernel)
+        recorded = rec.headers[0].get("kernel_hash")
+        if recorded and pythonpath is None and kernel_hash(kernel) != recorded:
+            raise NoRecording(f"replay has no recording of this {kernel} source (sha {kernel_hash(kernel)}; recorded "
+                              f"{recorded}): a source change must be measured on a GPU (--backend cuda)")
+        recorded_env = rec.headers[0].get("env", {})
+        for k, v in env.items():
+            if recorded_env.get(k) != str(v):
+                raise NoRecording(f"replay has no recording with {k}={v!r}; the recordings ran with {k}={recorded_env.get(k)!r}")
+        # a partner that only the sweep serves (level-conditional, never recorded as such): this arm comes from
+        # that sweep too, so both sides of the pair are of one recording session
+        sweep_partner = bool(partner and partner.get("overrides") and config_hash(partner) not in rec.configs)
+        try:  # a config (level-conditional or not) recorded as such: its own slot
+            if sweep_partner:
+                raise NoRecording(f"replay has no recording of {describe(partner)} as such")
+            slot = rec.slot_for(config_hash(config), config_hash(partner) if partner else None, replica, role,
+                                partner)
+            return ReplayArm(name, kernel, config, env, rec, slot)
+        except NoRecording:
+            if not config.get("overrides") and not (partner or {}).get("overrides"):
+                raise
+        # a level-conditional config: at each level the sweep's worker of the config that runs there
+        from kinv.agent.tools.space import effective
+
+        adapter = get_adapter(kernel)
+
+        def slot_at(level: Level):
+            mine = config_hash(effective(adapter, config, level))
+            other = config_hash(effective(adapter, partner, level)) if partner else None
+            slot = rec.sweep_slot(mine, other, replica, role)
+            if slot is None:
+                if other is not None and rec.in_sweep(mine) and rec.in_sweep(other):
+                    raise NoRecording(f"replay has no one recording session that holds both {describe(config)} and "
+                                      f"{describe(partner)} at {level.key} (a pair is never served across sessions): "
+                                      "measure it on a GPU (--backend cuda)")  # fmt: skip
+                raise NoRecording(f"replay has no recording of {describe(config)} at {level.key} (a level-conditional "
+                                  "config is served level by level from a sweep recording): measure it on a GPU "
+                                  "(--backend cuda), which can record it for replay, or on replay time a recorded "
+                                  "config (kinv bench --config FILE)")  # fmt: skip
+            return slot
+
+        return ReplayArm(name, kernel, config, env, rec, slot_at)
+
+    def preflight(self, kernel: str, env: dict, levels: list[Level], arms: list[tuple[tuple, dict]] = ()) -> None:
+        rec = self.for_kernel(kernel)
+        recorded_env = rec.headers[0].get("env", {})
+        for k, v in env.items():
+            if recorded_env.get(k) != str(v):
+                raise NoRecording(f"replay has no recording with {k}={v!r}; the recordings ran with {k}={recorded_env.get(k)!r}")
+        have = {k[3] for k in rec.cells}
+        for lv in levels:
+            if lv.key not in have:
+                raise NoRecording(f"replay has no recording at {lv.key}; recorded levels: {', '.join(sorted(have))}")
+        for args, kwargs in arms:
+            arm = self.open(*args, **kwargs)
+            for lv in levels:
+                rec.cell(arm.slot_at(lv), lv.key)
+
+    def copy_bandwidth(self) -> float | None:
+        return self.recording.headers[0].get("copy_gbps")
