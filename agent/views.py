@@ -486,7 +486,9 @@ def show(store: Store, exp_id: int | str) -> ShowView:
                           else bool(n["equivalent"])}) for n in store.noise(exp_id=eid)]  # fmt: skip
     gpu_s = row.get("gpu_s")
     if gpu_s is None:
-        gpu_s = sum(s.get("gpu_s") or 0.0 for s in samples)
+        from kinv.agent.tools.protocol import gpu_seconds
+
+        gpu_s = gpu_seconds(samples)
     rounds = row.get("rounds")
     if rounds is None:
         rounds = len({s.get("round") for s in samples if s.get("round") is not None})
