@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from dataclasses import field
+from dataclasses import dataclass, field
 
 from kinv.agent.tools import bench_worker
 from kinv.kernels.adapter import KERNELS_DIR, Level, get_adapter
@@ -69,6 +69,7 @@ def gpu_visible() -> bool:
     return torch.cuda.is_available()
 
 
+@dataclass
 class Arm(ABC):
     """One variant under measurement: a config in its own environment."""
 
