@@ -47,6 +47,13 @@ STUDY_DB = "optuna.db"
 FINAL = "final"
 
 
+def _interval(ci) -> str:
+    """A screened change's 95% interval as ``[low, high]``; nothing after a single round (it has none)."""
+    if not ci or ci[0] is None or ci[1] is None:
+        return ""
+    return f" [{ci[0]:+.1%}, {ci[1]:+.1%}]"
+
+
 class CampaignError(KinvError, RuntimeError):
     """A campaign cannot go on; one line saying why."""
 
@@ -718,6 +725,7 @@ class Campaign:
             for h, g in res["gains"].items():
                 gains[h] = g
                 by_hash[h].set_user_attr("measured_on", res["where"])
+                by_hash[h].set_user_attr("gain_ci", res.get("intervals", {}).get(h))
             for h, why in res["failed"].items():
                 by_hash[h].set_user_attr("failed", why)
         return gains, gpu
@@ -735,7 +743,7 @@ class Campaign:
             seen.add(h)
             out.append({"trial": t.number, "config": t.user_attrs["config"], "config_hash": h,
                         "config_json": json.loads(t.user_attrs["config_json"]), "gains": t.user_attrs["gains"],
-                        "measured_on": t.user_attrs.get("measured_on")})  # fmt: skip
+                        "gain_ci": t.user_attrs.get("gain_ci"), "measured_on": t.user_attrs.get("measured_on")})  # fmt: skip
         return out
 
     def _finalists(self, screened: list[dict]) -> list[dict]:
@@ -778,7 +786,8 @@ class Campaign:
         for n, cfg in enumerate(step["finalists"], 1):
             s = screened.get(config_hash(cfg))
             labels = {lv.key: lv.label for lv in plan.levels()}
-            where = (", ".join(f"{labels[k]} {g:+.1%}" for k, g in s["gains"].items()) if s else "")
+            where = (", ".join(f"{labels[k]} {g:+.1%}{_interval((s.get('gain_ci') or {}).get(k))}"
+                               for k, g in s["gains"].items()) if s else "")  # fmt: skip
             variants.append({"id": f"V{n}", "title": describe(cfg)[:200],
                              "rationale": (f"screened against the incumbent in {c.screen.rounds} paired rounds: "
                                            f"{where}" if s else "the campaign's composed config: every level's "

@@ -231,8 +231,10 @@ def test_a_remote_arm_answers_setup_and_sample_like_a_local_one(monkeypatch):
     local = bench.get_backend("replay").open("A0", "mla_decode", seed, env, replica=0)
     ex = RayExecutor("replay", actors=2)
     try:
-        arm = ex.measuring_backend().open("A0", "mla_decode", seed, env, replica=0)
-        arm.setup(level)
+        be = ex.measuring_backend()
+        assert isinstance(be, bench.Backend)
+        arm = be.open("A0", "mla_decode", seed, env, replica=0)
+        assert arm.setup(level) == local.setup(level)  # the actor's set-up record, not an empty one
         got = arm.sample(level, 3)
         assert got["us"] == local.sample(level, 3)["us"] and got["place"].startswith("actor")
         arm.close()
