@@ -211,9 +211,7 @@ def sequential_plan(plan: Plan):
 
 def look_conf(plan: Plan) -> float:
     """Per-look confidence of the plan's intervals (Bonferroni over looks, levels and variants)."""
-    from kinv.agent import stats
-
-    return stats.look_confidence(sequential_plan(plan), len(plan.levels()), len(plan.variants))
+    return protocol.look_conf(plan)
 
 
 def _edit_sha(cfg: dict, src: tuple | None, edit: configs.ConfigEdit | None = None) -> str:
@@ -353,8 +351,7 @@ def noise(state: State, runtime: Runtime[Context]) -> dict:
                               s.aa_arms, on_round=lambda r: ctx.say("round", phase="noise", round=r + 1,
                                                                      total=s.aa_rounds))  # fmt: skip
     thresholds = _thresholds(ctx)
-    look = look_conf(plan)
-    bands = [stats.aa_noise(acc[lv.key], lv.key, thresholds[lv.key], s.max_rounds, look) for lv in levels]
+    bands = protocol.noise_bands(plan, levels, acc)
     store.add_noise(exp, ws, [b.__dict__ for b in bands])
     gpu_total = protocol.gpu_seconds(store.samples(exp))
     store.update_experiment(exp, status="done", rounds=s.aa_rounds, gpu_s=gpu_total,

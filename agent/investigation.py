@@ -364,12 +364,12 @@ def _bench_line(m: dict, short: dict) -> str:
 
 
 def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_n: int = 4):
-    """``kinv noise``: the A/A the graph runs (bench.run_aa + stats.aa_noise), at the plan's levels and
+    """``kinv noise``: the A/A the graph runs (bench.run_aa + protocol.noise_bands), at the plan's levels and
     thresholds."""
     import json
 
     from kinv.agent import stats
-    from kinv.agent.tools import bench
+    from kinv.agent.tools import bench, protocol
     from kinv.kernels.launch_config import load_config
 
     plan, be, said = _plan_and_backend(plan_path, backend, as_json)
@@ -382,11 +382,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     store = Store(state_dir)
     exp = store.new_experiment(kind="noise", variant="A/A", backend=be.name)
     acc, gpu_s = bench.run_aa(store, exp, be, plan.kernel, cfg, dict(plan.environment), lvls, rounds, arms_n)
-    from kinv.agent.graph import look_conf
-
-    s = plan.stats
-    look = look_conf(plan)
-    bands = [stats.aa_noise(acc[lv.key], lv.key, s.threshold_at(lv.label), s.max_rounds, look) for lv in lvls]
+    bands = protocol.noise_bands(plan, lvls, acc)
     store.add_noise(exp, None, [b.__dict__ for b in bands])
     store.update_experiment(exp, status="done", rounds=rounds, gpu_s=gpu_s)
     if as_json:

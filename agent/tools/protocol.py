@@ -66,6 +66,18 @@ def sequential_plan(settings, max_rounds: int | None = None) -> stats.Sequential
                                 max_rounds=cap, conf=settings.conf)  # fmt: skip
 
 
+def look_conf(plan) -> float:
+    """Per-look confidence of a plan's intervals (Bonferroni over looks, levels and variants)."""
+    return stats.look_confidence(sequential_plan(plan.stats), len(plan.levels()), len(plan.variants))
+
+
+def noise_bands(plan, levels: list[Level], acc: dict[str, list[list[float]]]) -> list:
+    """The A/A's analysis at each level (agent.noise.aa_noise: outliers winsorized, the arm offset tested)
+    at the plan's thresholds, round cap and per-look confidence; ``acc`` is what :func:`run_aa` returned."""
+    s, look = plan.stats, look_conf(plan)
+    return [stats.aa_noise(acc[lv.key], lv.key, s.threshold_at(lv.label), s.max_rounds, look) for lv in levels]
+
+
 def screen_effect(base_us: Sequence[float], cand_us: Sequence[float], level: str,
                   conf: float = 0.95) -> dict:  # fmt: skip
     """A screening's paired estimate at one level: ``{"gain", "ci_low", "ci_high", "n"}``, the candidate's
