@@ -6,6 +6,7 @@ them as the measurement code produced them before it became one protocol module.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,9 @@ def outcome(report: dict) -> dict:
 @pytest.mark.parametrize("ws", sorted(PLANS))
 def test_a_replayed_workstream_decides_and_measures_exactly_as_pinned(ws, tmp_path):
     env = replay_env(tmp_path, tmp_path / "state")
+    for f in (ROOT / "kernels" / "configs").glob("*.json"):  # the other kernels' live configs as shipped
+        if not (tmp_path / "configs" / f.name).exists():
+            shutil.copy(f, tmp_path / "configs" / f.name)
     run = run_kinv(env, "run", PLANS[ws], "--backend", "replay", "--approval", "auto", timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     rep = run_kinv(env, "report", ws, "--json")
