@@ -7,7 +7,7 @@ patched source are byte-identical to the baseline; the journal has no
 dangling entry; no committed sample is lost; the investigation finishes with
 the same verdicts as an uninterrupted run."
 
-How (the fault points are in agent/faults.py, agent/store.py, agent/tools/configs.py):
+How (the fault points are in agent/faults.py, agent/store/, agent/tools/configs.py):
 
 1. A reference run of a small copy of the 3a plan (levels 1 and 96, short
    stats) in a fresh state counts its fault points M (KINV_COUNT_POINTS) and

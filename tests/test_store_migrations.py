@@ -16,7 +16,7 @@ def test_a_failure_midway_through_the_first_open_leaves_nothing_and_the_next_ope
         raise sqlite3.OperationalError("database or disk is full")
 
     # the first migration creates every table, then the disk fills: the open fails
-    monkeypatch.setattr(store_mod, "MIGRATIONS", [store_mod.MIGRATIONS[0], ("m_full", disk_full)])
+    monkeypatch.setattr(store_mod.schema, "MIGRATIONS", [store_mod.MIGRATIONS[0], ("m_full", disk_full)])
     with pytest.raises(store_mod.StoreError, match="disk is full"):  # one line naming the state dir, not SQLite
         Store(tmp_path / "state")
     conn = sqlite3.connect(tmp_path / "state" / "kinv.db")

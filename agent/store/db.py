@@ -1,10 +1,4 @@
-"""The state store: ``<state>/kinv.db``.  The only module that speaks SQL.
-
-sqlite-utils over SQLite in WAL mode with foreign keys on.  The schema only
-changes through the numbered migrations below, applied on every open.
-Reads use the standard library's sqlite3 directly; sqlite-utils (and what it
-imports) is loaded on the first write, so read commands stay fast.
-"""
+"""The :class:`Store`: every read and write of kinv.db."""
 
 from __future__ import annotations
 
@@ -13,333 +7,33 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kinv.agent import faults
-from kinv.kernels.errors import BadInput, KinvError
-
-log = logging.getLogger(__name__)
+from kinv.agent.store import schema
+from kinv.agent.store.state import (
+    CHECKPOINTS_NAME,
+    DB_NAME,
+    LIVE_DIR,
+    NoState,
+    StateDamaged,
+    StateDirError,
+    StoreError,
+    _db_error,
+    _write_json,
+    earlier_runs,
+    live_markers,
+    live_patch_line,
+    lock_path,
+    now,
+    state_dir,
+)
 
 if TYPE_CHECKING:
     import sqlite_utils
 
-DB_NAME = "kinv.db"
-CHECKPOINTS_NAME = "checkpoints.db"
-
-
-class StoreError(KinvError, RuntimeError):
-    """A state-store problem a user can act on (message says how)."""
-
-
-class NoState(StoreError, BadInput):
-    """A read or a decision named a state dir that holds no kinv state: the input is what is wrong (exit 2)."""
-
-
-class StateDamaged(StoreError):
-    """kinv.db is damaged, empty, missing or has lost records while the state dir shows earlier runs: the
-    journal of live patches cannot be trusted, so nothing may start over on it."""
-
-
-LIVE_DIR = "live-patches"  # one JSON file per live patch, kept beside kinv.db: it outlives a lost journal
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps(data, default=str))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def live_markers(directory: str | os.PathLike) -> list[dict]:
-    """The live-patch records of a state dir (read from files, no SQL): a patch whose journal row said intent or
-    applied when it was written, and was not yet reverted or adopted.  Each names the file, its bytes before
-    (``sha_before``, ``backup_path``: the file of record), the workstream and its plan."""
-    out = []
-    for f in sorted((Path(directory) / LIVE_DIR).glob("*.json")):
-        try:
-            out.append({**json.loads(f.read_text()), "marker": str(f)})
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def checkpoint_threads(directory: str | os.PathLike) -> set[str] | None:
-    """The graph threads in checkpoints.db (read-only), or None when it is missing or unreadable."""
-    ck = Path(directory) / CHECKPOINTS_NAME
-    if not ck.is_file() or ck.stat().st_size == 0:
-        return None
-    try:
-        conn = sqlite3.connect(f"file:{ck}?mode=ro", uri=True, timeout=5)
-        try:
-            return {r[0] for r in conn.execute("select distinct thread_id from checkpoints")}
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError as exc:
-        return set() if "no such table" in str(exc) else None
-
-
-def earlier_runs(directory: str | os.PathLike, known_ws: set[str] | None = None) -> str:
-    """What in a state dir shows that runs were recorded here which kinv.db (whose workstreams are ``known_ws``)
-    does not know of: '' when nothing does."""
-    d = Path(directory)
-    threads = checkpoint_threads(d)
-    ck = d / CHECKPOINTS_NAME
-    unknown = sorted({t.split("@")[0] for t in threads or ()} - (known_ws or set()))
-    if unknown:
-        return f"{ck} holds the graph of {', '.join(unknown)}"
-    if known_ws is None and ck.is_file() and ck.stat().st_size > 0 and threads is None:
-        return f"{ck} is there"
-    lost = live_markers(d) if known_ws is None else []  # with a journal, its patch ids are compared instead
-    if lost:
-        return f"{lost[0]['marker']} records a live patch of {Path(lost[0]['path']).name} by {lost[0].get('workstream')}"
-    return ""
-
-
-def live_patch_line(directory: str | os.PathLike) -> str:
-    """One sentence on the patches kinv left live (from the live-patch records) and the exact way back."""
-    parts = []
-    for m in live_markers(directory):
-        path = Path(m["path"])
-        try:
-            import hashlib
-
-            now_sha = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-        except OSError:
-            now_sha = None
-        if now_sha is None or now_sha == m.get("sha_before"):
-            continue
-        plan = m.get("plan_path") or "PLAN"
-        parts.append(f"{path.name} still holds patch #{m.get('patch')} of {m.get('workstream')} (sha {now_sha}, "
-                     f"before it {m.get('sha_before')}): restore it with kinv revert --to-plan {plan}")  # fmt: skip
-    return "; ".join(parts) or "if a kernel file holds a live patch (kinv doctor), restore it with kinv revert --to-plan PLAN"
-
-
-def lock_path(directory: str | os.PathLike, name: str) -> Path:
-    """The flock file of a run lock (a workstream, ``kernel:NAME``, ``campaign:ID``) in a state dir."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    return Path(directory) / "locks" / f"{safe}.lock"
-
-
-def lock_held(directory: str | os.PathLike, name: str) -> bool:
-    """Whether a live process holds that run lock right now (read-only probe; the kernel drops a dead one's)."""
-    import fcntl
-
-    path = lock_path(directory, name)
-    if not path.is_file():
-        return False
-    with open(path) as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fh, fcntl.LOCK_UN)
-    return False
-
-
-def _db_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
-    msg = str(exc)
-    if "full" in msg or "disk I/O" in msg:
-        return StoreError(f"cannot write the kinv state in {path.parent}: the disk is full or failing ({msg}); free "
-                          "space there and run again (what was recorded before is kept)")  # fmt: skip
-    return StateDamaged(f"{path} is damaged ({msg}): move it aside (mv {path} {path}.damaged); "
-                        f"{live_patch_line(path.parent)}")
-
-
-class StateDirError(BadInput):
-    """The state dir named is a file (or lies under one): bad input, refused before anything is created."""
-
-
-def state_dir(explicit: str | os.PathLike | None = None) -> Path:
-    """The state dir: explicit > $KINV_STATE_DIR > ./state.  One that names a regular file is refused."""
-    named = Path(explicit or os.environ.get("KINV_STATE_DIR") or "state")
-    path = named.resolve()
-    how = "--state-dir" if explicit else ("KINV_STATE_DIR" if os.environ.get("KINV_STATE_DIR") else "the state dir")
-    for up in (path, *path.parents):
-        if up.is_dir():
-            break
-        if up.exists() or up.is_symlink():
-            raise StateDirError(f"{how} {str(named)!r} is not a directory: {up} is a file; name a directory "
-                                "(kinv creates it if it does not exist)" if up != path else
-                                f"{how} {str(named)!r} is a file, not a directory; name a directory "
-                                "(kinv creates it if it does not exist)")  # fmt: skip
-    return path
-
-
-def now() -> float:
-    return time.time()
-
-
-# --------------------------------------------------------------------------- #
-# migrations
-# --------------------------------------------------------------------------- #
-MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = []
-
-
-def migration(fn):
-    MIGRATIONS.append((fn.__name__, fn))
-    return fn
-
-
-@migration
-def m001_initial(db: sqlite_utils.Database) -> None:
-    db["workstreams"].create(
-        {"id": str, "parent": str, "parent_title": str, "title": str, "hypothesis": str, "kernel": str,
-         "plan_path": str, "plan_hash": str, "plan_json": str, "status": str, "backend": str, "approval": str,
-         "baseline_hash": str, "recommendation": str, "report_path": str, "created": float, "updated": float,
-         "closed": float},
-        pk="id",
-    )  # fmt: skip
-    db["todos"].create(
-        {"id": str, "workstream": str, "parent": str, "content": str, "active_form": str, "status": str,
-         "reason": str, "priority": str, "position": int, "created": float, "updated": float},
-        pk="id", foreign_keys=[("workstream", "workstreams", "id")],
-    )  # fmt: skip
-    db["devices"].create({"id": str, "gpu": str, "fingerprint": str, "first_seen": float}, pk="id")
-    db["experiments"].create(
-        {"id": int, "workstream": str, "todo": str, "variant": str, "kind": str, "backend": str,
-         "config_hash": str, "base_config_hash": str, "config_json": str, "status": str, "verdict": str,
-         "reason": str, "rounds": int, "gpu_s": float, "wall_s": float, "resources": str, "correctness": str,
-         "diff": str, "void_reason": str, "device": str, "started": float, "finished": float},
-        pk="id", foreign_keys=[("workstream", "workstreams", "id"), ("device", "devices", "id")],
-    )  # fmt: skip
-    db["samples"].create(
-        {"id": int, "experiment": int, "round": int, "arm": str, "level": str, "config_hash": str, "us": float,
-         "replays": int, "gpu_s": float, "harness_hash": str, "reference_hash": str, "env": str, "backend": str,
-         "device": str, "t": float},
-        pk="id", foreign_keys=[("experiment", "experiments", "id")],
-    )  # fmt: skip
-    db["samples"].create_index(["experiment", "level"])
-    db["verdicts"].create(
-        {"id": int, "experiment": int, "level": str, "n": int, "base_us": float, "variant_us": float,
-         "effect": float, "ci_low": float, "ci_high": float, "ratio": float, "threshold": float, "verdict": str,
-         "t": float},
-        pk="id", foreign_keys=[("experiment", "experiments", "id")],
-    )  # fmt: skip
-    db["noise"].create(
-        {"id": int, "experiment": int, "workstream": str, "level": str, "band": float, "cv": float,
-         "n_pairs": int, "equivalent": int, "effect": float, "ci_low": float, "ci_high": float, "t": float},
-        pk="id", foreign_keys=[("experiment", "experiments", "id")],
-    )  # fmt: skip
-    db["measurements"].create(
-        {"id": int, "experiment": int, "level": str, "config": str, "us": float, "gbps": float,
-         "frac_copy": float, "tokens_per_s": float, "copy_gbps": float, "n": int, "t": float},  # m008 renames it
-        pk="id", foreign_keys=[("experiment", "experiments", "id")],
-    )  # fmt: skip
-    db["backups"].create(
-        {"id": int, "path": str, "backup_path": str, "sha": str, "workstream": str, "t": float}, pk="id"
-    )
-    db["patches"].create(
-        {"id": int, "workstream": str, "experiment": int, "path": str, "kind": str, "state": str,
-         "sha_before": str, "sha_after": str, "diff": str, "backup": int, "created": float, "updated": float},
-        pk="id", foreign_keys=[("backup", "backups", "id")],
-    )  # fmt: skip
-    db["env_checks"].create(
-        {"id": int, "workstream": str, "experiment": int, "source": str, "expected": str, "seen": str, "ok": int,
-         "mismatch": str, "t": float},
-        pk="id",
-    )  # fmt: skip
-    db["approvals"].create(
-        {"id": str, "workstream": str, "todo": str, "variant": str, "kind": str, "diff": str, "resources": str,
-         "hypothesis": str, "status": str, "reason": str, "created": float, "decided": float},
-        pk="id",
-    )  # fmt: skip
-    db["events"].create(
-        {"id": int, "workstream": str, "t": float, "kind": str, "message": str, "data": str}, pk="id"
-    )
-    db["events"].create_index(["workstream", "t"])
-    db["locks"].create({"workstream": str, "pid": int, "host": str, "t": float}, pk="workstream")
-
-
-@migration
-def m002_variance_components(db: sqlite_utils.Database) -> None:
-    """The A/A's variance components and warnings; every interval's real confidence."""
-    for col, typ in (("round_sd", float), ("offset_sd", float), ("n_arms", int), ("outliers", int),
-                     ("max_gap", float), ("threshold", float), ("broken", int), ("warning", str)):  # fmt: skip
-        db["noise"].add_column(col, typ)
-    db["noise"].add_column("offset_p", float)
-    db["verdicts"].add_column("conf", float)
-    db["verdicts"].add_column("offset_sd", float)
-
-
-@migration
-def m003_pinned_approvals(db: sqlite_utils.Database) -> None:
-    """An approval pins the plan's hash and the exact edit; it shows the variant's title and rationale."""
-    for col in ("plan_hash", "patch_sha", "title", "rationale"):
-        db["approvals"].add_column(col, str)
-
-
-@migration
-def m004_plan_versions(db: sqlite_utils.Database) -> None:
-    """A changed plan under the same workstream id is a new version; history keeps every version."""
-    db["workstreams"].add_column("version", int)
-    db["experiments"].add_column("version", int)
-    db["plan_versions"].create(
-        {"id": int, "workstream": str, "version": int, "plan_path": str, "plan_hash": str, "plan_json": str,
-         "status": str, "report_path": str, "recommendation": str, "todos_json": str, "closed": float,
-         "archived": float},
-        pk="id",
-    )  # fmt: skip
-
-
-@migration
-def m005_node_runs(db: sqlite_utils.Database) -> None:
-    """Every graph node run is recorded in kinv.db (``kinv history`` reads it, not LangGraph's tables)."""
-    db["node_runs"].create(
-        {"id": int, "workstream": str, "version": int, "node": str, "step": int, "started": float, "finished": float,
-         "decision": str, "outcome": str, "pid": int},
-        pk="id",
-    )  # fmt: skip
-    db["node_runs"].create_index(["workstream", "version"])
-
-
-@migration
-def m006_campaigns(db: sqlite_utils.Database) -> None:
-    """A campaign chains workstreams; its row holds the incumbent and the steps taken."""
-    db["campaigns"].create(
-        {"id": str, "plan_path": str, "plan_hash": str, "kernel": str, "status": str, "backend": str,
-         "approval": str, "start_config": str, "incumbent": str, "steps": str, "stop_reason": str,
-         "summary": str, "created": float, "updated": float},
-        pk="id",
-    )  # fmt: skip
-    db["workstreams"].add_column("campaign", str)
-
-
-@migration
-def m007_sample_place(db: sqlite_utils.Database) -> None:
-    """Which GPU of the node or cluster timed a sample (a Ray actor's place); empty in one process."""
-    db["samples"].add_column("place", str)
-
-
-@migration
-def m008_throughput_unit(db: sqlite_utils.Database) -> None:
-    """measurements.tokens_per_s held each kernel's own throughput (TFLOP/s for the MoE expert GEMM): the column
-    is now ``throughput``, with its unit beside it (the adapter's throughput_unit).  Rows written before get the
-    unit their kernel's adapter declares, or none when that kernel cannot be loaded here."""
-    db.execute("alter table measurements rename column tokens_per_s to throughput")
-    db.execute("alter table measurements add column throughput_unit text")
-    kernel_of = ("select e.id, case when json_valid(e.config_json) then json_extract(e.config_json, '$.kernel') end, "
-                 "w.kernel from experiments e left join workstreams w on e.workstream = w.id "
-                 "where e.id in (select distinct experiment from measurements)")  # fmt: skip
-    for exp, kernel, ws_kernel in db.execute(kernel_of).fetchall():
-        unit = _throughput_unit(kernel or ws_kernel)
-        if unit:
-            db.execute("update measurements set throughput_unit = ? where experiment = ?", [unit, exp])
-
-
-def _throughput_unit(kernel: str | None) -> str | None:
-    if not kernel:
-        return None
-    try:
-        from kinv.kernels.adapter import get_adapter
-
-        return get_adapter(kernel).throughput_unit
-    except Exception:  # noqa: BLE001 - a kernel no longer installed: its rows keep no unit rather than a guess
-        return None
+log = logging.getLogger("kinv.agent.store")
 
 
 def _while_locked(fn, seconds: float = 30.0):
@@ -355,9 +49,6 @@ def _while_locked(fn, seconds: float = 30.0):
             time.sleep(0.05)
 
 
-# --------------------------------------------------------------------------- #
-# the store
-# --------------------------------------------------------------------------- #
 class Store:
     """All reads and writes of kinv.db."""
 
@@ -447,14 +138,14 @@ class Store:
             done = {r[0] for r in self.conn.execute("select name from _migrations")}
         except sqlite3.OperationalError:
             done = set()
-        if all(name in done for name, _ in MIGRATIONS):
+        if all(name in done for name, _ in schema.MIGRATIONS):
             return
         db = self.db
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             self.conn.execute("create table if not exists _migrations (name text primary key, applied float)")
             done = {r[0] for r in self.conn.execute("select name from _migrations")}  # a racer may have done them
-            for name, fn in MIGRATIONS:
+            for name, fn in schema.MIGRATIONS:
                 if name in done:
                     continue
                 fn(db)

@@ -1,0 +1,174 @@
+"""kinv.db's schema: the numbered migrations, applied in order on every open (:meth:`Store.migrate`), each once.
+A migration never changes: a new column or table is a new one at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import sqlite_utils
+
+MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = []
+
+
+def migration(fn):
+    MIGRATIONS.append((fn.__name__, fn))
+    return fn
+
+
+@migration
+def m001_initial(db: sqlite_utils.Database) -> None:
+    db["workstreams"].create(
+        {"id": str, "parent": str, "parent_title": str, "title": str, "hypothesis": str, "kernel": str,
+         "plan_path": str, "plan_hash": str, "plan_json": str, "status": str, "backend": str, "approval": str,
+         "baseline_hash": str, "recommendation": str, "report_path": str, "created": float, "updated": float,
+         "closed": float},
+        pk="id",
+    )  # fmt: skip
+    db["todos"].create(
+        {"id": str, "workstream": str, "parent": str, "content": str, "active_form": str, "status": str,
+         "reason": str, "priority": str, "position": int, "created": float, "updated": float},
+        pk="id", foreign_keys=[("workstream", "workstreams", "id")],
+    )  # fmt: skip
+    db["devices"].create({"id": str, "gpu": str, "fingerprint": str, "first_seen": float}, pk="id")
+    db["experiments"].create(
+        {"id": int, "workstream": str, "todo": str, "variant": str, "kind": str, "backend": str,
+         "config_hash": str, "base_config_hash": str, "config_json": str, "status": str, "verdict": str,
+         "reason": str, "rounds": int, "gpu_s": float, "wall_s": float, "resources": str, "correctness": str,
+         "diff": str, "void_reason": str, "device": str, "started": float, "finished": float},
+        pk="id", foreign_keys=[("workstream", "workstreams", "id"), ("device", "devices", "id")],
+    )  # fmt: skip
+    db["samples"].create(
+        {"id": int, "experiment": int, "round": int, "arm": str, "level": str, "config_hash": str, "us": float,
+         "replays": int, "gpu_s": float, "harness_hash": str, "reference_hash": str, "env": str, "backend": str,
+         "device": str, "t": float},
+        pk="id", foreign_keys=[("experiment", "experiments", "id")],
+    )  # fmt: skip
+    db["samples"].create_index(["experiment", "level"])
+    db["verdicts"].create(
+        {"id": int, "experiment": int, "level": str, "n": int, "base_us": float, "variant_us": float,
+         "effect": float, "ci_low": float, "ci_high": float, "ratio": float, "threshold": float, "verdict": str,
+         "t": float},
+        pk="id", foreign_keys=[("experiment", "experiments", "id")],
+    )  # fmt: skip
+    db["noise"].create(
+        {"id": int, "experiment": int, "workstream": str, "level": str, "band": float, "cv": float,
+         "n_pairs": int, "equivalent": int, "effect": float, "ci_low": float, "ci_high": float, "t": float},
+        pk="id", foreign_keys=[("experiment", "experiments", "id")],
+    )  # fmt: skip
+    db["measurements"].create(
+        {"id": int, "experiment": int, "level": str, "config": str, "us": float, "gbps": float,
+         "frac_copy": float, "tokens_per_s": float, "copy_gbps": float, "n": int, "t": float},  # m008 renames it
+        pk="id", foreign_keys=[("experiment", "experiments", "id")],
+    )  # fmt: skip
+    db["backups"].create(
+        {"id": int, "path": str, "backup_path": str, "sha": str, "workstream": str, "t": float}, pk="id"
+    )
+    db["patches"].create(
+        {"id": int, "workstream": str, "experiment": int, "path": str, "kind": str, "state": str,
+         "sha_before": str, "sha_after": str, "diff": str, "backup": int, "created": float, "updated": float},
+        pk="id", foreign_keys=[("backup", "backups", "id")],
+    )  # fmt: skip
+    db["env_checks"].create(
+        {"id": int, "workstream": str, "experiment": int, "source": str, "expected": str, "seen": str, "ok": int,
+         "mismatch": str, "t": float},
+        pk="id",
+    )  # fmt: skip
+    db["approvals"].create(
+        {"id": str, "workstream": str, "todo": str, "variant": str, "kind": str, "diff": str, "resources": str,
+         "hypothesis": str, "status": str, "reason": str, "created": float, "decided": float},
+        pk="id",
+    )  # fmt: skip
+    db["events"].create(
+        {"id": int, "workstream": str, "t": float, "kind": str, "message": str, "data": str}, pk="id"
+    )
+    db["events"].create_index(["workstream", "t"])
+    db["locks"].create({"workstream": str, "pid": int, "host": str, "t": float}, pk="workstream")
+
+
+@migration
+def m002_variance_components(db: sqlite_utils.Database) -> None:
+    """The A/A's variance components and warnings; every interval's real confidence."""
+    for col, typ in (("round_sd", float), ("offset_sd", float), ("n_arms", int), ("outliers", int),
+                     ("max_gap", float), ("threshold", float), ("broken", int), ("warning", str)):  # fmt: skip
+        db["noise"].add_column(col, typ)
+    db["noise"].add_column("offset_p", float)
+    db["verdicts"].add_column("conf", float)
+    db["verdicts"].add_column("offset_sd", float)
+
+
+@migration
+def m003_pinned_approvals(db: sqlite_utils.Database) -> None:
+    """An approval pins the plan's hash and the exact edit; it shows the variant's title and rationale."""
+    for col in ("plan_hash", "patch_sha", "title", "rationale"):
+        db["approvals"].add_column(col, str)
+
+
+@migration
+def m004_plan_versions(db: sqlite_utils.Database) -> None:
+    """A changed plan under the same workstream id is a new version; history keeps every version."""
+    db["workstreams"].add_column("version", int)
+    db["experiments"].add_column("version", int)
+    db["plan_versions"].create(
+        {"id": int, "workstream": str, "version": int, "plan_path": str, "plan_hash": str, "plan_json": str,
+         "status": str, "report_path": str, "recommendation": str, "todos_json": str, "closed": float,
+         "archived": float},
+        pk="id",
+    )  # fmt: skip
+
+
+@migration
+def m005_node_runs(db: sqlite_utils.Database) -> None:
+    """Every graph node run is recorded in kinv.db (``kinv history`` reads it, not LangGraph's tables)."""
+    db["node_runs"].create(
+        {"id": int, "workstream": str, "version": int, "node": str, "step": int, "started": float, "finished": float,
+         "decision": str, "outcome": str, "pid": int},
+        pk="id",
+    )  # fmt: skip
+    db["node_runs"].create_index(["workstream", "version"])
+
+
+@migration
+def m006_campaigns(db: sqlite_utils.Database) -> None:
+    """A campaign chains workstreams; its row holds the incumbent and the steps taken."""
+    db["campaigns"].create(
+        {"id": str, "plan_path": str, "plan_hash": str, "kernel": str, "status": str, "backend": str,
+         "approval": str, "start_config": str, "incumbent": str, "steps": str, "stop_reason": str,
+         "summary": str, "created": float, "updated": float},
+        pk="id",
+    )  # fmt: skip
+    db["workstreams"].add_column("campaign", str)
+
+
+@migration
+def m007_sample_place(db: sqlite_utils.Database) -> None:
+    """Which GPU of the node or cluster timed a sample (a Ray actor's place); empty in one process."""
+    db["samples"].add_column("place", str)
+
+
+@migration
+def m008_throughput_unit(db: sqlite_utils.Database) -> None:
+    """measurements.tokens_per_s held each kernel's own throughput (TFLOP/s for the MoE expert GEMM): the column
+    is now ``throughput``, with its unit beside it (the adapter's throughput_unit).  Rows written before get the
+    unit their kernel's adapter declares, or none when that kernel cannot be loaded here."""
+    db.execute("alter table measurements rename column tokens_per_s to throughput")
+    db.execute("alter table measurements add column throughput_unit text")
+    kernel_of = ("select e.id, case when json_valid(e.config_json) then json_extract(e.config_json, '$.kernel') end, "
+                 "w.kernel from experiments e left join workstreams w on e.workstream = w.id "
+                 "where e.id in (select distinct experiment from measurements)")  # fmt: skip
+    for exp, kernel, ws_kernel in db.execute(kernel_of).fetchall():
+        unit = _throughput_unit(kernel or ws_kernel)
+        if unit:
+            db.execute("update measurements set throughput_unit = ? where experiment = ?", [unit, exp])
+
+
+def _throughput_unit(kernel: str | None) -> str | None:
+    if not kernel:
+        return None
+    try:
+        from kinv.kernels.adapter import get_adapter
+
+        return get_adapter(kernel).throughput_unit
+    except Exception:  # noqa: BLE001 - a kernel no longer installed: its rows keep no unit rather than a guess
+        return None
