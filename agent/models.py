@@ -12,8 +12,16 @@ import unicodedata
 from pathlib import Path
 from typing import Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from kinv.agent.ids import norm_ws
 from kinv.kernels.errors import BadInput

@@ -7,10 +7,17 @@ import time
 from pathlib import Path
 
 from kinv.agent.tools import protocol
-from kinv.agent.tools.backends.base import Arm, Backend, NoDevice, VariantFailed, gpu_visible
+from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, NoDevice, VariantFailed, gpu_visible
 from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
 from kinv.kernels.adapter import Level
 
+
+def _recorded() -> str:
+    """What replay serves, by its recordings' folders (``kernels/recordings/<gpu>/``): "the samples recorded on
+    h200 (kernels/recordings/h200/)"."""
+    gpus = sorted(d.name for d in RECORDINGS.iterdir() if d.is_dir()) if RECORDINGS.is_dir() else []
+    where = ", ".join(f"{RECORDINGS.parent.name}/{RECORDINGS.name}/{g}/" for g in gpus)
+    return f"the samples recorded on {', '.join(gpus)} ({where})" if gpus else "recorded samples (KINV_RECORDINGS)"
 
 class CudaArm(Arm):
     def __init__(self, name, kernel, config, env, pythonpath=None):
@@ -66,7 +73,7 @@ class CudaBackend(Backend):
 
     def __init__(self):
         if not gpu_visible():
-            raise NoDevice("--backend cuda: no CUDA GPU visible; use --backend replay to serve samples recorded on an H200")
+            raise NoDevice(f"--backend cuda: no CUDA GPU visible; use --backend replay to serve {_recorded()}")
         self._copy = None
 
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
