@@ -12,16 +12,7 @@ import unicodedata
 from pathlib import Path
 from typing import Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from kinv.agent.ids import norm_ws
 from kinv.kernels.errors import BadInput
@@ -240,7 +231,7 @@ class Plan(Strict):
 
     @field_validator("environment")
     @classmethod
-    def _env(cls, v, info: ValidationInfo):
+    def _env(cls, v, info):  # info.data: the fields validated before (the kernel)
         for k, val in v.items():
             if not ENV_NAME.fullmatch(k):
                 raise ValueError(f"{brief_repr(k)} is not an environment variable name (A-Z, 0-9, _)")
