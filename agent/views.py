@@ -416,13 +416,14 @@ def status(store: Store) -> StatusView:
 
 
 def campaigns(store: Store) -> list[CampaignView]:
+    from kinv.agent.campaign.results import n_screened
     from kinv.kernels.launch_config import describe
 
     out = []
     for c in store.campaigns():
         steps = [CampaignStep(ws=s.get("ws"), item=s["item"], phase=s["phase"],
                               finalists=[describe(f) for f in s.get("finalists", [])],
-                              screened=len(s.get("screened", [])), pruned=s.get("pruned", 0),
+                              screened=n_screened(s), pruned=s.get("pruned", 0),
                               verdicts=s.get("verdicts") or {}, note=s.get("note")) for s in c["steps"]]  # fmt: skip
         out.append(CampaignView(id=c["id"], status=c["status"], plan_path=c["plan_path"],
                                 start_config=describe(c["start_config"]), incumbent=describe(c["incumbent"]),

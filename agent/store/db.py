@@ -95,6 +95,8 @@ class Store:
         a run on it would start over while a kernel file may hold a patch it has no record of."""
         tables = {r[0] for r in self.conn.execute("select name from sqlite_master where type = 'table'")}
         known = {r[0] for r in self.conn.execute("select id from workstreams")} if "workstreams" in tables else set()
+        if "campaigns" in tables:  # a campaign's graph checkpoints on its own thread, named after the campaign
+            known |= {r[0] for r in self.conn.execute("select id from campaigns")}
         seen = earlier_runs(self.dir, known)
         if not seen and "patches" in tables:
             ids = {r[0] for r in self.conn.execute("select id from patches")}
@@ -424,6 +426,33 @@ class Store:
 
     def node_runs(self, ws_id: str, version: int | None = None) -> list[dict]:
         return self._filtered("node_runs", "id", workstream=ws_id, version=version)
+
+    # ---- screened candidates (a campaign's screening) ------------------------------------
+    def screen_asked(self, exp_id: int, config_hash: str, trial: int, config: str, config_json: str) -> None:
+        """A screening asked for this config (again): counted; its first trial number is kept."""
+        with self.db.conn:
+            self.conn.execute("insert into screened (experiment, config_hash, trial, asked, status, config, config_json, "
+                              "t) values (?, ?, ?, 1, 'asked', ?, ?, ?) on conflict (experiment, config_hash) do update "
+                              "set asked = asked + 1", [exp_id, config_hash, trial, config, config_json, now()])  # fmt: skip
+
+    def screen_result(self, exp_id: int, config_hash: str, status: str, gains: dict | None = None,
+                      measured_on: str | None = None, reason: str | None = None, gain_ci: dict | None = None) -> None:
+        """What a screened config came to: measured (its gains per level, their intervals), incumbent, pruned or
+        failed."""
+        js = [json.dumps(v) if v is not None else None for v in (gains, gain_ci)]
+        with self.db.conn:
+            self.conn.execute("update screened set status = ?, gains = ?, gain_ci = ?, measured_on = ?, reason = ?, "
+                              "t = ? where experiment = ? and config_hash = ?",
+                              [status, *js, measured_on, reason, now(), exp_id, config_hash])  # fmt: skip
+
+    def screened(self, exp_id: int) -> list[dict]:
+        """A screening's configs in the order first asked, with their gains, intervals and config decoded."""
+        rows = self._query("select * from screened where experiment = ? order by trial", [exp_id])
+        for r in rows:
+            r["config_json"] = json.loads(r["config_json"])
+            for k in ("gains", "gain_ci"):
+                r[k] = json.loads(r[k]) if r[k] else None
+        return rows
 
     # ---- campaigns ----------------------------------------------------------------
     _CAMPAIGN_JSON = ("start_config", "incumbent", "steps", "summary")

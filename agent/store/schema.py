@@ -163,6 +163,18 @@ def m008_throughput_unit(db: sqlite_utils.Database) -> None:
             db.execute("update measurements set throughput_unit = ? where experiment = ?", [unit, exp])
 
 
+@migration
+def m009_screened(db: sqlite_utils.Database) -> None:
+    """A campaign's screened candidates, one row per config of a screening experiment: its change at every level
+    against the incumbent (and its interval), or why it was pruned or failed (the Optuna study is only the
+    sampler's memory)."""
+    db["screened"].create(
+        {"experiment": int, "config_hash": str, "trial": int, "asked": int, "status": str, "config": str,
+         "config_json": str, "gains": str, "gain_ci": str, "measured_on": str, "reason": str, "t": float},
+        pk=("experiment", "config_hash"),
+    )  # fmt: skip
+
+
 def _throughput_unit(kernel: str | None) -> str | None:
     if not kernel:
         return None
