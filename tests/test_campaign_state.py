@@ -186,3 +186,52 @@ def test_a_campaign_goal_names_one_bound():
 
     with pytest.raises(ValidationError, match="copy_fraction or roofline_fraction"):
         CampaignGoal(copy_fraction=0.8, roofline_fraction=0.8)
+
+
+def test_the_campaign_graph_ends_a_closed_chain_through_adopt_and_summarise_on_its_own_thread(state_dir, monkeypatch):
+    """The last step (the final A/B) is done: the campaign's graph routes plan_next -> adopt -> summarise, the
+    adoption is written under --approval auto, the summary is in kinv.db, and the graph's checkpoints are a thread
+    of checkpoints.db named after the campaign, which a later open of the state dir does not take for lost runs."""
+    from kinv.agent.campaign.flow import drive, thread
+    from kinv.agent.store import Store, checkpoint_threads
+
+    written = []
+    _adopting(monkeypatch, written)
+    c, store, _plan, start = _campaign(state_dir, [], approval="auto")
+    c.save(steps=[_final(start)])
+    code, line = drive(c)
+    assert code == 0 and len(written) == 1 and "adopted" in line, line
+    row = store.campaign("#7")
+    assert row["status"] == "done" and row["summary"]["adopted"], row["summary"]
+    assert thread("#7") in checkpoint_threads(state_dir)
+    Store(str(state_dir))  # reopened: the campaign's thread is known, not a sign of lost records
+    code, line = drive(c)  # a second pass starts again at plan_next and finds the campaign adopted
+    assert code == 0 and "adopted" in line and len(written) == 1, line
+
+
+def test_a_campaign_killed_inside_a_node_resumes_at_that_node(state_dir, monkeypatch):
+    """A kill (here an interrupt raised by the adoption) leaves the graph's checkpoint at the node it was in;
+    the next pass resumes there instead of starting over."""
+    from kinv.agent import campaign as camp
+    from kinv.agent.campaign.flow import build_campaign_graph, drive, thread
+    from kinv.agent.graph_support import open_checkpointer
+
+    written = []
+    _adopting(monkeypatch, written)
+    c, store, _plan, start = _campaign(state_dir, [], approval="auto")
+    c.save(steps=[_final(start)])
+    real = camp.Campaign.finish
+
+    def killed(self, last):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(camp.Campaign, "finish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        drive(c)
+    saver = open_checkpointer(store)
+    config = {"configurable": {"thread_id": thread("#7")}}
+    assert build_campaign_graph(saver).get_state(config).next == ("adopt",)
+    saver.conn.close()
+    monkeypatch.setattr(camp.Campaign, "finish", real)
+    code, line = drive(c)
+    assert code == 0 and len(written) == 1, line

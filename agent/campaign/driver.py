@@ -1,10 +1,10 @@
-"""The campaign's driver: ``run`` checks its input, takes the campaign's lock and runs ``Campaign.go``, the loop
-that picks the next backlog item, screens it, confirms its finalists in a workstream, and ends with the final
-A/B against the start and the adoption (agent/campaign/screen.py, steps.py, finish.py hold those steps).
+"""The campaign's driver: ``run`` checks its input, takes the campaign's lock and drives the campaign's graph
+(agent/campaign/flow.py); ``Campaign`` is what its nodes call: where the campaign stands (its row in kinv.db),
+which backlog item is next, and its steps (screen.py, steps.py, finish.py).
 
-A campaign resumes where it stopped: its row in kinv.db holds the incumbent and the steps, each workstream
-resumes from its own checkpoints, and a screening from its screened rows (the Optuna study asks again what a
-kill left untold)."""
+A campaign resumes where it stopped: its graph from its checkpoint, routed on its row in kinv.db (the incumbent
+and the steps); each workstream resumes from its own checkpoints, and a screening from its screened rows (the
+Optuna study asks again what a kill left untold)."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def _restore_kernel_files(store: Store, plan: Plan) -> None:
 
 
 def _run_locked(s: Settings, store: Store, plan: Plan, plan_hash: str, cid: str) -> tuple[int, str, dict]:
-    from kinv.agent.investigation import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PAUSED
+    from kinv.agent.investigation import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK
 
     row = store.campaign(cid)
     if row and row["plan_hash"] != plan_hash:
@@ -138,20 +138,17 @@ def _run_locked(s: Settings, store: Store, plan: Plan, plan_hash: str, cid: str)
     else:
         store.upsert_campaign({"id": cid, "status": "running", "backend": s.backend, "approval": s.approval})
     c = Campaign(store, plan, cid, s)
+    from kinv.agent.campaign.flow import drive
     from kinv.agent.tools.executor import ExecutorError
 
     try:
-        code, line = c.go()
+        code, line = drive(c)  # the campaign's graph: it ends at summarise, which saves the summary
     except (CampaignError, ExecutorError) as exc:
         store.upsert_campaign({"id": cid, "status": "stopped", "stop_reason": str(exc)})
         return EXIT_FAIL, str(exc), {}
     finally:
         c.close()
-    summary = c.summary()
-    store.upsert_campaign({"id": cid, "summary": summary})
-    if code in (EXIT_PAUSED, EXIT_INTERRUPTED):
-        store.upsert_campaign({"id": cid, "status": "paused" if code == EXIT_PAUSED else "interrupted"})
-    return code, line, summary
+    return code, line, store.campaign(cid)["summary"]
 
 
 
@@ -191,29 +188,7 @@ class Campaign(Screening, Confirmation, Ending):
         history), counted as a workstream's wall budget counts them: never the time paused for a person."""
         return self.store.campaign_wall_s(self.ws_list())
 
-    # ---- the loop ---------------------------------------------------------------------------
-    def go(self) -> tuple[int, str]:
-        from kinv.agent.investigation import EXIT_OK
-
-        while True:
-            row = self.row
-            steps = row["steps"]
-            last = steps[-1] if steps else None
-            if last and last["phase"] != "done":
-                code, line = self.advance(last)
-                if code != EXIT_OK:
-                    return code, line
-                continue
-            if last and last.get("item") == FINAL:
-                return self.finish(last)
-            why = self.stop_reason()
-            if why:
-                self.save(stop_reason=why)
-                self.say(f"stops: {why}")
-                self.begin_final()
-                continue
-            self.begin_step()
-
+    # ---- where the campaign stands (the graph, agent/campaign/flow.py, routes on these) ----------
     def stop_reason(self) -> str | None:
         row, c = self.row, self.plan.campaign
         steps = [s for s in row["steps"] if s.get("item") != FINAL]
@@ -406,16 +381,6 @@ class Campaign(Screening, Confirmation, Ending):
         steps[-1]["plan_path"] = str(path)
         self.save(steps=steps)
         self.say(f"{ws}: the campaign's config {describe(inc)} against the starting baseline {describe(start)}")
-
-    def advance(self, step: dict) -> tuple[int, str]:
-        from kinv.agent.investigation import EXIT_OK
-
-        if step["phase"] == "screen":
-            self.screen(step)
-            return EXIT_OK, ""
-        if step["phase"] == "confirm":
-            return self.confirm(step)
-        raise CampaignError(f"step {step.get('ws')} is in an unknown phase {step['phase']!r}")
 
     def _update_step(self, step: dict) -> None:
         steps = self.row["steps"]
