@@ -1,6 +1,6 @@
 """A campaign's search space: every config of the space, and which of them the resource model prunes.
 
-Shared by the campaign (agent/campaign.py) and the sweep recorder (benchmarks/record.py --sweep), so the
+Shared by the campaign (agent/campaign/) and the sweep recorder (benchmarks/record.py --sweep), so the
 replay recordings cover exactly the configs a campaign can propose.
 """
 
