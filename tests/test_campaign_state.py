@@ -205,6 +205,9 @@ def test_the_campaign_graph_ends_a_closed_chain_through_adopt_and_summarise_on_i
     assert row["status"] == "done" and row["summary"]["adopted"], row["summary"]
     assert thread("#7") in checkpoint_threads(state_dir)
     Store(str(state_dir))  # reopened: the campaign's thread is known, not a sign of lost records
+    from kinv.agent.tools.doctor import diagnose
+
+    assert not [f for f in diagnose(Path(state_dir)) if f.check == "kinv.db" and f.status == "bad"]
     code, line = drive(c)  # a second pass starts again at plan_next and finds the campaign adopted
     assert code == 0 and "adopted" in line and len(written) == 1, line
 

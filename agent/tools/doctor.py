@@ -57,8 +57,11 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
                 cur = conn.execute(f"select * from [{table}]")
                 cols = [c[0] for c in cur.description]
                 rows[table] = [dict(zip(cols, r)) for r in cur.fetchall()]
+            known = {w["id"] for w in rows["workstreams"]}
+            if conn.execute("select 1 from sqlite_master where type = 'table' and name = 'campaigns'").fetchone():
+                known |= {r[0] for r in conn.execute("select id from campaigns")}  # a campaign's graph has a thread
             conn.close()
-            seen = earlier_runs(state, {w["id"] for w in rows["workstreams"]})
+            seen = earlier_runs(state, known)
             ids = {p["id"] for p in rows["patches"]}
             gone = [m for m in markers if m.get("patch") not in ids]
             if not seen and gone:
