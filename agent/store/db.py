@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from kinv.agent import faults
 from kinv.agent.store import schema
+from kinv.agent.store.screened import ScreenedRows
 from kinv.agent.store.state import (
     CHECKPOINTS_NAME,
     DB_NAME,
@@ -49,7 +50,7 @@ def _while_locked(fn, seconds: float = 30.0):
             time.sleep(0.05)
 
 
-class Store:
+class Store(ScreenedRows):
     """All reads and writes of kinv.db."""
 
     def __init__(self, directory: str | os.PathLike | None = None, *, create: bool = True):
@@ -426,33 +427,6 @@ class Store:
 
     def node_runs(self, ws_id: str, version: int | None = None) -> list[dict]:
         return self._filtered("node_runs", "id", workstream=ws_id, version=version)
-
-    # ---- screened candidates (a campaign's screening) ------------------------------------
-    def screen_asked(self, exp_id: int, config_hash: str, trial: int, config: str, config_json: str) -> None:
-        """A screening asked for this config (again): counted; its first trial number is kept."""
-        with self.db.conn:
-            self.conn.execute("insert into screened (experiment, config_hash, trial, asked, status, config, config_json, "
-                              "t) values (?, ?, ?, 1, 'asked', ?, ?, ?) on conflict (experiment, config_hash) do update "
-                              "set asked = asked + 1", [exp_id, config_hash, trial, config, config_json, now()])  # fmt: skip
-
-    def screen_result(self, exp_id: int, config_hash: str, status: str, gains: dict | None = None,
-                      measured_on: str | None = None, reason: str | None = None, gain_ci: dict | None = None) -> None:
-        """What a screened config came to: measured (its gains per level, their intervals), incumbent, pruned or
-        failed."""
-        js = [json.dumps(v) if v is not None else None for v in (gains, gain_ci)]
-        with self.db.conn:
-            self.conn.execute("update screened set status = ?, gains = ?, gain_ci = ?, measured_on = ?, reason = ?, "
-                              "t = ? where experiment = ? and config_hash = ?",
-                              [status, *js, measured_on, reason, now(), exp_id, config_hash])  # fmt: skip
-
-    def screened(self, exp_id: int) -> list[dict]:
-        """A screening's configs in the order first asked, with their gains, intervals and config decoded."""
-        rows = self._query("select * from screened where experiment = ? order by trial", [exp_id])
-        for r in rows:
-            r["config_json"] = json.loads(r["config_json"])
-            for k in ("gains", "gain_ci"):
-                r[k] = json.loads(r[k]) if r[k] else None
-        return rows
 
     # ---- campaigns ----------------------------------------------------------------
     _CAMPAIGN_JSON = ("start_config", "incumbent", "steps", "summary")
