@@ -1,4 +1,4 @@
-"""`kinv doctor` and a lost or damaged state dir (issue 12.4, 12.5): every finding names its fix; a lost
+"""`kinv doctor` and a lost or damaged state dir: every finding names its fix; a lost
 checkpoints.db never silently restarts an investigation; a damaged kinv.db is reported, not crashed on."""
 
 from __future__ import annotations
@@ -9,20 +9,19 @@ from pathlib import Path
 import pytest
 
 from kinv.kernels.launch_config import config_hash
-from tests.utils import leave_kinv_patch_live, replay_env, run_kinv
+from tests.utils import kinv_in_process, leave_kinv_patch_live, replay_env, run_kinv
 
 PLAN = "plans/3a-attention-occupancy.yaml"
 
 
 def _findings(env) -> tuple[int, dict]:
-    r = run_kinv(env, "doctor", "--json")
+    r = kinv_in_process(env, "doctor", "--json")
     return r.returncode, {f["check"]: f for f in json.loads(r.stdout)}
 
 
-def test_doctor_on_a_healthy_then_a_damaged_state_dir(tmp_path, state_dir):
+def test_doctor_on_a_healthy_then_a_damaged_state_dir(tmp_path, state_dir, closed_3a):
     env = replay_env(tmp_path, state_dir)
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
-    assert run_kinv(env, "run", PLAN, "--backend", "replay", "--approval", "auto").returncode == 0
     rc, f = _findings(env)
     assert rc == 0 and {x["status"] for x in f.values()} == {"ok"}, f
     assert "baseline of" in f["config mla_decode"]["detail"]
@@ -41,25 +40,24 @@ def test_doctor_on_a_healthy_then_a_damaged_state_dir(tmp_path, state_dir):
     assert "kinv revert --to-plan" in f["kinv.db"]["fix"]
     assert db.read_bytes() == before  # the doctor only reads
     # and the way back that needs no kinv.db
-    r = run_kinv(env, "revert", "--to-plan", PLAN)
+    r = kinv_in_process(env, "revert", "--to-plan", PLAN)
     assert r.returncode == 0, r.stderr
     assert json.loads(cfg.read_text())["num_warps"] == 4
 
 
-def test_a_deleted_checkpoints_db_is_refused_not_silently_restarted(tmp_path, state_dir):
-    env = replay_env(tmp_path, state_dir)
-    assert run_kinv(env, "run", PLAN, "--backend", "replay", "--approval", "ask").returncode == 3  # paused at V1
-    n_exps = len(json.loads(run_kinv(env, "experiments", "3a", "--json").stdout))
+def test_a_deleted_checkpoints_db_is_refused_not_silently_restarted(tmp_path, state_dir, paused_3a):
+    env = replay_env(tmp_path, state_dir)  # a run of #3a paused at V1's approval
+    n_exps = len(json.loads(kinv_in_process(env, "experiments", "3a", "--json").stdout))
     (Path(state_dir) / "checkpoints.db").unlink()
     rc, f = _findings(env)
     assert rc == 1 and f["checkpoints"]["status"] == "bad" and "--new-version" in f["checkpoints"]["fix"]
-    r = run_kinv(env, "resume", "3a", "--backend", "replay")
+    r = kinv_in_process(env, "resume", "3a", "--backend", "replay")
     assert r.returncode == 1 and "checkpoints of #3a are missing" in r.stderr and "--new-version" in r.stderr
-    assert len(json.loads(run_kinv(env, "experiments", "3a", "--json").stdout)) == n_exps  # nothing re-run
+    assert len(json.loads(kinv_in_process(env, "experiments", "3a", "--json").stdout)) == n_exps  # nothing re-run
 
 
 def test_revert_without_kinv_db_never_says_nothing_to_revert_over_a_live_variant(tmp_path, state_dir):
-    """Issue 12.4: kinv.db deleted while V1 (num_warps 8) was live: revert says the live config is no known
+    """kinv.db deleted while V1 (num_warps 8) was live: revert says the live config is no known
     baseline and how to restore it (exit 1), and --to-plan restores it, verified, with no state at all."""
     env = replay_env(tmp_path, state_dir)
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"

@@ -8,18 +8,17 @@ import io
 import json
 from pathlib import Path
 
-from tests.utils import replay_env, run_kinv
+from tests.utils import kinv_in_process, replay_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_export_csv_and_compare_agree_with_the_close_out(tmp_path, state_dir):
+def test_export_csv_and_compare_agree_with_the_close_out(tmp_path, state_dir, closed_3a):
     env = replay_env(tmp_path, state_dir)
 
     def kinv(*args):
-        return run_kinv(env, *args)
+        return kinv_in_process(env, *args)
 
-    assert kinv("run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval", "auto").returncode == 0
     out = kinv("export", "3a", "--csv")
     assert out.returncode == 0, out.stderr
     rows = list(csv.DictReader(io.StringIO(out.stdout)))

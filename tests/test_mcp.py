@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import replay_env, run_kinv
+from tests.utils import kinv_in_process, replay_env, run_kinv
 
 pytest.importorskip("mcp")
 
@@ -53,6 +53,30 @@ async def _until(fn, what: str, timeout: float = 240):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def test_what_the_tools_and_resources_read_of_a_closed_run_is_what_the_cli_prints(tmp_path, state_dir, closed_3a):
+    env = replay_env(tmp_path, state_dir)
+    proj = _project(tmp_path)
+
+    async def flow(s):
+        res = await s.read_resource("kinv://closeout/3a")
+        assert "# Close-out #3a" in res.contents[0].text
+        png = await s.read_resource("kinv://closeout/3a/png")
+        assert png.contents[0].mimeType == "image/png" and len(png.contents[0].blob) > 1000
+        plan = await s.read_resource("kinv://plan/3a-attention-occupancy")
+        assert "workstream:" in plan.contents[0].text
+        for tool, args, cli in (("status", {}, ["status"]), ("experiments", {"ws": "3a"}, ["experiments", "3a"]),
+                                ("todos", {"ws": "3a", "format": "claude"}, ["todos", "3a", "--format", "claude"]),
+                                ("todos", {"ws": "3a"}, ["todos", "3a"]), ("pending", {}, ["pending"]),
+                                ("history", {"ws": "3a"}, ["history", "3a"]), ("show", {"experiment": 3}, ["show", "3"])):
+            got = (await s.call_tool(tool, args)).structuredContent
+            want = json.loads(kinv_in_process(env, *cli, "--json", cwd=proj).stdout)
+            assert got.get("result", got) == want, tool
+        return True
+
+    assert asyncio.run(_with_session(env, proj, flow))
+
+
+@pytest.mark.slow
 def test_an_agent_starts_watches_and_reads_an_investigation_but_a_person_approves(tmp_path):
     env = replay_env(tmp_path, tmp_path / "state")
     proj = _project(tmp_path)

@@ -331,10 +331,28 @@ def test_export_unknown_format(store, demo):
 # --------------------------------------------------------------------------- #
 # history: kinv.db's node runs
 # --------------------------------------------------------------------------- #
+def test_history_lists_every_node_run_of_a_closed_run_in_order_with_its_decision(tmp_path, state_dir, closed_3a):
+    """kinv history reads kinv.db's node runs (no LangGraph tables) of a closed replay run of #3a, in order,
+    each with what it decided."""
+    from tests.utils import kinv_in_process, replay_env
+
+    env = replay_env(tmp_path, state_dir)
+    items = json.loads(kinv_in_process(env, "history", "3a", "--json").stdout)
+    assert [i["node"] for i in items[:5]] == ["setup", "baseline", "noise", "pick", "design"]
+    assert [i["step"] for i in items] == list(range(1, len(items) + 1))
+    assert items[3]["outcome"] == "-> design" and items[3]["decision"] == "next: V1"
+    assert "paused" not in {i["outcome"] for i in items}  # --approval auto: nothing waited
+    assert items[-1]["node"] == "closeout"
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", i["time"]) for i in items)
+    text = kinv_in_process({**env, "COLUMNS": "80"}, "history", "3a").stdout
+    assert "closeout" in text and "setup" in text
+
+
+@pytest.mark.slow
 def test_history_lists_every_node_run_with_its_decision_and_a_pause_for_approval(tmp_path, state_dir):
     """A real replay run of #3a, paused at V1's approval: kinv history reads kinv.db's node runs (no LangGraph
     tables), in order, each with what it decided; the pause names the approval; resuming appends, in order."""
-    from tests.utils import replay_env, run_kinv
+    from tests.utils import kinv_in_process as run_kinv, replay_env
 
     env = replay_env(tmp_path, state_dir)
     assert run_kinv(env, "run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval",
@@ -371,16 +389,14 @@ def test_views_import_no_heavy_modules():
     assert out.stdout.strip() == ""
 
 
-def test_every_table_reads_at_80_columns_with_the_varying_part_of_the_level_in_each_row(tmp_path, state_dir):
+def test_every_table_reads_at_80_columns_with_the_varying_part_of_the_level_in_each_row(tmp_path, state_dir, closed_3a):
     """Piped with COLUMNS=80, a row still says which level it is (b1, b8, ...: the common part of the key is
     in the title), nothing is cut (a pipe gets whole lines, however wide: tests/test_terminal.py has the
     80-column terminal), and progress is plain lines, not carriage returns."""
-    from tests.utils import replay_env, run_kinv
+    from tests.utils import kinv_in_process as run_kinv, replay_env
 
     env = replay_env(tmp_path, state_dir, COLUMNS="80")
-    r = run_kinv(env, "run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval", "auto")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "\r" not in r.stdout and "[V1] round 1/" in r.stdout  # piped: one plain line per round
+    assert "\r" not in closed_3a and "[V1] round 1/" in closed_3a  # the run, piped: one plain line per round
     outs = {cmd: run_kinv(env, *cmd.split()) for cmd in ("status", "experiments 3a", "todos 3a", "show 3",
                                                          "noise --backend replay --rounds 4")}  # fmt: skip
     for cmd, o in outs.items():

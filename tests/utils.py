@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def assert_verbose_allclose(actual, expected, atol: float, rtol: float, max_print: int = 5) -> None:
     """allclose that says how many elements differ, where, and by how much."""
@@ -77,3 +81,34 @@ def leave_kinv_patch_live(cfg, changes: dict) -> None:
         configs.patch_config(Store(lost, create=True), cfg, {**configs.read_config(cfg), **changes}, None)
     finally:
         shutil.rmtree(lost, ignore_errors=True)
+
+
+def kinv_in_process(env: dict, *args, cwd=None, timeout=None):
+    """What :func:`run_kinv` returns, without a new process: ``kinv.agent.cli.main(ARGS)`` in this one, under
+    ``env`` as the whole environment and ``cwd`` (the project root unless given) as the working directory, its
+    stdout and stderr captured (piped, as a subprocess's are).  For tests about what a command prints, exits
+    and records; tests about processes (signals, crashes, a fresh clone) keep :func:`run_kinv`."""
+    import contextlib
+    import io
+    import os
+    import subprocess
+
+    from kinv.agent.cli import main
+
+    argv = [str(a) for a in args]
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.clear()
+        os.environ.update({k: str(v) for k, v in env.items()})
+        os.chdir(cwd or ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as e:  # a command that exits by itself
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["kinv", *argv], code, out.getvalue(), err.getvalue())
