@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,37 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
 
 
+def _run_root(tmp_path_factory, config):
+    """This test run's own temporary root: under pytest-xdist the workers' common parent, else the basetemp."""
+    root = tmp_path_factory.getbasetemp()
+    if getattr(config, "workerinput", None) is not None:  # xdist: <run root>/popen-gwN
+        root = root.parent  # this run's, shared by its workers (never another run's)
+    return root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_kept_copies_in_the_home_dir(tmp_path_factory):
+    """kinv keeps copies of config files' bytes of record under $XDG_STATE_HOME (~/.local/state when unset):
+    fixtures shared by many tests (a module's, a session's) keep theirs in this run's temporary dir, never
+    in the home dir; every test gets its own besides (``state_dir``)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-state"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _one_ray_cluster_at_a_time(request, tmp_path_factory):
+    """Tests marked ``ray`` start a local Ray cluster or stop every one (``ray stop --force``): under
+    pytest-xdist they take turns, so one never stops another's cluster."""
+    if request.node.get_closest_marker("ray") is None:
+        yield
+        return
+    from filelock import FileLock
+
+    with FileLock(str(_run_root(tmp_path_factory, request.config) / "ray.lock")):
+        yield
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_GPU:
         return
@@ -49,7 +81,7 @@ def state_dir(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- #
-# One closed #3a (and one #3a paused at its first approval), built once per test run and shared
+# One closed #3a (and one #3a paused at its first approval, one closed #3b), built once per test run and shared
 #
 # A replay `kinv run plans/3a-attention-occupancy.yaml --approval auto` takes about a minute on 2 cores; the
 # tests that only read what such a run leaves (report, export, views, show, compare, history, status, todos, the
@@ -59,55 +91,75 @@ def state_dir(tmp_path, monkeypatch):
 PLAN_3A = "plans/3a-attention-occupancy.yaml"
 
 
-def _build_state(where, approval: str, want_rc: int):
-    """A state dir and live-config dir that a replay run of #3a under ``approval`` left (exit ``want_rc``)."""
+def _build_state(where, plan: str, approval: str, want_rc: int):
+    """A state dir and live-config dir that a replay run of ``plan`` under ``approval`` left (exit ``want_rc``)."""
     import subprocess
     import sys
 
     from tests.utils import ROOT, replay_env
 
     where.mkdir(parents=True, exist_ok=True)
-    env = replay_env(where, where / "state")
-    r = subprocess.run([sys.executable, "-m", "kinv.agent.cli", "run", PLAN_3A, "--backend", "replay",
+    env = replay_env(where, where / "state", XDG_STATE_HOME=str(where / "xdg-state"))  # kinv's kept copies
+    r = subprocess.run([sys.executable, "-m", "kinv.agent.cli", "run", plan, "--backend", "replay",
                         "--approval", approval], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)  # fmt: skip
     if r.returncode != want_rc:
-        raise RuntimeError(f"the shared #3a run under --approval {approval} exited {r.returncode}, not {want_rc}:\n"
+        raise RuntimeError(f"the shared run of {plan} under --approval {approval} exited {r.returncode}, not {want_rc}:\n"
                            f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}")  # fmt: skip
     (where / "run.out").write_text(r.stdout)
     (where / "done").write_text("ok")
 
 
-def _shared(tmp_path_factory, request, name: str, approval: str, want_rc: int):
+def _shared(tmp_path_factory, request, name: str, plan: str, approval: str, want_rc: int):
     from filelock import FileLock
 
-    root = tmp_path_factory.getbasetemp()
-    if getattr(request.config, "workerinput", None) is not None:  # xdist: <run root>/popen-gwN
-        root = root.parent  # this run's own root, shared by its workers (never another run's)
+    root = _run_root(tmp_path_factory, request.config)
     where = root / name
     with FileLock(str(root / f"{name}.lock")):
         if not (where / "done").exists():
-            _build_state(where, approval, want_rc)
+            _build_state(where, plan, approval, want_rc)
     return where
 
 
 def _copy(source, tmp_path, state_dir) -> str:
+    """The shared run's state dir copied to ``state_dir``, its live config dir to ``tmp_path / "configs"``, and
+    kinv's kept copies of those files' bytes of record (outside any state dir, keyed by the file's path) re-kept
+    for the copies, under this test's $XDG_STATE_HOME."""
+    import json
+    import os
     import shutil
+
+    from kinv.agent.tools.configs import record_path
 
     shutil.copytree(source / "state", state_dir, symlinks=True)
     shutil.copytree(source / "configs", tmp_path / "configs", dirs_exist_ok=True)
+    assert os.environ["XDG_STATE_HOME"] == str(tmp_path / "xdg-state")  # the state_dir fixture's
+    for rec_file in (source / "xdg-state" / "kinv" / "records").glob("*.json"):
+        rec = json.loads(rec_file.read_text())
+        name = os.path.basename(rec["path"])
+        mine = (tmp_path / "configs" / name).resolve()
+        if Path(rec["path"]) == (source / "configs" / name).resolve():
+            dest = record_path(mine)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(json.dumps({**rec, "path": str(mine)}))
     return (source / "run.out").read_text()
 
 
 @pytest.fixture(scope="session")
 def closed_3a_source(tmp_path_factory, request):
     """The shared closed #3a (--approval auto).  Never write to it: ``closed_3a`` gives a copy."""
-    return _shared(tmp_path_factory, request, "closed-3a", "auto", 0)
+    return _shared(tmp_path_factory, request, "closed-3a", PLAN_3A, "auto", 0)
 
 
 @pytest.fixture(scope="session")
 def paused_3a_source(tmp_path_factory, request):
     """The shared #3a paused at V1's approval (--approval ask).  Never write to it: ``paused_3a`` gives a copy."""
-    return _shared(tmp_path_factory, request, "paused-3a", "ask", 3)
+    return _shared(tmp_path_factory, request, "paused-3a", PLAN_3A, "ask", 3)
+
+
+@pytest.fixture(scope="session")
+def closed_3b_source(tmp_path_factory, request):
+    """The shared closed #3b (--approval auto, the live file at the seed's).  ``closed_3b`` gives a copy."""
+    return _shared(tmp_path_factory, request, "closed-3b", "plans/3b-tile-shape.yaml", "auto", 0)
 
 
 @pytest.fixture
@@ -117,6 +169,12 @@ def closed_3a(closed_3a_source, tmp_path, state_dir):
     reads it.  Returns what the run printed.  For reading what a run leaves; a test about the run itself runs
     one (and is slow)."""
     return _copy(closed_3a_source, tmp_path, state_dir)
+
+
+@pytest.fixture
+def closed_3b(closed_3b_source, tmp_path, state_dir):
+    """This test's own copy of a closed replay run of #3b, as ``closed_3a``."""
+    return _copy(closed_3b_source, tmp_path, state_dir)
 
 
 @pytest.fixture

@@ -9,44 +9,42 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import replay_env, run_kinv
+from tests.utils import kinv_in_process, replay_env, run_kinv
 
 
-def test_adopt_shows_then_writes_the_winner_journaled_with_a_message_citing_the_close_out(tmp_path, state_dir):
+def test_adopt_shows_then_writes_the_winner_journaled_with_a_message_citing_the_close_out(tmp_path, state_dir,
+                                                                                          closed_3b):
     env = replay_env(tmp_path, state_dir)
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
-    assert run_kinv(env, "run", "plans/3b-tile-shape.yaml", "--backend", "replay", "--approval", "auto").returncode == 0
     before = cfg.read_bytes()
 
-    shown = run_kinv(env, "adopt", "3b", "V1")  # review first: nothing is written
+    shown = kinv_in_process(env, "adopt", "3b", "V1")  # review first: nothing is written
     assert shown.returncode == 0, shown.stderr
     assert cfg.read_bytes() == before
     assert '-  "BLOCK_T": 16,' in shown.stdout and '+  "BLOCK_T": 32,' in shown.stdout
     assert "3b-closeout.md" in shown.stdout and "b64  +" in shown.stdout and "kinv adopt 3b V1 --yes" in shown.stdout
 
-    done = json.loads(run_kinv(env, "adopt", "3b", "V1", "--yes", "--json").stdout)
+    done = json.loads(kinv_in_process(env, "adopt", "3b", "V1", "--yes", "--json").stdout)
     assert json.loads(cfg.read_text())["BLOCK_T"] == 32 and done["written"] and done["kind"] == "config"
     message = Path(done["message_file"]).read_text()
     assert message.startswith("mla_decode: adopt #3b V1 (BLOCK_T 32)") and "Close-out:" in message
     # final: neither a revert nor the next start puts the old baseline back
-    assert run_kinv(env, "revert").returncode == 0
+    assert kinv_in_process(env, "revert").returncode == 0
     assert json.loads(cfg.read_text())["BLOCK_T"] == 32
-    backups = json.loads(run_kinv(env, "backups", "--json").stdout)
+    backups = json.loads(kinv_in_process(env, "backups", "--json").stdout)
     assert any(b["sha"] and b["path"] == str(cfg.resolve()) for b in backups)  # the old file is kept
     # the file moved on: a second adoption from the same measurements is refused
-    again = run_kinv(env, "adopt", "3b", "V1", "--yes")
+    again = kinv_in_process(env, "adopt", "3b", "V1", "--yes")
     assert again.returncode == 2 and "already runs" in again.stderr
 
 
-def test_adopt_refuses_what_was_not_a_win_and_names_what_was_measured(tmp_path, state_dir):
+def test_adopt_refuses_what_was_not_a_win_and_names_what_was_measured(tmp_path, state_dir, closed_3a):
     env = replay_env(tmp_path, state_dir)
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
-    assert run_kinv(env, "run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval",
-                    "auto").returncode == 0  # fmt: skip
     before = cfg.read_bytes()
-    r = run_kinv(env, "adopt", "3a", "V1", "--yes")
+    r = kinv_in_process(env, "adopt", "3a", "V1", "--yes")
     assert r.returncode == 2 and "was not a win (reject" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = run_kinv(env, "adopt", "3a", "V9")
+    r = kinv_in_process(env, "adopt", "3a", "V9")
     assert r.returncode == 2 and "measured: V1, V2" in r.stderr
     assert cfg.read_bytes() == before
 
@@ -97,7 +95,7 @@ def _write_live(env, cfg) -> Path:
 
 
 @pytest.fixture(scope="module")
-def closed_3b(tmp_path_factory):
+def closed_3b_over_campaign_7(tmp_path_factory):
     """#3b closed out on replay while the live file was campaign #7's config (as in the field)."""
     tmp = tmp_path_factory.mktemp("adopt3b")
     env = replay_env(tmp, tmp / "state")
@@ -108,10 +106,10 @@ def closed_3b(tmp_path_factory):
 
 
 @pytest.fixture
-def after_3b(closed_3b, tmp_path):
+def after_3b(closed_3b_over_campaign_7, tmp_path):
     """A copy of the closed #3b (state dir and live config dir) of this test's own."""
-    shutil.copytree(closed_3b / "state", tmp_path / "s")
-    shutil.copytree(closed_3b / "configs", tmp_path / "c")
+    shutil.copytree(closed_3b_over_campaign_7 / "state", tmp_path / "s")
+    shutil.copytree(closed_3b_over_campaign_7 / "configs", tmp_path / "c")
     env = dict(replay_env(tmp_path, tmp_path / "s"), KINV_CONFIG_DIR=str(tmp_path / "c"))
     return env, tmp_path / "c" / "mla_decode.json"
 
@@ -122,7 +120,7 @@ def _experiments(env) -> list[tuple]:
 
 
 def _doctor_says(env) -> str:
-    r = run_kinv(env, "doctor", "--json")
+    r = kinv_in_process(env, "doctor", "--json")
     return next(f["detail"] for f in json.loads(r.stdout) if f["check"] == "config mla_decode")
 
 
@@ -132,7 +130,7 @@ def test_adopt_refuses_a_variant_the_confirming_ab_shows_slower_than_the_live_fi
     env, cfg = after_3b
     before = cfg.read_bytes()
     for args in (("adopt", "3b", "V1"), ("adopt", "3b", "V1", "--yes")):  # (--backend auto: replay here)
-        r = run_kinv(env, *args)
+        r = kinv_in_process(env, *args)
         assert r.returncode == 2, r.stdout + r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "improves on the live file" in r.stderr
         assert "at no level" in r.stderr and "b1 -" in r.stderr and "regressed" in r.stderr
@@ -151,11 +149,11 @@ def test_adopt_writes_the_variant_only_where_it_beat_the_live_file_and_drops_not
 
     env, cfg = after_3b
     _write_live(env, HAND_TUNED_LIVE)
-    shown = run_kinv(env, "adopt", "3b", "V1", "--backend", "replay")
+    shown = kinv_in_process(env, "adopt", "3b", "V1", "--backend", "replay")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(cfg.read_text()) == HAND_TUNED_LIVE  # review only
     before_text = cfg.read_text()
-    done = json.loads(run_kinv(env, "adopt", "3b", "V1", "--yes", "--json", "--backend", "replay").stdout)
+    done = json.loads(kinv_in_process(env, "adopt", "3b", "V1", "--yes", "--json", "--backend", "replay").stdout)
     assert done["written"] and done["kind"] == "overrides" and done["confirm"]
     # the diff a person reviews applies to the live file's bytes and yields exactly the bytes written
     from kinv.agent.tools.configs import apply_unified_diff
@@ -194,7 +192,7 @@ def test_adopt_without_a_replay_recording_of_the_pair_refuses_in_one_line_and_wr
     _write_live(env, {**shipped, "num_stages": 3})  # the shipped file at 3 stages: no recording serves it on replay
     before, exps = cfg.read_bytes(), _experiments(env)
     for extra in ((), ("--yes",), ("--yes", "--json")):
-        r = run_kinv(env, "adopt", "3b", "V1", "--backend", "replay", *extra)
+        r = kinv_in_process(env, "adopt", "3b", "V1", "--backend", "replay", *extra)
         assert r.returncode == 2, r.stdout + r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert "no recording of that pair" in r.stderr and "--backend cuda" in r.stderr and "nothing written" in r.stderr
@@ -212,7 +210,7 @@ def test_an_adoptions_samples_saved_as_a_recording_are_served_by_replay(after_3b
 
     env, cfg = after_3b
     _write_live(env, HAND_TUNED_LIVE)
-    done = json.loads(run_kinv(env, "adopt", "3b", "V1", "--yes", "--json", "--backend", "replay").stdout)
+    done = json.loads(kinv_in_process(env, "adopt", "3b", "V1", "--yes", "--json", "--backend", "replay").stdout)
     recs = tmp_path / "recordings"
     (recs / "h200").mkdir(parents=True)
     for f in (Path(__file__).resolve().parents[1] / "kernels" / "recordings" / "h200").glob("*.jsonl.gz"):
@@ -224,7 +222,7 @@ def test_an_adoptions_samples_saved_as_a_recording_are_served_by_replay(after_3b
 
     out = adopt.record_replay(store, exp, arms, load_config(cfg), directory=recs)
     assert out.parent == recs / "h200" and out.name.startswith("mla_decode-adopted-")
-    bench = run_kinv(dict(env, KINV_RECORDINGS=str(recs)), "bench", "--backend", "replay", "--json")
+    bench = kinv_in_process(dict(env, KINV_RECORDINGS=str(recs)), "bench", "--backend", "replay", "--json")
     assert bench.returncode == 0, bench.stderr
     served = {m["level"]: m["us"] for m in json.loads(bench.stdout)}  # the recording, not the sweep, serves it
     for lv, arm in arms.items():  # kinv bench takes 5 samples: rounds 0-4 of the arm that runs there

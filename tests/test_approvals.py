@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import replay_env, run_kinv
+from tests.utils import kinv_in_process, replay_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ def env(tmp_path, state_dir):
 
 
 def kinv(env, *args):
-    return run_kinv(env, *args)
+    return kinv_in_process(env, *args)
 
 
 def test_a_source_patch_approval_shows_its_diff_title_and_rationale(env):

@@ -172,7 +172,8 @@ def test_an_archived_plan_version_keeps_its_own_close_out_which_the_next_version
     """Version 1's close-out is renamed when version 2 starts: the history row must point at the renamed file, not
     at the path version 2's close-out then writes."""
     from kinv.agent.store import Store
-    from tests.utils import replay_env, run_kinv
+    from tests.utils import kinv_in_process as run_kinv
+    from tests.utils import replay_env
 
     env = replay_env(tmp_path, tmp_path / "state")
     store = Store(tmp_path / "state")

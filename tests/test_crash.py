@@ -399,12 +399,11 @@ def test_kinv_db_deleted_during_a_run_fails_loudly_with_the_kernel_restored(tmp_
     assert r.returncode == 1 and "no kinv state" not in r.stderr and "kinv.db" in r.stderr, r.stderr
 
 
-def test_a_kill_inside_reject_never_loses_the_rejected_event(tmp_path):
+def test_a_kill_inside_reject_never_loses_the_rejected_event(tmp_path, paused_3a):
     """Every fault point of `kinv reject` killed in turn: the decision and its event are both there, or neither."""
     from tests.utils import replay_env
 
-    env = replay_env(tmp_path, tmp_path / "state")
-    assert _kinv(env, "run", str(PLAN3A), "--backend", "replay", "--approval", "ask").returncode == 3
+    env = replay_env(tmp_path, tmp_path / "state")  # #3a paused at V1's approval
     aid = json.loads(_kinv(env, "pending", "--json").stdout)[0]["id"]
 
     def reject(state: Path, **extra):

@@ -14,6 +14,7 @@ import pytest
 from tests.utils import replay_env, run_kinv
 
 pytest.importorskip("ray")
+pytestmark = pytest.mark.ray  # a local Ray cluster: one such test at a time under pytest-xdist
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = "plans/7-decode-ceiling.yaml"

@@ -217,6 +217,7 @@ def test_the_campaign_block_runs_as_a_session_on_a_fresh_clone(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_the_ray_block_runs_on_cpu_actors(tmp_path):
     pytest.importorskip("ray")
     section = next(s for s, _ in readme_blocks() if s.startswith("Many GPUs"))

@@ -415,13 +415,13 @@ def test_every_table_reads_at_80_columns_with_the_varying_part_of_the_level_in_e
     assert exps["V1"]["reason"].startswith("reject: regressed at b1 (") or "regressed at b1 (" in exps["V1"]["reason"]
 
 
-def test_report_env_and_todo_exports_give_json_of_the_same_content(tmp_path, state_dir):
+def test_report_env_and_todo_exports_give_json_of_the_same_content(tmp_path, state_dir, closed_3b):
     """`report --json` carries every experiment's per-level change (the number the close-out prints) and the
     Markdown; `env --json` says what was expected and seen; todo exports come wrapped as {"todos": [...]}."""
-    from tests.utils import replay_env, run_kinv
+    from tests.utils import kinv_in_process as run_kinv
+    from tests.utils import replay_env
 
     env = replay_env(tmp_path, state_dir)
-    assert run_kinv(env, "run", "plans/3b-tile-shape.yaml", "--backend", "replay", "--approval", "auto").returncode == 0
     rep = json.loads(run_kinv(env, "report", "3b", "--json").stdout)
     v1 = next(e for e in rep["experiments"] if e["experiment"]["variant"] == "V1")
     b1 = next(e for e in v1["effects"] if e["level"].endswith("/b1"))

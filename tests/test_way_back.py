@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.utils import leave_kinv_patch_live, replay_env, run_kinv
+from tests.utils import kinv_in_process, leave_kinv_patch_live, replay_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,8 +17,8 @@ def _env(tmp_path, state):
     return replay_env(tmp_path, state)
 
 
-def _kinv(env, *args):
-    return run_kinv(env, *args)
+def _kinv(env, *args, cwd=None):
+    return kinv_in_process(env, *args, cwd=cwd)
 
 
 def test_revert_to_plan_restores_the_baseline_with_the_state_dir_gone(tmp_path, state_dir):
@@ -35,9 +35,8 @@ def test_revert_to_plan_restores_the_baseline_with_the_state_dir_gone(tmp_path, 
     assert again.returncode == 0 and "already holds its file of record" in again.stdout
 
 
-def test_approve_and_reject_race_one_wins_the_other_is_told(tmp_path, state_dir):
-    env = _env(tmp_path, state_dir)
-    assert _kinv(env, "run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval", "ask").returncode == 3
+def test_approve_and_reject_race_one_wins_the_other_is_told(tmp_path, state_dir, paused_3a):
+    env = _env(tmp_path, state_dir)  # #3a paused at V1's approval
     aid = json.loads(_kinv(env, "pending", "--json").stdout)[0]["id"]
     procs = [subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
@@ -54,11 +53,10 @@ def test_approve_and_reject_race_one_wins_the_other_is_told(tmp_path, state_dir)
     assert decided == winner  # the recorded decision is the winner's, not the last writer's
 
 
-def test_an_internal_failure_is_not_bad_input_one_line_and_the_traceback_in_a_log(tmp_path, state_dir):
+def test_an_internal_failure_is_not_bad_input_one_line_and_the_traceback_in_a_log(tmp_path, state_dir, paused_3a):
     import sqlite3
 
-    env = _env(tmp_path, state_dir)
-    assert _kinv(env, "run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval", "ask").returncode == 3
+    env = _env(tmp_path, state_dir)  # #3a paused at V1's approval
     # the run's key steps are in the state dir's log, from its first line (before the state dir existed)
     ran = (Path(state_dir) / "kinv.log").read_text()
     assert " INFO " in ran and "backend replay, approval ask" in ran and "REPLAY backend" in ran, ran
@@ -92,7 +90,7 @@ def test_the_error_log_follows_state_dir_not_the_working_directory(tmp_path, sta
     (cwd / "state").mkdir(parents=True)
     env = _env(tmp_path, state_dir)
     env["PYTHONPATH"] = str(ROOT)
-    r = run_kinv(env, "status", "--state-dir", str(other), cwd=cwd)
+    r = _kinv(env, "status", "--state-dir", str(other), cwd=cwd)
     assert r.returncode == 1 and "internal error" in r.stderr, r.stderr
     assert str(other / "kinv.log") in r.stderr
     assert "no such table: experiments" in (other / "kinv.log").read_text()

@@ -93,22 +93,33 @@ def kinv_in_process(env: dict, *args, cwd=None, timeout=None):
     import os
     import subprocess
 
+    import sys
+    import traceback
+
+    from kinv.agent import faults
     from kinv.agent.cli import main
 
     argv = [str(a) for a in args]
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved_env, saved_cwd, saved_stdin = dict(os.environ), os.getcwd(), sys.stdin
     out, err = io.StringIO(), io.StringIO()
     try:
         os.environ.clear()
         os.environ.update({k: str(v) for k, v in env.items()})
         os.chdir(cwd or ROOT)
+        faults.reset()  # fault points read this environment, not an earlier one
+        sys.stdin = io.StringIO("")  # nothing typed: a prompt reads end of file, as a child with no input does
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(argv)
             except SystemExit as e:  # a command that exits by itself
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except Exception:  # KINV_DEBUG=1 re-raises: what the process would print before it exits 1
+                traceback.print_exc()
+                code = 1
     finally:
+        sys.stdin = saved_stdin
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
+        faults.reset()
     return subprocess.CompletedProcess(["kinv", *argv], code, out.getvalue(), err.getvalue())
