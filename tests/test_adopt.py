@@ -100,7 +100,7 @@ def closed_3b_over_campaign_7(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("adopt3b")
     env = replay_env(tmp, tmp / "state")
     _write_live(env, CAMPAIGN_7_LIVE)
-    r = run_kinv(env, "run", "plans/3b-tile-shape.yaml", "--backend", "replay", "--approval", "auto")
+    r = run_kinv(env, "run", "plans/3b-tile-shape.yaml", "--backend", "replay", "--approval", "auto", timeout=1200)
     assert r.returncode == 0, r.stderr
     return tmp
 

@@ -352,7 +352,8 @@ def test_history_lists_every_node_run_of_a_closed_run_in_order_with_its_decision
 def test_history_lists_every_node_run_with_its_decision_and_a_pause_for_approval(tmp_path, state_dir):
     """A real replay run of #3a, paused at V1's approval: kinv history reads kinv.db's node runs (no LangGraph
     tables), in order, each with what it decided; the pause names the approval; resuming appends, in order."""
-    from tests.utils import kinv_in_process as run_kinv, replay_env
+    from tests.utils import kinv_in_process as run_kinv
+    from tests.utils import replay_env
 
     env = replay_env(tmp_path, state_dir)
     assert run_kinv(env, "run", "plans/3a-attention-occupancy.yaml", "--backend", "replay", "--approval",
@@ -393,7 +394,8 @@ def test_every_table_reads_at_80_columns_with_the_varying_part_of_the_level_in_e
     """Piped with COLUMNS=80, a row still says which level it is (b1, b8, ...: the common part of the key is
     in the title), nothing is cut (a pipe gets whole lines, however wide: tests/test_terminal.py has the
     80-column terminal), and progress is plain lines, not carriage returns."""
-    from tests.utils import kinv_in_process as run_kinv, replay_env
+    from tests.utils import kinv_in_process as run_kinv
+    from tests.utils import replay_env
 
     env = replay_env(tmp_path, state_dir, COLUMNS="80")
     assert "\r" not in closed_3a and "[V1] round 1/" in closed_3a  # the run, piped: one plain line per round

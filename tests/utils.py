@@ -92,7 +92,6 @@ def kinv_in_process(env: dict, *args, cwd=None, timeout=None):
     import io
     import os
     import subprocess
-
     import sys
     import traceback
 
