@@ -91,15 +91,19 @@ def state_dir(tmp_path, monkeypatch):
 PLAN_3A = "plans/3a-attention-occupancy.yaml"
 
 
-def _build_state(where, plan: str, approval: str, want_rc: int):
-    """A state dir and live-config dir that a replay run of ``plan`` under ``approval`` left (exit ``want_rc``)."""
+def _build_state(where, plan: str, approval: str, want_rc: int, base_env: dict):
+    """A state dir and live-config dir that a replay run of ``plan`` under ``approval`` left (exit ``want_rc``),
+    run under ``base_env`` with its own state dir, live config (the seed's) and kept copies, in ``where``."""
     import subprocess
     import sys
 
-    from tests.utils import ROOT, replay_env
+    from tests.utils import ROOT, write_seed_config
 
-    where.mkdir(parents=True, exist_ok=True)
-    env = replay_env(where, where / "state", XDG_STATE_HOME=str(where / "xdg-state"))  # kinv's kept copies
+    (where / "configs").mkdir(parents=True, exist_ok=True)
+    write_seed_config(where / "configs")
+    env = dict(base_env, KINV_STATE_DIR=str(where / "state"), KINV_CONFIG_DIR=str(where / "configs"),
+               XDG_STATE_HOME=str(where / "xdg-state"), TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1",
+               PYTHONPATH=str(ROOT))  # fmt: skip
     r = subprocess.run([sys.executable, "-m", "kinv.agent.cli", "run", plan, "--backend", "replay",
                         "--approval", approval], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)  # fmt: skip
     if r.returncode != want_rc:
@@ -109,15 +113,60 @@ def _build_state(where, plan: str, approval: str, want_rc: int):
     (where / "done").write_text("ok")
 
 
-def _shared(tmp_path_factory, request, name: str, plan: str, approval: str, want_rc: int):
+# name -> (plan, --approval, the exit code it ends with, the fixture that copies it)
+SHARED_RUNS = {
+    "closed-3a": (PLAN_3A, "auto", 0, "closed_3a"),
+    "paused-3a": (PLAN_3A, "ask", 3, "paused_3a"),
+    "closed-3b": ("plans/3b-tile-shape.yaml", "auto", 0, "closed_3b"),
+}
+_builds: dict = {}  # name -> the thread that makes sure it exists (one per process)
+
+
+def pytest_sessionfinish(session):
+    """A worker that is done waits for the shared runs it started: another worker may be waiting for one."""
+    for t in _builds.values():
+        t.join()
+
+
+def _ensure(root, name: str, base_env: dict) -> None:
     from filelock import FileLock
 
-    root = _run_root(tmp_path_factory, request.config)
-    where = root / name
+    plan, approval, want_rc, _ = SHARED_RUNS[name]
     with FileLock(str(root / f"{name}.lock")):
-        if not (where / "done").exists():
-            _build_state(where, plan, approval, want_rc)
-    return where
+        if not (root / name / "done").exists():
+            _build_state(root / name, plan, approval, want_rc, base_env)
+
+
+def _shared(tmp_path_factory, request, name: str):
+    """The shared run ``name``, built once per test run.  The first request also starts, beside it, the other
+    shared runs this session's tests use (each under its own lock): they build at the same time instead of
+    one after another, and a second xdist worker waits for the one it needs instead of building it again."""
+    import threading
+
+    root = _run_root(tmp_path_factory, request.config)
+    # the environment as the session started, read here in the main thread (tests change os.environ later;
+    # none of a test's KINV_* settings, fault points included, reaches a shared run)
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("KINV_")}
+    wanted = {n for n, (*_, fixture) in SHARED_RUNS.items()
+              if any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)}  # fmt: skip
+    for n in sorted(wanted | {name}):
+        if n not in _builds:
+            errors: list = []
+
+            def build(n=n, errors=errors):
+                try:
+                    _ensure(root, n, base_env)
+                except BaseException as exc:  # raised in the test that asks for it
+                    errors.append(exc)
+
+            t = threading.Thread(target=build, name=f"kinv-shared-{n}", daemon=True)
+            t.errors = errors
+            t.start()
+            _builds[n] = t
+    _builds[name].join()
+    if _builds[name].errors:
+        raise _builds[name].errors[0]
+    return root / name
 
 
 def _copy(source, tmp_path, state_dir) -> str:
@@ -147,19 +196,19 @@ def _copy(source, tmp_path, state_dir) -> str:
 @pytest.fixture(scope="session")
 def closed_3a_source(tmp_path_factory, request):
     """The shared closed #3a (--approval auto).  Never write to it: ``closed_3a`` gives a copy."""
-    return _shared(tmp_path_factory, request, "closed-3a", PLAN_3A, "auto", 0)
+    return _shared(tmp_path_factory, request, "closed-3a")
 
 
 @pytest.fixture(scope="session")
 def paused_3a_source(tmp_path_factory, request):
     """The shared #3a paused at V1's approval (--approval ask).  Never write to it: ``paused_3a`` gives a copy."""
-    return _shared(tmp_path_factory, request, "paused-3a", PLAN_3A, "ask", 3)
+    return _shared(tmp_path_factory, request, "paused-3a")
 
 
 @pytest.fixture(scope="session")
 def closed_3b_source(tmp_path_factory, request):
     """The shared closed #3b (--approval auto, the live file at the seed's).  ``closed_3b`` gives a copy."""
-    return _shared(tmp_path_factory, request, "closed-3b", "plans/3b-tile-shape.yaml", "auto", 0)
+    return _shared(tmp_path_factory, request, "closed-3b")
 
 
 @pytest.fixture

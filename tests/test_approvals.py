@@ -38,6 +38,7 @@ def test_a_source_patch_approval_shows_its_diff_title_and_rationale(env):
     assert ws["status"] == f"waiting for approval {item['id']}"  # paused, not "running"
 
 
+@pytest.mark.slow  # three runs of #3a; a source patch edited after approval is refused in the fast lane
 def test_a_plan_changed_after_approval_is_refused_then_runs_as_a_new_version(env, tmp_path):
     plan = tmp_path / "3a.yaml"
     plan.write_text((ROOT / "plans" / "3a-attention-occupancy.yaml").read_text())

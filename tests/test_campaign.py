@@ -51,6 +51,7 @@ def asked(tmp_path_factory):
     return env, cfg, before, first
 
 
+@pytest.mark.slow  # the whole campaign #7; tests/test_campaign_small.py is its fast lane
 def test_the_campaign_runs_on_its_own_then_waits_for_a_person_before_touching_the_live_config(asked):
     env, cfg, before, first = asked
     assert first.returncode == 3, first.stdout + first.stderr
@@ -62,6 +63,7 @@ def test_the_campaign_runs_on_its_own_then_waits_for_a_person_before_touching_th
     assert "campaign #7" in status and "#7a BTSWEEP" in status and "#7b JOINT" in status
 
 
+@pytest.mark.slow  # the whole campaign #7; tests/test_campaign_small.py is its fast lane
 def test_approved_it_is_adopted_as_a_journaled_patch_citing_every_closeout(asked):
     env, cfg, before, _ = asked
     assert run_kinv(env, "approve", "7-adopt").returncode == 0
@@ -81,6 +83,7 @@ def test_approved_it_is_adopted_as_a_journaled_patch_citing_every_closeout(asked
     assert run_kinv(env, "doctor").returncode == 0
 
 
+@pytest.mark.slow  # the whole campaign #7; tests/test_campaign_small.py is its fast lane
 def test_the_chosen_config_matches_the_exhaustive_sweep_within_3_percent_on_a_quarter_of_its_gpu_time(asked):
     env, *_ = asked
     summary = json.loads(run_kinv(env, "campaign", PLAN, "--backend", "replay", "--json").stdout)
@@ -98,6 +101,7 @@ def test_the_chosen_config_matches_the_exhaustive_sweep_within_3_percent_on_a_qu
     assert {i["id"] for i in summary["beyond_reach"]} == {"OEA", "SPLITS", "TMA"}
 
 
+@pytest.mark.slow  # the whole campaign #7; tests/test_campaign_small.py is its fast lane
 def test_each_workstream_is_a_plan_a_person_could_have_written(asked):
     env, *_ = asked
     from kinv.agent.models import load_plan

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from kinv.agent import store as store_mod
 from kinv.agent.store import Store
-from tests.utils import replay_env, run_kinv
+from tests.utils import kinv_in_process as run_kinv
+from tests.utils import replay_env
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,6 +23,12 @@ DTYPES = [(torch.float16, 1e-2, 1e-2), (torch.float32, 2e-3, 2e-3)]
 DEVICE = "cuda" if HAS_GPU else "cpu"
 
 
+def sweep(first, *rest):
+    """A sweep's cases: the first in the fast lane, the rest in the slow lane (each launch is seconds in the
+    interpreter)."""
+    return [first, *(pytest.param(*r if isinstance(r, tuple) else (r,), marks=pytest.mark.slow) for r in rest)]
+
+
 def make(lens, heads, shape, page_size, dtype, seed=0, device=DEVICE):
     d_qk, d_v = SHAPES[shape]
     g = torch.Generator().manual_seed(seed)
@@ -45,12 +51,12 @@ def run_case(lens, heads, shape, page_size, dtype, atol, rtol, params=mla_params
 
 
 @pytest.mark.parametrize("shape", ["v3", "v4flash"])
-@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("dtype,atol,rtol", sweep(*DTYPES))  # float32 in the fast lane: the stage-2 test
 def test_both_shapes_both_dtypes(shape, dtype, atol, rtol):
     run_case([40, 7], 16, shape, 16, dtype, atol, rtol, num_splits=3)
 
 
-@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("page_size", sweep(1, 16, 64))
 def test_page_sizes(page_size):
     run_case([70, 33, 5], 16, "v3", page_size, torch.float16, 1e-2, 1e-2, num_splits=2)
 
@@ -60,20 +66,20 @@ def test_unequal_lengths_not_multiple_of_block():
     run_case([1, 15, 17, 101], 16, "v4flash", 16, torch.float16, 1e-2, 1e-2, num_splits=4)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 5, 7, 12])
+@pytest.mark.parametrize("num_splits", sweep(12, 1, 2, 5, 7))
 def test_split_counts_up_to_more_than_tiles(num_splits):
     # 100 tokens = 7 tiles of 16: splits beyond 7 leave programs with no tokens
     run_case([100, 20], 16, "v3", 16, torch.float16, 1e-2, 1e-2, num_splits=num_splits)
 
 
-@pytest.mark.parametrize("heads", [16, 64, 128])
+@pytest.mark.parametrize("heads", sweep(64, 16, 128))
 def test_head_counts(heads):
     run_case([24], heads, "v4flash", 16, torch.float16, 1e-2, 1e-2, num_splits=1)
 
 
-@pytest.mark.parametrize("block_t", [16, 32])
-@pytest.mark.parametrize("num_warps", [4, 8])
-@pytest.mark.parametrize("num_stages", [1, 2, 3])
+@pytest.mark.parametrize("block_t", sweep(32, 16))
+@pytest.mark.parametrize("num_warps", sweep(8, 4))
+@pytest.mark.parametrize("num_stages", sweep(3, 1, 2))  # fast: BT32/w8/s3, the far corner from the seed's
 def test_every_config_of_the_3a_space(block_t, num_warps, num_stages):
     params = mla_params(BLOCK_T=block_t, BLOCK_H=16, num_warps=num_warps, num_stages=num_stages)
     run_case([50, 9], 16, "v3", 16, torch.float16, 1e-2, 1e-2, params=params, num_splits=2)
@@ -112,14 +118,14 @@ def test_wave_rule_fills_whole_waves_and_beats_the_target_ctas_rule_at_batch_96(
     assert num_kv_splits(1, 1, 100, 32, ctas_per_sm=3, sms=132) == 4
 
 
-@pytest.mark.parametrize("cps", [1, 3])
+@pytest.mark.parametrize("cps", sweep(3, 1))
 def test_wave_rule_config_is_correct(cps):
     params = mla_params(BLOCK_T=16, CTAS_PER_SM=cps)
     run_case([100, 33, 5], 16, "v3", 16, torch.float16, 1e-2, 1e-2, params=params)
 
 
-@pytest.mark.parametrize("shape", ["v3", "v4flash"])
-@pytest.mark.parametrize("page_size,block_t", [(16, 16), (64, 32), (16, 32)])
+@pytest.mark.parametrize("shape", sweep("v4flash", "v3"))
+@pytest.mark.parametrize("page_size,block_t", sweep((64, 32), (16, 16), (16, 32)))
 def test_tma_path_in_the_interpreter(monkeypatch, shape, page_size, block_t):
     # bulk loads need a Hopper GPU; the interpreter runs tensor descriptors, so the path's logic is checked
     # here by letting it through (a page size that BLOCK_T does not divide falls back to gathered rows)
@@ -136,7 +142,7 @@ def test_stage2_merges_more_splits_than_one_load_holds():
     run_case([1120, 300], 16, "v4flash", 16, torch.float32, 2e-3, 2e-3, num_splits=70)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 7])
+@pytest.mark.parametrize("num_splits", sweep(7, 1, 2))
 def test_merge_in_stage1_is_correct_and_leaves_its_tickets_at_zero(num_splits):
     # MERGE 1: the last split of each request merges in stage 1 (one split writes its output directly);
     # the tickets it counts with must be back at zero so that the next launch (a CUDA graph replays the same

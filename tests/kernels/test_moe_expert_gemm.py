@@ -99,10 +99,10 @@ def test_shapes_and_dtypes(tokens, experts, hidden, n, dtype, atol, rtol):
     run_case(x, w, ids, params(), atol, rtol)
 
 
-@pytest.mark.parametrize("block_m", [16, 32])
-@pytest.mark.parametrize("block_n", [32, 64])
-@pytest.mark.parametrize("block_k", [32, 64])
-@pytest.mark.parametrize("group_m", [1, 4])
+@pytest.mark.parametrize("block_m", [16, pytest.param(32, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("block_n", [64, pytest.param(32, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("block_k", [32, pytest.param(64, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("group_m", [4, pytest.param(1, marks=pytest.mark.slow)])  # the slow lane has all 16
 def test_every_tunable_combination(block_m, block_n, block_k, group_m):
     # N=128 gives 2-4 N tiles, K=128 2-4 K steps, 16 tokens x 2 routes over 8 experts several M blocks
     x, w, ids = moe_make_inputs(16, 8, 2, 128, 128, seed=3, device=DEVICE, dtype=torch.float16)
