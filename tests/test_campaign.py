@@ -194,7 +194,7 @@ def test_with_fewer_trials_than_configs_tpe_proposes_and_the_result_still_beats_
 @pytest.mark.slow
 def test_per_level_false_searches_one_config_for_every_level_and_adopts_only_a_win_everywhere(tmp_path):
     """campaign.per_level: false — the search's objective is the mean change over the levels and its finalists
-    are uniform configs (no overrides).  On the recorded H200 sweep of the patched kernel (issue 14) no uniform
+    are uniform configs (no overrides).  On the recorded H200 sweep of the patched kernel no uniform
     config of the space beats the seed's BT16/w4/s2 at every level (BT64/w4/s2, the best, is mixed), so the
     campaign confirms nothing, adopts nothing and leaves the live file as it was."""
     env = replay_env(tmp_path, tmp_path / "state")

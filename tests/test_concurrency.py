@@ -1,4 +1,4 @@
-"""Concurrency (issue 6, part 3): one writer per workstream; readers run beside it.
+"""Concurrency: one writer per workstream; readers run beside it.
 
 "If two `kinv run`s start on the same workstream, the second refuses and names
 the first one's pid.  Readers such as `kinv status` run while a writer works,

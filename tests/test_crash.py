@@ -1,4 +1,4 @@
-"""Crash safety (issue 6, part 1): SIGKILL at the write points, and every start recovers.
+"""Crash safety: SIGKILL at the write points, and every start recovers.
 
 * Unit level: a child process patches a config file (and a kernel source) and
   reverts it, and is SIGKILLed at each fault point of that sequence in turn
@@ -218,7 +218,7 @@ def test_restart_resumes_when_a_step_checkpoint_was_lost(tmp_path):
 
 @pytest.mark.parametrize("point", ["node.baseline.committed", "node.noise.committed"])
 def test_a_kill_after_baseline_or_noise_committed_but_before_the_checkpoint_measures_nothing_twice(tmp_path, point):
-    """Issue 12.5: the baseline and noise nodes find their committed experiment after a kill that came before the
+    """The baseline and noise nodes find their committed experiment after a kill that came before the
     graph's checkpoint; one baseline and one A/A experiment, the A/A's samples once, the same verdicts."""
     harness = _harness()
     plan = harness.tiny_plan(tmp_path / "plan.yaml")

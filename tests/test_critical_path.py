@@ -1,4 +1,4 @@
-"""Issue 16: the bound on what more GPUs can take off campaign #7, read from the H200 run's own database."""
+"""The bound on what more GPUs can take off campaign #7, read from the H200 run's own database."""
 
 import hashlib
 import json
@@ -29,7 +29,7 @@ def test_the_one_gpu_campaign_is_accounted_for_and_two_gpus_cannot_give_1_8x(tmp
     assert set(result["workstreams"]) == {"#7a", "#7b", "#7c"}
     assert result["levels"] == 5
     assert result["parts_s"]["screening"] > 30 and result["parts_s"]["closeout"] > 5
-    # issue 16's targets (1.8x on 2 GPUs, 3.3x on 4) are above even the optimistic bound
+    # the many-GPU targets (1.8x on 2 GPUs, 3.3x on 4) are above even the optimistic bound
     two, four = result["bounds"]["2"], result["bounds"]["4"]
     assert 1.0 < two["speedup_levels_spread"] <= two["speedup_with_finalists_at_once"] < 1.8
     assert four["speedup_with_finalists_at_once"] < 3.3

@@ -1,4 +1,4 @@
-"""Faulty variants (issue 6.4) and integrity (6.5): the #6a fault drill on replay + the interpreter.
+"""Faulty variants and integrity: the #6a fault drill on replay + the interpreter.
 
 Each planted fault is stopped at its gate and recorded with its reason, the baseline source and config
 are restored byte for byte, and the investigation still closes out with the sound variant decided.

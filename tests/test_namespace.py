@@ -1,4 +1,4 @@
-"""One installed namespace (issue 10.6): kinv.agent and kinv.kernels, no top-level `kernels` or `agent`.
+"""One installed namespace: kinv.agent and kinv.kernels, no top-level `kernels` or `agent`.
 
 A plain `pip install .` puts everything under kinv/ (the folders agent/ and kernels/ are mapped there),
 a source checkout imports the same names with nothing installed, and a baseline snapshot laid out as

@@ -1,4 +1,4 @@
-"""Migrations are one transaction under the database's write lock (issue 12.6)."""
+"""Migrations are one transaction under the database's write lock."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ def assert_verbose_allclose(actual, expected, atol: float, rtol: float, max_prin
 
 
 # The live MLA config these tests start from: the seed's BT16/w4/s2, the file #3a-#3c, #6a-b and campaign 7 were
-# written against (kinv ships #8b's config since issue 14; those plans measure the seed's from the plan).
+# written against (kinv ships #8b's config; those plans measure the seed's from the plan).
 SEED_MLA_CONFIG = ('{\n  "kernel": "mla_decode",\n  "description": "Baseline of workstream #3a (the seed\'s BT16/w4/s2).",\n'
                    '  "BLOCK_T": 16,\n  "BLOCK_H": 16,\n  "num_warps": 4,\n  "num_stages": 2\n}\n')
 

@@ -175,7 +175,7 @@ def test_optional_tunables_left_out_or_at_default_are_the_same_config():
 
     seed = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
     explicit = validate_config({**seed, "CTAS_PER_SM": 0, "TMA": 0, "MERGE": 0})
-    assert config_hash(explicit) == config_hash(seed) == "a5991bb8b0f6"  # the seed's hash since round 1
+    assert config_hash(explicit) == config_hash(seed) == "a5991bb8b0f6"  # the seed's hash, unchanged
     assert describe(explicit) == "BT16/BH16/w4/s2"
     assert describe({**seed, "CTAS_PER_SM": 2, "TMA": 1}) == "BT16/BH16/w4/s2/cps2/tma1"
     assert describe({**seed, "MERGE": 1}) == "BT16/BH16/w4/s2/mrg1"
@@ -185,7 +185,7 @@ def test_optional_tunables_left_out_or_at_default_are_the_same_config():
 
 
 def test_an_override_can_name_the_model_shape():
-    # issue 14: V3 and V4-Flash want different tiles at batch 96; "shape" is matched by value, first match wins
+    # V3 and V4-Flash want different tiles at batch 96; "shape" is matched by value, first match wins
     from kinv.kernels.adapter import get_adapter
     from kinv.kernels.launch_config import ConfigError, describe, validate_config
 

@@ -235,7 +235,7 @@ def test_source_patch_that_breaks_python_is_refused(store, src_path):
 
 
 def test_a_hand_edit_during_a_live_patch_is_kept_and_announced_when_recovery_restores_the_baseline(store, cfg_path):
-    """Issue 12.9: recovery restores the baseline bytes, but a person's edit of the patched file is not lost
+    """Recovery restores the baseline bytes, but a person's edit of the patched file is not lost
     silently: it is kept beside the backups, and the action and an event say so."""
     before = cfg_path.read_bytes()
     configs.patch_config(store, cfg_path, {**base_cfg(cfg_path), "num_warps": 8}, WS)
