@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     _ARGV = None if argv is None else list(argv)
     handler = logs.attach(_log_dir() or Path(tempfile.gettempdir()) / "kinv-no-state")
     try:
-        return _run(argv, handler)
+        return int(_run(argv, handler))  # a plain int for sys.exit and callers, whatever the code's enum
     finally:
         logs.detach(handler)
 

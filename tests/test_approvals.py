@@ -13,6 +13,8 @@ import pytest
 from tests.utils import kinv_in_process, replay_env
 
 ROOT = Path(__file__).resolve().parents[1]
+# #6a plants its source patches in this checkout's kernel: never beside another test (see pyproject's markers)
+pytestmark = pytest.mark.kernel_source
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ import pytest
 from tests.utils import replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[1]
+# #6a plants its source patches in this checkout's kernel: never beside another test (see pyproject's markers)
+pytestmark = pytest.mark.kernel_source
 PINNED = Path(__file__).parent / "data" / "replay_outcomes.json"
 PLANS = {"3a": "plans/3a-attention-occupancy.yaml", "3b": "plans/3b-tile-shape.yaml",
          "3c": "plans/3c-null-batch-aware.yaml", "4a": "plans/4a-expert-gemm-tiles.yaml",
