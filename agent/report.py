@@ -452,8 +452,12 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             out += _resource_lines(res, {x.key: x.label for x in levels})
         corr = v["correctness"]
         if corr:
+            lv_rows = corr.get("levels") or []
+            ran = sum(1 for e in lv_rows if not e.get("same_as"))
+            shared = (f"; {len(lv_rows)} levels in {ran} launches, levels with one stand-in and one set of parameters "
+                      "sharing one") if ran < len(lv_rows) else ""  # fmt: skip
             out += [f"Correctness before timing: {'passed' if corr.get('ok') else 'FAILED'} on fresh random inputs "
-                    f"({corr.get('device')}, {corr.get('dtype')}){': ' + corr.get('reason', '') if not corr.get('ok') else ''}.", ""]  # fmt: skip
+                    f"({corr.get('device')}, {corr.get('dtype')}{shared}){': ' + corr.get('reason', '') if not corr.get('ok') else ''}.", ""]  # fmt: skip
 
     # ---- moot / cancelled -----------------------------------------------------------
     cancelled = [t for t in data["todos"] if t["status"] == "cancelled"]

@@ -169,16 +169,18 @@ stats: {threshold: 0.01, aa_rounds: 8, aa_arms: 2, quick_rounds: 4, step_rounds:
 """
 
 
-def _write_package(root: Path) -> Path:
+def _write_package(root: Path, pkg: str = PKG) -> Path:
+    """The demo plugin's source tree under ``root/plugin``; ``pkg`` renames its package (a test that needs it
+    uninstalled must not share a name with the one this module's fixture installs)."""
     src = root / "plugin"
-    (src / PKG / "configs").mkdir(parents=True)
-    (src / "pyproject.toml").write_text(PYPROJECT)
-    (src / PKG / "__init__.py").write_text("")
-    (src / PKG / "kernel.py").write_text(textwrap.dedent(KERNEL))
-    (src / PKG / "adapter.py").write_text(textwrap.dedent(ADAPTER))
+    (src / pkg / "configs").mkdir(parents=True)
+    (src / "pyproject.toml").write_text(PYPROJECT.replace(PKG, pkg).replace(PKG.replace("_", "-"), pkg.replace("_", "-")))
+    (src / pkg / "__init__.py").write_text("")
+    (src / pkg / "kernel.py").write_text(textwrap.dedent(KERNEL).replace(PKG, pkg))
+    (src / pkg / "adapter.py").write_text(textwrap.dedent(ADAPTER).replace(PKG, pkg))
     cfg = {"kernel": "tiled_matmul", "TILE_M": 16, "TILE_N": 16, "TILE_K": 16, "num_warps": 1}
-    (src / PKG / "configs" / "tiled_matmul.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    (src / "plan.yaml").write_text(PLAN)
+    (src / pkg / "configs" / "tiled_matmul.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (src / "plan.yaml").write_text(PLAN.replace(PKG, pkg))
     return src
 
 

@@ -9,7 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.test_plugin import PKG, _recording, _write_package
+from tests.test_plugin import _recording, _write_package
+
+PKG = "kinv_demo_matmul_uninstalled"  # not the name test_plugin.py's fixture installs (the two may run at once)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +41,7 @@ def test_an_adapter_is_looked_up_by_its_full_spec_not_by_its_name(tmp_path, monk
 def test_a_plan_naming_an_uninstalled_adapter_class_runs_in_the_correctness_child_and_workers_too(tmp_path):
     """The plugin is not installed: the CLI imports it from the working directory, and its children (``python
     -P``, started elsewhere) get the same import path."""
-    src = _write_package(tmp_path)
+    src = _write_package(tmp_path, PKG)
     ref = f"{PKG}.adapter:TiledMatmulAdapter"
     plan = (src / "plan.yaml").read_text().replace("kernel: tiled_matmul", f"kernel: {ref}")
     (src / "plan-ref.yaml").write_text(plan)

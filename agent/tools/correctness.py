@@ -134,7 +134,8 @@ def check(adapter: KernelAdapter, config: dict, levels: list[Level], *, seed: in
     for a kernel failure.
 
     Returns ``{"ok", "levels": [{level, ran, max_abs_err, rel_err, mismatched, nonfinite, ok, ...}], "seed",
-    "device", "dtype", "reason"}``.  After a launch failure the remaining levels are not run.
+    "device", "dtype", "reason"}``.  After a launch failure the remaining levels are not run.  A level whose
+    stand-in and resolved parameters equal an earlier level's shares that level's check (``same_as``).
     """
     import torch
 
@@ -146,8 +147,21 @@ def check(adapter: KernelAdapter, config: dict, levels: list[Level], *, seed: in
         result["reason"] = "no levels to check"
         return result
     config = adapter.validate_config(config)
+    checked: dict[tuple, dict] = {}  # (stand-in, launch parameters) -> the entry of the level that ran it
     for i, level in enumerate(levels):
+        # levels whose stand-in and resolved parameters are the same launch the same program on the same
+        # problem: it runs once (on its own fresh inputs) and the others say whose check they share
+        same = (adapter.stand_in(level, device).key, tuple(sorted(adapter.params_for(config, level).items())))
+        if same in checked:
+            first = checked[same]
+            entry = {**first, "level": level.key, "same_as": first["level"]}
+            if not entry["ok"]:
+                entry["reason"] = f"{level.key}: as {first['level']} (the same stand-in and parameters): " + \
+                    first["reason"].removeprefix(f"{first['level']}: ")
+            result["levels"].append(entry)
+            continue
         entry = _check_level(adapter, config, level, seed + 7919 * i, device, dtype)
+        checked[same] = entry
         fatal = entry.pop("fatal", False)
         result["levels"].append(entry)
         if not entry["ok"] and not result["reason"]:
@@ -163,7 +177,9 @@ def record(store: Store, ws_id: str | None, experiment: int, result: dict) -> No
     store.update_experiment(experiment, correctness=result)
     if result["ok"]:
         n = len(result["levels"])
-        store.event(ws_id, "correctness.ok", f"correct at {n} level(s) ({result['device']}, {result['dtype']})",
+        ran = sum(1 for e in result["levels"] if not e.get("same_as"))
+        runs = f"; {ran} distinct stand-in launch(es)" if ran != n else ""
+        store.event(ws_id, "correctness.ok", f"correct at {n} level(s) ({result['device']}, {result['dtype']}{runs})",
                     {"experiment": experiment})  # fmt: skip
         return
     reason = f"incorrect: {result['reason']}"

@@ -102,25 +102,42 @@ def test_a_launch_that_raises_is_a_failed_check():
     assert len(r["levels"]) == 1  # the same failure is not repeated at every level
 
 
-def test_fresh_varied_inputs_per_level_and_seed(state_dir):
+def test_fresh_varied_inputs_per_distinct_launch_and_seed(state_dir):
+    """Every call draws fresh inputs for every distinct launch; levels that would launch the same program on
+    the same stand-in problem share one launch and say so."""
     spy = SpyAdapter()
-    levels = [lvl(96, 4096, "v3", 16, 64), lvl(8, 4096, "v3", 16, 64)]
+    levels = [lvl(96, 4096, "v3", 16, 64), lvl(8, 4096, "v3", 16, 64), lvl(1, 4096, "v3", 16, 64)]
     r1 = correctness.check(spy, BASE, levels, seed=1, device="cpu")
     r2 = correctness.check(spy, BASE, levels, seed=2, device="cpu")
     assert r1["ok"] and r2["ok"]
-    assert len(spy.seen) == 4
-    for level, q, lens, vary, dtype in spy.seen:
-        assert level == lvl(2, 64, "v3", 16, 16) and vary and dtype == torch.float16
-        assert lens.max() == 64 and q.shape == (2, 16, 576)
-    qs = [q for _, q, *_ in spy.seen]
-    for i in range(4):
-        for j in range(i + 1, 4):
-            assert not torch.equal(qs[i], qs[j])  # every level of every call has its own inputs
+    assert len(spy.seen) == 4  # b96 and b8 both stand in as b2/ctx64: one launch per call; b1 its own
+    assert [lv for lv, *_ in spy.seen] == [lvl(2, 64, "v3", 16, 16), lvl(1, 64, "v3", 16, 16)] * 2
+    for _level, _q, lens, vary, dtype in spy.seen:
+        assert vary and dtype == torch.float16 and lens.max() == 64
+    assert [e["level"] for e in r1["levels"]] == [lv.key for lv in levels]
+    assert [e.get("same_as") for e in r1["levels"]] == [None, levels[0].key, None]
+    qs = [q for _, q, *_ in spy.seen if q.shape[0] == 2]
+    assert not torch.equal(qs[0], qs[1])  # a second check draws new inputs
     store = Store(state_dir)
     exp = store.new_experiment(workstream=None, variant="V1")
     correctness.record(store, None, exp, r1)
     assert store.experiment(exp)["status"] == "running" and store.events()[-1]["kind"] == "correctness.ok"
+    assert "2 distinct stand-in launch(es)" in store.events()[-1]["message"]
     store.close()
+
+
+def test_levels_with_their_own_parameters_are_checked_on_their_own():
+    """A per-level config (an override by batch) launches different programs: no level shares another's check,
+    and a wrong kernel is caught at each level that ran it, naming the level."""
+    cfg = {**BASE, "overrides": [{"batch_min": 2, "batch_max": 8, "BLOCK_T": 32}]}
+    spy = SpyAdapter()
+    levels = [lvl(96, 4096), lvl(8, 4096)]
+    r = correctness.check(spy, cfg, levels, seed=3, device="cpu")
+    assert r["ok"] and len(spy.seen) == 2 and not any(e.get("same_as") for e in r["levels"])
+    bad = correctness.check(WrongAdapter(), BASE, [lvl(96, 64), lvl(8, 64)], seed=3, device="cpu")
+    assert not bad["ok"] and [e["ok"] for e in bad["levels"]] == [False, False]
+    assert bad["levels"][1]["same_as"] == lvl(96, 64).key
+    assert bad["levels"][1]["reason"].startswith(f"{lvl(8, 64).key}: as {lvl(96, 64).key}")
 
 
 @pytest.mark.gpu
