@@ -130,6 +130,7 @@ class Worker:
     def __init__(self):
         self.levels: dict[str, dict] = {}
         self.adapter = None
+        self.imported: dict[str, str] = {}  # kernel -> hash of its source when this process first imported it
 
     # ---- requests ------------------------------------------------------------
     def hello(self, req: dict) -> dict:
@@ -150,6 +151,8 @@ class Worker:
 
         adapter = get_adapter(req["kernel"])
         self.adapter = adapter
+        # the source this process imported: a worker kept for a later arm reports that, not what is on disk now
+        imported = self.imported.setdefault(req["kernel"], kernel_source_hash(adapter))
         config = validate_config(req["config"], adapter.name)
         level = adapter.level(req["level"])
         params = adapter.params_for(config, level)
@@ -188,7 +191,7 @@ class Worker:
             "resources": resources,
             "compile_s": round(compile_s, 3),
             "reference_hash": reference_hash(adapter),
-            "kernel_hash": kernel_source_hash(adapter),
+            "kernel_hash": imported,
         }
         if not correct:
             return reply

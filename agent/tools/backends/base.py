@@ -113,6 +113,9 @@ class Backend(ABC):
     def copy_bandwidth(self) -> float | None:
         return None
 
+    def close(self) -> None:
+        """Stop what the backend keeps between measurements (the cuda backend's kept workers)."""
+
     def describe(self) -> str:
         return self.name
 

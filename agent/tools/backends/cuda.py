@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
+import atexit
 from pathlib import Path
 
 from kinv.agent.tools import protocol
-from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, NoDevice, VariantFailed, gpu_visible
+from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, NoDevice, VariantFailed, gpu_visible, kernel_hash
 from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
-from kinv.kernels.adapter import Level
+from kinv.kernels.adapter import Level, import_path
 
 
 def _recorded() -> str:
@@ -19,36 +22,120 @@ def _recorded() -> str:
     where = ", ".join(f"{RECORDINGS.parent.name}/{RECORDINGS.name}/{g}/" for g in gpus)
     return f"the samples recorded on {', '.join(gpus)} ({where})" if gpus else "recorded samples (KINV_RECORDINGS)"
 
+log = logging.getLogger(__name__)
+
+REUSE_ENV = "KINV_REUSE_WORKERS"  # "0": every arm starts a worker of its own (the way to measure what reuse saves)
+MAX_IDLE = 8  # workers kept between arms; beyond, the oldest is stopped
+MAX_IDLE_S = 600.0  # a worker idle longer is stopped at the next arm's start
+
+
+class WorkerPool:
+    """Benchmark workers kept between the arms of one process's measurements (a workstream's env check, A/A and
+    A/Bs; a campaign's screenings and confirmations).  A worker is kept under what fixed it when it started: its
+    environment, the import path in front of kinv (a baseline snapshot) and the kernel source on disk.  A source
+    patch therefore never meets a worker that imported the source before it.  A kept worker holds its CUDA
+    context and compiled kernels, not its buffers: an arm's levels are dropped when the arm closes, and every
+    sample re-draws its memory placement as before."""
+
+    def __init__(self):
+        self._idle: list[tuple[tuple, WorkerProcess]] = []
+        self.started = 0
+        self.reused = 0
+
+    def take(self, key: tuple) -> WorkerProcess | None:
+        now = time.time()
+        for k, w in [x for x in self._idle if now - x[1].idle_since > MAX_IDLE_S]:
+            self._idle.remove((k, w))
+            w.close()  # a long-lived process (an MCP server) does not hold GPU contexts it no longer uses
+        for i, (k, w) in enumerate(self._idle):
+            if k == key:
+                del self._idle[i]
+                if w.proc.poll() is None:
+                    self.reused += 1
+                    return w
+                w.close()
+        return None
+
+    def give(self, key: tuple, worker: WorkerProcess) -> None:
+        if worker.proc.poll() is not None:
+            worker.close()
+            return
+        worker.idle_since = time.time()
+        self._idle.append((key, worker))
+        while len(self._idle) > MAX_IDLE:
+            self._idle.pop(0)[1].close()
+
+    def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for _k, w in idle:
+            w.close()
+
+
+POOL = WorkerPool()
+atexit.register(POOL.close)
+
+
+def worker_key(kernel: str, env: dict[str, str], pythonpath: list[str] | None) -> tuple:
+    """What a worker's start fixes, and a later arm must share to take it: the environment, the folders in
+    front of kinv on its import path (a baseline snapshot, a plugin's folder) and the kernel's source on disk."""
+    return (tuple(sorted(env.items())), tuple(pythonpath or ()), tuple(import_path()), kernel_hash(kernel))
+
+
 class CudaArm(Arm):
-    def __init__(self, name, kernel, config, env, pythonpath=None):
+    def __init__(self, name, kernel, config, env, pythonpath=None, pool: WorkerPool | None = None):
         super().__init__(name=name, kernel=kernel, config=config, env=env)
-        self.worker = WorkerProcess(env={k: str(v) for k, v in env.items()}, label=name, pythonpath=pythonpath)
-        # a baseline snapshot is named by its kernel hash: the worker must have imported that very source
-        self.expect_kernel = Path(pythonpath[0]).name if pythonpath else None
+        env_s = {k: str(v) for k, v in env.items()}
+        self._key = worker_key(kernel, env_s, pythonpath)
+        on_disk = self._key[-1]
+        # a baseline snapshot is named by its kernel hash: the worker must have imported that very source; a
+        # live arm's worker must have imported the source on disk now (a kept worker: before any patch since)
+        self.expect_kernel = Path(pythonpath[0]).name if pythonpath else on_disk
+        self._pool = pool
+        self._failed = False
+        self._n = self._gpu_s = self._req_s = self._reset_s = 0.0
+        t0 = time.perf_counter()
+        kept = pool.take(self._key) if pool is not None else None
+        if kept is None:
+            self.worker = WorkerProcess(env=env_s, label=name, pythonpath=pythonpath)
+            if pool is not None:
+                pool.started += 1
+        else:
+            self.worker, self.worker.label = kept, name
         try:
             hello = self.worker.request("hello", env_keys=sorted(env))
         except (WorkerCrashed, WorkerError) as exc:
+            self.worker.close()
             raise VariantFailed(f"{name}: worker failed to start: {exc}") from None
         self.fingerprint = hello["fingerprint"]
         self.env_seen = hello["env"]
         self.harness = hello["harness_hash"]
         self.worker_pid = hello["pid"]
+        self.reused = kept is not None
+        log.info("arm %s: %s worker pid %d ready in %.2f s", name, "kept" if kept else "new", self.worker_pid,
+                 time.perf_counter() - t0)  # fmt: skip
+
+    def _fail(self, message: str) -> VariantFailed:
+        self._failed = True  # a worker that failed an arm is not kept for another
+        return VariantFailed(message)
 
     def setup(self, level: Level) -> dict:
         try:
             s = self.worker.request("setup", kernel=self.kernel, config=self.config, level=level.to_dict())
         except WorkerCrashed as exc:
-            raise VariantFailed(f"{self.name} crashed during set-up at {level.key}: {exc}") from None
+            raise self._fail(f"{self.name} crashed during set-up at {level.key}: {exc}") from None
         except WorkerError as exc:
-            raise VariantFailed(f"{self.name} failed at {level.key}: {exc}") from None
-        if self.expect_kernel and s.get("kernel_hash") != self.expect_kernel:
-            raise VariantFailed(f"{self.name} imported kernel source {s.get('kernel_hash')}, not the baseline "
-                                f"snapshot {self.expect_kernel}: the snapshot did not shadow the live package")
+            raise self._fail(f"{self.name} failed at {level.key}: {exc}") from None
+        if s.get("kernel_hash") != self.expect_kernel:
+            where = "the baseline snapshot" if self._key[1] else "the source on disk"
+            raise self._fail(f"{self.name} imported kernel source {s.get('kernel_hash')}, not {where} "
+                             f"{self.expect_kernel}" + (": the snapshot did not shadow the live package"
+                                                        if self._key[1] else ""))  # fmt: skip
         if not s["correct"]:
-            raise VariantFailed(
+            raise self._fail(
                 f"{self.name} is incorrect at {level.key}: {s['mismatched']} elements off, rel err {s['rel_err']:.2e}"
             )
         self.setups[level.key] = s
+        log.info("arm %s: set up %s in %s s (compile %s s)", self.name, level.key, s.get("setup_s"), s.get("compile_s"))
         return s
 
     def sample(self, level: Level, round_index: int) -> dict:
@@ -57,14 +144,32 @@ class CudaArm(Arm):
         try:
             r = self.worker.request("sample", key=s["key"], seed=protocol.round_seed(round_index))
         except (WorkerCrashed, WorkerError) as exc:
-            raise VariantFailed(f"{self.name} failed while sampling {level.key}: {exc}") from None
+            raise self._fail(f"{self.name} failed while sampling {level.key}: {exc}") from None
         r["request_wall_s"] = time.perf_counter() - t0
         r["derived_env"] = s["derived_env"]
         r["harness_hash"] = self.harness
+        self._n += 1
+        self._gpu_s += r.get("gpu_s") or 0.0
+        self._req_s += r["request_wall_s"]
+        self._reset_s += r.get("reset_s") or 0.0
         return r
 
     def close(self) -> None:
-        self.worker.close()
+        if self._n:
+            log.info("arm %s: %d samples, %.2f GPU s in %.2f s of requests (memory re-set %.2f s)", self.name,
+                     int(self._n), self._gpu_s, self._req_s, self._reset_s)  # fmt: skip
+        keep = self._pool is not None and not self._failed and self.worker.proc.poll() is None
+        if keep:
+            try:  # the arm's buffers and graphs go; the process, its context and compiled kernels stay
+                for s in self.setups.values():
+                    self.worker.request("drop", key=s["key"])
+            except (WorkerCrashed, WorkerError):
+                keep = False
+        self.setups = {}
+        if keep:
+            self._pool.give(self._key, self.worker)
+        else:
+            self.worker.close()
 
 
 class CudaBackend(Backend):
@@ -75,9 +180,15 @@ class CudaBackend(Backend):
         if not gpu_visible():
             raise NoDevice(f"--backend cuda: no CUDA GPU visible; use --backend replay to serve {_recorded()}")
         self._copy = None
+        # one pool per process (one GPU): a campaign's screenings and its workstreams keep workers for each other
+        self.pool = POOL if os.environ.get(REUSE_ENV, "1") != "0" else None
 
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
-        return CudaArm(name, kernel, config, env, pythonpath)
+        return CudaArm(name, kernel, config, env, pythonpath, pool=self.pool)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
 
     def copy_bandwidth(self) -> float:
         if self._copy is None:

@@ -1,0 +1,83 @@
+"""Benchmark workers kept between arms: a later arm takes a worker only when everything its start fixed (the
+environment, the import path in front of kinv, the kernel source on disk) is what the arm needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from kinv.agent.tools.backends import cuda
+from kinv.agent.tools.backends.cuda import WorkerPool, worker_key
+from kinv.agent.tools.worker_client import WorkerProcess
+from kinv.kernels.adapter import get_adapter
+from tests.test_plugin import _write_package
+
+PKG = "kinv_demo_matmul_pool"  # a plugin of this test's own: its source is edited below
+
+
+def test_a_worker_is_kept_only_for_arms_with_its_environment_import_path_and_kernel_source(tmp_path, monkeypatch):
+    src = _write_package(tmp_path, PKG)
+    monkeypatch.syspath_prepend(str(src))
+    kernel = f"{PKG}.adapter:TiledMatmulAdapter"
+    get_adapter(kernel)
+    base = worker_key(kernel, {"TARGET_CTAS": "512"}, None)
+    assert worker_key(kernel, {"TARGET_CTAS": "512"}, None) == base
+    assert worker_key(kernel, {"TARGET_CTAS": "1024"}, None) != base  # another environment: another process
+    assert worker_key(kernel, {"TARGET_CTAS": "512"}, [str(tmp_path / "snapshot")]) != base  # a snapshot first
+    (src / PKG / "kernel.py").write_text((src / PKG / "kernel.py").read_text() + "\n# a source patch\n")
+    assert worker_key(kernel, {"TARGET_CTAS": "512"}, None) != base  # the source changed since that worker began
+
+
+def test_the_pool_hands_back_a_live_worker_under_its_own_key_only():
+    pool = WorkerPool()
+    a, b = WorkerProcess(label="a"), WorkerProcess(label="b")
+    try:
+        pool.give(("k1",), a)
+        pool.give(("k2",), b)
+        assert pool.take(("k3",)) is None
+        assert pool.take(("k1",)) is a and pool.take(("k1",)) is None  # one arm at a time per worker
+        b.proc.kill()
+        b.proc.wait()
+        assert pool.take(("k2",)) is None  # a worker that died while kept is never handed out
+        assert pool.reused == 1
+    finally:
+        a.close()
+        b.close()
+        pool.close()
+
+
+def test_the_pool_keeps_a_bounded_number_of_workers_and_stops_them_on_close(monkeypatch):
+    monkeypatch.setattr(cuda, "MAX_IDLE", 2)
+    pool = WorkerPool()
+    workers = [WorkerProcess(label=f"w{i}") for i in range(3)]
+    for i, w in enumerate(workers):
+        pool.give((i,), w)
+    assert workers[0].proc.poll() is not None  # the oldest is stopped beyond the bound
+    assert all(w.proc.poll() is None for w in workers[1:])
+    pool.close()
+    assert all(w.proc.poll() is not None for w in workers)
+    assert pool.take((1,)) is None
+
+
+@pytest.mark.gpu
+def test_arms_of_one_backend_reuse_a_worker_and_a_patched_source_gets_a_new_one(monkeypatch):
+    from kinv.agent.tools.backends.cuda import CudaBackend
+    from kinv.kernels.adapter import get_adapter
+
+    monkeypatch.setattr(cuda, "POOL", WorkerPool())
+    be = CudaBackend()
+    level = get_adapter("mla_decode").level({"shape": "v4flash", "heads": 16, "page_size": 64, "context": 512,
+                                              "batch": 1})  # fmt: skip
+    cfg = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
+    a = be.open("A", "mla_decode", cfg, {})
+    a.setup(level)
+    pid = a.worker_pid
+    a.close()
+    b = be.open("B", "mla_decode", {**cfg, "num_warps": 8}, {})
+    assert b.worker_pid == pid and b.reused
+    assert b.setup(level)["correct"]
+    b.close()
+    monkeypatch.setenv(cuda.REUSE_ENV, "0")
+    c = CudaBackend().open("C", "mla_decode", cfg, {})
+    assert c.worker_pid != pid and not c.reused
+    c.close()
+    be.close()
