@@ -154,6 +154,7 @@ def baseline(state: State, runtime: Runtime[Context]) -> dict:
     exp = _experiment(ctx, "baseline", "baseline", "baseline", _baseline_config(ctx))
     assessment = resources.assess(ctx.adapter, _baseline_config(ctx), levels, get_device(plan.device))
     resources.record(store, ws, exp, assessment)
+    ctx.backend.warm(plan.kernel, plan.environment, plan.stats.aa_arms)  # the A/A's workers start meanwhile
     with ctx.heartbeat(f"baseline: correctness check at {len(levels)} levels ({_corr_device(ctx)})"):
         result = correctness.check_isolated(plan.kernel, _baseline_config(ctx), levels, seed=_seed(),
                                             device=_corr_device(ctx), env=plan.environment)  # fmt: skip

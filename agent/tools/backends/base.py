@@ -116,6 +116,10 @@ class Backend(ABC):
     def close(self) -> None:
         """Stop what the backend keeps between measurements (the cuda backend's kept workers)."""
 
+    def warm(self, kernel: str, env: dict, n: int) -> None:
+        """Begin starting ``n`` arms' processes for ``kernel`` in ``env`` now, so that arms opened later find
+        them ready (the cuda backend: workers start while a correctness check runs).  Nothing to do here."""
+
     def describe(self) -> str:
         return self.name
 
