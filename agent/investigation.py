@@ -1,8 +1,9 @@
 """Library side of the commands that run things: run a plan, bench, noise.
 
-The CLI calls these and turns their (exit code, message) into an exit; bench, noise and revert raise a
-KinvError (bad input, a failed step) instead of returning its code.  ``run_plan`` still returns its outcomes
-as codes (a campaign reads them: closed out, paused, interrupted, refused).
+Each raises a :class:`KinvError` for bad input and for a step that failed (the CLI maps it to its exit code
+and one line, in ``kinv.agent.cli.main``).  ``run_plan`` returns a :class:`RunOutcome` for the ways a run
+ends normally (closed out, already closed, paused for an approval, interrupted and reverted); bench, noise
+and revert return their exit code and the line they end with.
 """
 
 from __future__ import annotations
@@ -11,17 +12,33 @@ import logging
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.markup import escape
 
 from kinv.agent.graph import APPROVAL_POLICIES, Context, InvestigationError, build_graph, open_checkpointer, run_config
 from kinv.agent.models import load_plan
-from kinv.agent.store import Store
+from kinv.agent.store import StateDamaged, Store
 from kinv.agent.store import state_dir as state_path
-from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PAUSED, BadInput
+from kinv.kernels.errors import BadInput, ExitCode, KinvError
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a workstream's run ended normally: ``exit_code`` (OK: closed out, or already closed; PAUSED: waiting
+    for an approval; INTERRUPTED: stopped by a signal, kernel files reverted, resumable), ``message`` the one
+    line said at the end (with the command that continues, where there is one) and ``workstream`` its id."""
+
+    exit_code: ExitCode
+    message: str
+    workstream: str
+
+    @property
+    def closed(self) -> bool:
+        return self.exit_code == ExitCode.OK
 
 
 def _on_signals():
@@ -44,36 +61,46 @@ def _progress(console):
 
 
 def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, new_version: bool = False,
-             backend_obj=None) -> tuple[int, str]:  # fmt: skip
+             backend_obj=None) -> RunOutcome:  # fmt: skip
     """``kinv run``: the workstream's graph from its plan.  ``backend_obj`` (a campaign's Ray backend) measures
-    in place of a backend made from the name ``backend``."""
-    code, message = _run_plan(plan_path, backend, approval, state_dir, console, new_version, backend_obj)
-    if code != EXIT_BAD_INPUT:  # bad input leaves no trace, in the log neither
-        log.info("run %s ended: exit %d: %s", plan_path, code, message)
-    return code, message
+    in place of a backend made from the name ``backend``.  Returns how the run ended; raises a
+    :class:`BadInput` (exit 2, nothing created before the store is opened) for input it cannot use, and
+    another :class:`KinvError` (exit 1) for a step that failed."""
+    try:
+        out = _run_plan(plan_path, backend, approval, state_dir, console, new_version, backend_obj)
+    except KinvError as exc:
+        if exc.exit_code != ExitCode.BAD_INPUT:  # bad input leaves no trace, in the log neither
+            log.info("run %s ended: exit %d: %s", plan_path, exc.exit_code, _first_line(exc))
+        raise
+    log.info("run %s ended: exit %d: %s", plan_path, out.exit_code, out.message)
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, new_version: bool,
-              backend_obj) -> tuple[int, str]:  # fmt: skip
+              backend_obj) -> RunOutcome:  # fmt: skip
     from langgraph.types import Command
 
     from kinv.agent import stats
     from kinv.agent.tools import bench, configs, envcheck
 
     if approval not in APPROVAL_POLICIES:
-        return EXIT_BAD_INPUT, f"--approval {approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}"
+        raise BadInput(f"--approval {approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}")
     if backend not in bench.BACKENDS:
-        return EXIT_BAD_INPUT, f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}"
+        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
     plan, plan_hash = load_plan(plan_path)  # PlanError -> exit 2 in main
     if plan.campaign is not None and not plan.variants:
-        return EXIT_BAD_INPUT, f"{plan_path} is a campaign plan (no variants of its own): run it with kinv campaign {plan_path}"
+        raise BadInput(f"{plan_path} is a campaign plan (no variants of its own): run it with kinv campaign {plan_path}")
     # bad input is refused before the store is opened (it would create the state dir): the backend must
     # serve the plan's levels and environment, and a first run's live config must be a valid config
     be = backend_obj
     if be is None:
         started_on = _started_on(state_dir, plan.ws, version_kept=not new_version)
         if started_on and backend not in ("auto", started_on):
-            return EXIT_BAD_INPUT, _other_backend(backend, plan.ws, started_on)
+            raise BadInput(_other_backend(backend, plan.ws, started_on))
         backend = started_on or backend  # a resume checks and builds the backend it continues on
         be = bench.get_backend(backend)  # NoDevice, NoRecording: bad input, exit 2 in main
         be.preflight(plan.kernel, dict(plan.environment), plan.levels())
@@ -96,11 +123,11 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
     file_lock = configs.ConfigFileLock(plan.adapter.config_path(), store.dir)
     try:
         file_lock.__enter__()
-    except configs.LockedElsewhere as exc:
+    except configs.LockedElsewhere:  # a failed step (exit 1), raised as it is
         restore_signals()
         store.release_lock(kernel_lock, os.getpid())
         store.release_lock(ws, os.getpid())
-        return EXIT_FAIL, str(exc)
+        raise
     try:
         for d in configs.recover(store):
             if d["action"].startswith("restored over a hand edit"):
@@ -109,7 +136,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         version = int((row or {}).get("version") or 1)
         if row and row.get("plan_hash") and (row["plan_hash"] != plan_hash or new_version):
             if not new_version:
-                return EXIT_BAD_INPUT, (
+                raise BadInput(
                     f"{ws} was run from plan sha {row['plan_hash']} ({row.get('plan_path')}); {plan_path} now hashes "
                     f"{plan_hash}: run it as a new version with `kinv run {plan_path} --new-version` (history keeps "
                     "both), or restore the plan")  # fmt: skip
@@ -129,7 +156,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
             console.print(f"{ws}: plan version {version - 1} kept in history; starting version {version}")
         started_on = _run_backend(store, row, version)
         if started_on and backend not in ("auto", started_on):
-            return EXIT_BAD_INPUT, _other_backend(backend, ws, started_on)
+            raise BadInput(_other_backend(backend, ws, started_on))
         backend = started_on or backend
         store.upsert_workstream({
             "id": ws, "parent": plan.workstream.parent, "parent_title": plan.workstream.parent_title,
@@ -157,11 +184,11 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
             aid = snap.values.get("approval_id")
             appr = store.approval(aid) or {}
             if appr.get("status") == "pending":
-                return _paused(store, aid, console, state_dir)
+                return _paused(store, aid, console, state_dir, ws)
             resume = Command(resume={"approved": appr.get("status") == "approved"})
             result = graph.invoke(resume, cfg, context=ctx, durability="sync")
         elif snap.values.get("report"):
-            return EXIT_OK, f"{ws} is already closed out: {snap.values['report']}"
+            return RunOutcome(ExitCode.OK, f"{ws} is already closed out: {snap.values['report']}", ws)
         elif snap.metadata is not None:  # a checkpoint exists: resume it, never begin again
             # next is empty when a kill fell between a task's saved writes and its step's checkpoint
             pending = snap.next or tuple(t.name for t in snap.tasks)
@@ -171,22 +198,22 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
             # a campaign's screening runs before the workstream's graph starts: it is not the graph's work
             ran = [e for e in store.experiments(ws) if int(e.get("version") or 1) == version and e["kind"] != "screen"]
             if ran and row and row.get("status") == "closed" and row.get("report_path"):
-                return EXIT_OK, f"{ws} is already closed out: {row['report_path']}"
+                return RunOutcome(ExitCode.OK, f"{ws} is already closed out: {row['report_path']}", ws)
             if ran:  # kinv.db has this version's work, the checkpoints do not: never start over silently
-                return EXIT_FAIL, (f"the graph checkpoints of {ws} are missing from {store.checkpoints_path} although "
+                raise StateDamaged(f"the graph checkpoints of {ws} are missing from {store.checkpoints_path} although "
                                    f"kinv.db holds {len(ran)} of its experiments (status {row['status'] if row else '?'}"
                                    f"): kinv cannot resume where it stopped. Start over as a new version (the old one "
                                    f"stays in history): kinv run {plan_path} --new-version")  # fmt: skip
             result = graph.invoke({"ws": ws}, cfg, context=ctx, durability="sync")
         if "__interrupt__" in result:
             return _paused(store, result.get("approval_id") or graph.get_state(cfg).values.get("approval_id"),
-                           console, state_dir)  # fmt: skip
+                           console, state_dir, ws)  # fmt: skip
         store.check_intact()  # the close-out's records must be in the kinv.db a person will read
         console.print(f"closed out in {time.time() - t0:.1f} s")
-        return EXIT_OK, f"close-out: {result.get('report')}"
+        return RunOutcome(ExitCode.OK, f"close-out: {result.get('report')}", ws)
     except (InvestigationError, envcheck.EnvMismatch, stats.HarnessBroken, bench.BackendError) as exc:
-        store.event(ws, "stopped", str(exc))
-        return (EXIT_BAD_INPUT if isinstance(exc, bench.NoRecording | bench.NoDevice) else EXIT_FAIL), str(exc).splitlines()[0]
+        store.event(ws, "stopped", str(exc))  # raised on, with its exit code (NoRecording, NoDevice: bad input)
+        raise
     except KeyboardInterrupt as exc:
         from kinv.agent import signals
 
@@ -197,8 +224,8 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         store.event(ws, "interrupted", f"{how}: stopped; every kernel file restored to its baseline")
         from kinv.agent.ids import continue_command
 
-        return EXIT_INTERRUPTED, (f"interrupted ({how}): kernel files restored, {ws} marked interrupted; continue "
-                                  f"with: {continue_command(store, ws, state_dir)}")  # fmt: skip
+        return RunOutcome(ExitCode.INTERRUPTED, f"interrupted ({how}): kernel files restored, {ws} marked "
+                          f"interrupted; continue with: {continue_command(store, ws, state_dir)}", ws)  # fmt: skip
     finally:
         restore_signals()
         configs.recover(store)  # never leave a kernel file patched, whatever happened
@@ -233,7 +260,7 @@ def _run_backend(store: Store, row: dict | None, version: int) -> str | None:
     return None
 
 
-def _paused(store: Store, aid: str, console, state_dir=None) -> tuple[int, str]:
+def _paused(store: Store, aid: str, console, state_dir, ws: str) -> RunOutcome:
     import json
 
     appr = store.approval(aid) or {}
@@ -245,8 +272,9 @@ def _paused(store: Store, aid: str, console, state_dir=None) -> tuple[int, str]:
     from kinv.agent.ids import continue_command, state_flag
 
     sd = state_flag(state_dir)  # every command of the hint runs as printed, against this state dir
-    return EXIT_PAUSED, (f"waiting for approval {aid}: kinv approve {aid}{sd}  |  kinv reject {aid} --reason ...{sd}; "
-                         f"then {continue_command(store, appr.get('workstream') or '', state_dir)}")  # fmt: skip
+    return RunOutcome(ExitCode.PAUSED, f"waiting for approval {aid}: kinv approve {aid}{sd}  |  kinv reject {aid} "
+                      f"--reason ...{sd}; then {continue_command(store, appr.get('workstream') or ws, state_dir)}",
+                      ws)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- #
@@ -331,7 +359,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
         store.update_experiment(exp, status="done", finished=time.time())
         if as_json:
             print(json.dumps(rows, indent=2))
-        return EXIT_OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
+        return ExitCode.OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
     exp = store.new_experiment(kind="ab", variant=describe(var_cfg), backend=be.name, config_json=json.dumps(var_cfg))
     thresholds = {lv.key: plan.stats.threshold_at(lv.label) for lv in lvls}
     # the graph's sequential A/B, capped at --rounds; no A/A has measured this pair's offset, and it is one variant
@@ -353,7 +381,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
                           f"{math.expm1(e.ci_high):+.2%}] {e.verdict}", markup=False)  # fmt: skip
         console.print(f"{describe(var_cfg)} vs {describe(cfg)}: {res.verdict} after {res.rounds} rounds "
                       f"({gpu_s:.2f} GPU s) — {res.reason}", markup=False)  # fmt: skip
-    return EXIT_OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
+    return ExitCode.OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
 
 
 def _bench_line(m: dict, short: dict) -> str:
@@ -402,7 +430,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
         console.print(t)
     for w in stats.check_aa(bands):
         console.print(f"[yellow]warning[/yellow]: {escape(w)}")
-    return EXIT_OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
+    return ExitCode.OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
 
 
 def kernels_rows() -> list[dict]:
@@ -432,7 +460,7 @@ def kernels_command(as_json: bool, console) -> tuple[int, str]:
     rows = kernels_rows()
     if as_json:
         print(json.dumps(rows, indent=2))
-        return EXIT_OK, ""
+        return ExitCode.OK, ""
     from rich.text import Text
 
     from kinv.agent.render import table
@@ -453,7 +481,7 @@ def kernels_command(as_json: bool, console) -> tuple[int, str]:
         console.print(f"kinv bench, noise and env without --plan use {path}", markup=False, highlight=False)
     except BadInput:
         console.print("no kernel names an example plan: kinv bench, noise and env need --plan", markup=False)
-    return EXIT_OK, ""
+    return ExitCode.OK, ""
 
 
 def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[int, str]:
@@ -475,12 +503,12 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[
                                           f"({describe(plan.baseline)}) instead: kinv revert --to-plan-baseline "
                                           f"{plan_path}") from None  # fmt: skip
             if action == "unchanged":
-                return EXIT_OK, f"{path} already holds its file of record: {rec.source} (file sha {rec.sha})"
-            return EXIT_OK, f"restored {path} to its file of record: {rec.source} (file sha {rec.sha})"
+                return ExitCode.OK, f"{path} already holds its file of record: {rec.source} (file sha {rec.sha})"
+            return ExitCode.OK, f"restored {path} to its file of record: {rec.source} (file sha {rec.sha})"
         base = {**plan.baseline, "kernel": plan.adapter.name}
         now = configs.read_config(path, plan.adapter.name) if path.exists() else None
         if now is not None and config_hash(now) == config_hash(base):
-            return EXIT_OK, f"{path} already holds the measurement baseline of {plan.ws} ({describe(base)})"
+            return ExitCode.OK, f"{path} already holds the measurement baseline of {plan.ws} ({describe(base)})"
         before = path.read_bytes() if path.exists() else None
         if before is not None:
             new = configs.edit_config_text(before.decode("utf-8", errors="replace"), base, plan.adapter.name).encode()
@@ -489,6 +517,6 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[
         got = configs.read_config(path, plan.adapter.name)
         if config_hash(got) != config_hash(base):
             raise configs.RevertError(f"{path} did not verify after the write")
-    return EXIT_OK, (f"wrote the measurement baseline of {plan.ws} into {path} ({describe(base)}, config hash "
+    return ExitCode.OK, (f"wrote the measurement baseline of {plan.ws} into {path} ({describe(base)}, config hash "
                      f"{config_hash(base)}, file sha {configs.sha(path)}); this is not the shipped file: kinv "
                      f"revert --to-plan {plan_path} restores that")  # fmt: skip

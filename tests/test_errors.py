@@ -62,10 +62,48 @@ def test_the_exit_codes_are_defined_once():
     from kinv.agent.commands import common
     from kinv.kernels import errors
 
-    for mod in (cli, investigation, common):
+    for mod in (cli, common):
         for name in ("EXIT_OK", "EXIT_FAIL", "EXIT_BAD_INPUT"):
             assert getattr(mod, name) is getattr(errors, name), (mod, name)
+    assert not any(n.startswith("EXIT_") for n in vars(investigation)), "the library uses ExitCode, no copies"
     assert (errors.EXIT_OK, errors.EXIT_FAIL, errors.EXIT_BAD_INPUT, errors.EXIT_PAUSED) == (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize("backend, approval, plan, needle", [
+    ("replay", "sometimes", "plans/3a-attention-occupancy.yaml", "--approval 'sometimes' is not valid; use ask"),
+    ("gpu", "auto", "plans/3a-attention-occupancy.yaml", "--backend 'gpu' is not valid; use auto"),
+    ("replay", "auto", "plans/7-decode-ceiling.yaml", "is a campaign plan (no variants of its own): run it with kinv campaign"),
+])  # fmt: skip
+def test_run_plan_raises_bad_input_with_exit_2_and_creates_no_state_dir(state_dir, backend, approval, plan, needle):
+    """A library caller of run_plan gets a BadInput (exit 2) naming the bad value and what is valid, not a
+    returned code; nothing is created."""
+    from rich.console import Console
+
+    from kinv.agent.investigation import run_plan
+    from kinv.kernels.errors import BadInput, ExitCode
+
+    with pytest.raises(BadInput) as got:
+        run_plan(str(ROOT / plan), backend, approval, str(state_dir), Console(quiet=True))
+    assert got.value.exit_code == ExitCode.BAD_INPUT == 2
+    assert needle in str(got.value) and len(str(got.value).splitlines()) == 1
+    assert not state_dir.exists()
+
+
+def test_run_plan_returns_a_typed_outcome_for_a_closed_workstream(closed_3a, tmp_path, state_dir, monkeypatch):
+    """Running a closed workstream again ends normally: a RunOutcome (exit OK, its one line, the workstream id)."""
+    from rich.console import Console
+
+    from kinv.agent.investigation import RunOutcome, run_plan
+    from kinv.kernels.errors import ExitCode
+    from tests.utils import replay_env
+
+    for k, v in replay_env(tmp_path, state_dir).items():
+        monkeypatch.setenv(k, v)
+    out = run_plan(str(ROOT / "plans/3a-attention-occupancy.yaml"), "replay", "auto", str(state_dir),
+                   Console(quiet=True))  # fmt: skip
+    assert isinstance(out, RunOutcome) and out.closed
+    assert (out.exit_code, out.workstream) == (ExitCode.OK, "#3a")
+    assert out.message.startswith("#3a is already closed out: ") and out.message.endswith("-closeout.md")
 
 
 def test_an_internal_error_is_one_line_and_its_traceback_in_the_state_dirs_log(tmp_path, state_dir, monkeypatch,

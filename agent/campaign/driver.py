@@ -20,6 +20,7 @@ from kinv.agent.campaign.screen import Screening
 from kinv.agent.campaign.steps import Confirmation
 from kinv.agent.models import Plan, load_plan
 from kinv.agent.store import Store
+from kinv.kernels.errors import ExitCode
 from kinv.kernels.launch_config import config_hash, describe
 
 
@@ -52,29 +53,29 @@ def ws_id(plan: Plan, n: int) -> str:
 
 def run(s: Settings) -> tuple[int, str, dict]:
     """Run (or resume) the campaign; returns (exit code, last line, summary)."""
-    from kinv.agent.investigation import APPROVAL_POLICIES, EXIT_BAD_INPUT, EXIT_FAIL
+    from kinv.agent.investigation import APPROVAL_POLICIES
     from kinv.agent.tools import bench
 
     if s.approval not in APPROVAL_POLICIES:
-        return EXIT_BAD_INPUT, f"--approval {s.approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}", {}
+        return ExitCode.BAD_INPUT, f"--approval {s.approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}", {}
     if s.backend not in bench.BACKENDS:
-        return EXIT_BAD_INPUT, f"--backend {s.backend!r} is not valid; use {', '.join(bench.BACKENDS)}", {}
+        return ExitCode.BAD_INPUT, f"--backend {s.backend!r} is not valid; use {', '.join(bench.BACKENDS)}", {}
     from kinv.agent.tools.executor import EXECUTORS
 
     if s.executor not in EXECUTORS:
-        return EXIT_BAD_INPUT, f"--executor {s.executor!r} is not valid; use {', '.join(EXECUTORS)}", {}
+        return ExitCode.BAD_INPUT, f"--executor {s.executor!r} is not valid; use {', '.join(EXECUTORS)}", {}
     if s.executor == "local" and (s.ray_address or s.ray_actors):
-        return EXIT_BAD_INPUT, "--ray-address and --ray-actors need --executor ray", {}
+        return ExitCode.BAD_INPUT, "--ray-address and --ray-actors need --executor ray", {}
     if s.ray_actors is not None and not 1 <= s.ray_actors <= 1024:
-        return EXIT_BAD_INPUT, f"--ray-actors {s.ray_actors} must be from 1 to 1024", {}
+        return ExitCode.BAD_INPUT, f"--ray-actors {s.ray_actors} must be from 1 to 1024", {}
     plan, plan_hash = load_plan(s.plan_path)
     if plan.campaign is None:
-        return EXIT_BAD_INPUT, (f"{s.plan_path} has no campaign: section; run a workstream plan with kinv run, or "
+        return ExitCode.BAD_INPUT, (f"{s.plan_path} has no campaign: section; run a workstream plan with kinv run, or "
                                 "add campaign: (see plans/7-decode-ceiling.yaml)"), {}  # fmt: skip
     try:  # a missing GPU (or recording) is bad input: said before anything is written
         bench.get_backend(s.backend)
     except bench.BackendError as exc:
-        return EXIT_BAD_INPUT, str(exc).splitlines()[0], {}
+        return ExitCode.BAD_INPUT, str(exc).splitlines()[0], {}
     store = Store(s.state_dir)
     cid = campaign_id(plan)
     from kinv.agent.store import StoreError
@@ -82,9 +83,8 @@ def run(s: Settings) -> tuple[int, str, dict]:
     try:  # one driver per campaign: a second `kinv campaign` of it is refused, naming the first
         store.acquire_lock(f"campaign:{cid}", os.getpid())
     except StoreError as exc:
-        return EXIT_FAIL, str(exc), {}
+        return ExitCode.FAIL, str(exc), {}
     from kinv.agent import signals
-    from kinv.agent.investigation import EXIT_INTERRUPTED
 
     restore_signals = signals.install()  # SIGTERM and SIGHUP end a campaign the way Ctrl-C does
     try:
@@ -95,7 +95,7 @@ def run(s: Settings) -> tuple[int, str, dict]:
         _restore_kernel_files(store, plan)
         store.upsert_campaign({"id": cid, "status": "interrupted"})
         store.event(None, "interrupted", f"campaign {cid}: {how}: stopped; every kernel file restored to its baseline")
-        return EXIT_INTERRUPTED, (f"interrupted ({how}): kernel files restored, campaign {cid} marked interrupted; "
+        return ExitCode.INTERRUPTED, (f"interrupted ({how}): kernel files restored, campaign {cid} marked interrupted; "
                                   f"continue with: kinv campaign {s.plan_path}"), {}  # fmt: skip
     finally:
         restore_signals()
@@ -120,15 +120,14 @@ def _restore_kernel_files(store: Store, plan: Plan) -> None:
 
 
 def _run_locked(s: Settings, store: Store, plan: Plan, plan_hash: str, cid: str) -> tuple[int, str, dict]:
-    from kinv.agent.investigation import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK
 
     row = store.campaign(cid)
     if row and row["plan_hash"] != plan_hash:
-        return EXIT_BAD_INPUT, (f"campaign {cid} was started from plan sha {row['plan_hash']}; {s.plan_path} now "
+        return ExitCode.BAD_INPUT, (f"campaign {cid} was started from plan sha {row['plan_hash']}; {s.plan_path} now "
                                 f"hashes {plan_hash}: restore the plan, or give the changed plan a new workstream "
                                 "id"), {}  # fmt: skip
     if row and row["status"] == "done":
-        return EXIT_OK, f"campaign {cid} is done: {row['stop_reason']}", row.get("summary") or {}
+        return ExitCode.OK, f"campaign {cid} is done: {row['stop_reason']}", row.get("summary") or {}
     if row is None:
         start = {**plan.baseline, "kernel": plan.adapter.name}
         store.upsert_campaign({"id": cid, "plan_path": str(Path(s.plan_path).resolve()), "plan_hash": plan_hash,
@@ -145,7 +144,7 @@ def _run_locked(s: Settings, store: Store, plan: Plan, plan_hash: str, cid: str)
         code, line = drive(c)  # the campaign's graph: it ends at summarise, which saves the summary
     except (CampaignError, ExecutorError) as exc:
         store.upsert_campaign({"id": cid, "status": "stopped", "stop_reason": str(exc)})
-        return EXIT_FAIL, str(exc), {}
+        return ExitCode.FAIL, str(exc), {}
     finally:
         c.close()
     return code, line, store.campaign(cid)["summary"]

@@ -26,6 +26,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from kinv.agent.campaign.results import FINAL, CampaignError
+from kinv.kernels.errors import ExitCode
 
 RECURSION_LIMIT = 500  # a pass takes about three supersteps per backlog item
 
@@ -37,9 +38,8 @@ class CampaignState(TypedDict, total=False):
 
 
 def _ok() -> int:
-    from kinv.agent.investigation import EXIT_OK
 
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _last(c) -> dict | None:
@@ -104,13 +104,12 @@ def adopt(state: CampaignState, runtime: Runtime) -> dict:
 
 
 def summarise(state: CampaignState, runtime: Runtime) -> dict:
-    from kinv.agent.investigation import EXIT_INTERRUPTED, EXIT_PAUSED
 
     c = runtime.context
     c.save(summary=c.summary())
     code = state.get("code", _ok())
-    if code in (EXIT_PAUSED, EXIT_INTERRUPTED):
-        c.save(status="paused" if code == EXIT_PAUSED else "interrupted")
+    if code in (ExitCode.PAUSED, ExitCode.INTERRUPTED):
+        c.save(status="paused" if code == ExitCode.PAUSED else "interrupted")
     return {"decision": "summarised"}
 
 

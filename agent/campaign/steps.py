@@ -91,18 +91,23 @@ class Confirmation:
         """Run the step's workstream through the graph (``kinv run``'s); once it is closed, adopt in the campaign
         what it confirmed.  A pause or an interrupt comes back as the workstream said it, whose continue hint
         names the campaign (agent.ids.continue_command)."""
-        from kinv.agent.investigation import EXIT_OK, run_plan
+        from kinv.agent.investigation import run_plan
+        from kinv.kernels.errors import ExitCode, KinvError
 
         be = self.executor.measuring_backend() if self.executor.name == "ray" else None
         seen = len(be.losses) if be else 0
-        code, line = run_plan(step["plan_path"], self.s.backend, self.s.approval, self.s.state_dir, self.s.console,
-                              backend_obj=be)  # fmt: skip
+        try:
+            out = run_plan(step["plan_path"], self.s.backend, self.s.approval, self.s.state_dir, self.s.console,
+                           backend_obj=be)  # fmt: skip
+            code, line = out.exit_code, out.message
+        except KinvError as exc:  # a workstream that failed (or refused) ends the campaign with its code and line
+            code, line = exc.exit_code, (str(exc).splitlines() or [type(exc).__name__])[0]
         if be and be.losses[seen:]:  # the workstream recorded each loss as it happened (its close-out says so)
             self.losses += be.losses[seen:]
             step["losses"] = list(step.get("losses") or []) + be.losses[seen:]
             self._update_step(step)
         self.store.update_workstream(step["ws"], campaign=self.cid)
-        if code != EXIT_OK:
+        if code != ExitCode.OK:
             return code, line
         ws = step["ws"]
         final = step["item"] == FINAL
@@ -136,4 +141,4 @@ class Confirmation:
             self.save(incumbent=new)
             self.say(f"{ws} closed: " + ", ".join(f"{k} {v}" for k, v in res.verdicts.items()) +
                      (f"; incumbent now {describe(new)}" if changed else "; the incumbent stays"))  # fmt: skip
-        return EXIT_OK, line
+        return ExitCode.OK, line

@@ -44,7 +44,8 @@ def run(
     from kinv.agent.investigation import run_plan
 
     _state_dir(state_dir)
-    raise Exit(*run_plan(str(plan), backend.value, approval.value, state_dir, _console(), new_version=new_version))
+    out = run_plan(str(plan), backend.value, approval.value, state_dir, _console(), new_version=new_version)
+    raise Exit(out.exit_code, out.message)  # a refusal or a failed step is raised, and main maps it
 
 
 @app.command()
@@ -69,7 +70,7 @@ def campaign(
     import io
 
     from kinv.agent import campaign as camp
-    from kinv.agent.investigation import EXIT_OK as DONE
+    from kinv.kernels.errors import ExitCode
 
     _state_dir(state_dir)
     con = _console()
@@ -83,7 +84,7 @@ def campaign(
                                                      ray_address=ray_address, ray_actors=ray_actors))  # fmt: skip
     if as_json and summary:
         print(json.dumps({**summary, "exit": code, "message": line}, indent=2, default=str))
-        raise Exit(code, "" if code == DONE else line)
+        raise Exit(code, "" if code == ExitCode.OK else line)
     raise Exit(code, line)
 
 
@@ -138,7 +139,8 @@ def resume(
     from kinv.agent.investigation import run_plan
 
     policy = approval.value if approval else row.get("approval") or Approval.ASK.value
-    raise Exit(*run_plan(row["plan_path"], backend.value, policy, state_dir, _console()))
+    out = run_plan(row["plan_path"], backend.value, policy, state_dir, _console())
+    raise Exit(out.exit_code, out.message)
 
 
 def _decide(approval_id: str, status: str, reason: str, state_dir) -> None:
