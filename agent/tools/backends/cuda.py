@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import time
-import atexit
 from pathlib import Path
 
 from kinv.agent.tools import protocol
