@@ -38,16 +38,16 @@ class WorkerPool:
     sample re-draws its memory placement as before."""
 
     def __init__(self):
-        self._idle: list[tuple[tuple, WorkerProcess]] = []
+        self._idle: list[tuple[tuple, WorkerProcess, float]] = []  # (key, worker, kept since)
         self.started = 0
         self.reused = 0
 
     def take(self, key: tuple) -> WorkerProcess | None:
         now = time.time()
-        for k, w in [x for x in self._idle if now - x[1].idle_since > MAX_IDLE_S]:
-            self._idle.remove((k, w))
-            w.close()  # a long-lived process (an MCP server) does not hold GPU contexts it no longer uses
-        for i, (k, w) in enumerate(self._idle):
+        for x in [x for x in self._idle if now - x[2] > MAX_IDLE_S]:
+            self._idle.remove(x)
+            x[1].close()  # a long-lived process (an MCP server) does not hold GPU contexts it no longer uses
+        for i, (k, w, _since) in enumerate(self._idle):
             if k == key:
                 del self._idle[i]
                 if w.proc.poll() is None:
@@ -57,20 +57,19 @@ class WorkerPool:
         return None
 
     def count(self, key: tuple) -> int:
-        return sum(1 for k, _w in self._idle if k == key)
+        return sum(1 for k, *_ in self._idle if k == key)
 
     def give(self, key: tuple, worker: WorkerProcess) -> None:
         if worker.proc.poll() is not None:
             worker.close()
             return
-        worker.idle_since = time.time()
-        self._idle.append((key, worker))
+        self._idle.append((key, worker, time.time()))
         while len(self._idle) > MAX_IDLE:
             self._idle.pop(0)[1].close()
 
     def close(self) -> None:
         idle, self._idle = self._idle, []
-        for _k, w in idle:
+        for _k, w, _since in idle:
             w.close()
 
 
@@ -95,7 +94,8 @@ class CudaArm(Arm):
         self.expect_kernel = Path(pythonpath[0]).name if pythonpath else on_disk
         self._pool = pool
         self._failed = False
-        self._n = self._gpu_s = self._req_s = self._reset_s = 0.0
+        self._n = 0
+        self._gpu_s = self._req_s = self._reset_s = 0.0
         t0 = time.perf_counter()
         kept = pool.take(self._key) if pool is not None else None
         if kept is None:
@@ -162,7 +162,7 @@ class CudaArm(Arm):
     def close(self) -> None:
         if self._n:
             log.info("arm %s: %d samples, %.2f GPU s in %.2f s of requests (memory re-set %.2f s)", self.name,
-                     int(self._n), self._gpu_s, self._req_s, self._reset_s)  # fmt: skip
+                     self._n, self._gpu_s, self._req_s, self._reset_s)  # fmt: skip
         keep = self._pool is not None and not self._failed and self.worker.proc.poll() is None
         if keep:
             try:  # the arm's buffers and graphs go; the process, its context and compiled kernels stay
