@@ -285,7 +285,8 @@ def test_a_paused_or_interrupted_run_names_commands_with_its_state_dir(tmp_path,
                        resources="{}", hypothesis="")  # fmt: skip
     import io
 
-    code, line = _paused(store, "3a-V2-4", Console(file=io.StringIO()), str(demo_dir))
+    out = _paused(store, "3a-V2-4", Console(file=io.StringIO()), str(demo_dir), "#3a")
+    code, line = out.exit_code, out.message
     assert code == 3
     assert f"kinv approve 3a-V2-4 --state-dir {demo_dir}" in line
     assert f"kinv reject 3a-V2-4 --reason ... --state-dir {demo_dir}" in line
