@@ -148,7 +148,7 @@ def state_dir(explicit: str | os.PathLike | None = None) -> Path:
     for up in (path, *path.parents):
         if up.is_dir():
             break
-        if up.exists() or up.is_symlink():
+        if (up.exists() or up.is_symlink()) and not up.is_dir():  # is_dir again: another opener may have just made it
             raise StateDirError(f"{how} {str(named)!r} is not a directory: {up} is a file; name a directory "
                                 "(kinv creates it if it does not exist)" if up != path else
                                 f"{how} {str(named)!r} is a file, not a directory; name a directory "
