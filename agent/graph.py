@@ -156,8 +156,8 @@ def baseline(state: State, runtime: Runtime[Context]) -> dict:
     resources.record(store, ws, exp, assessment)
     ctx.backend.warm(plan.kernel, plan.environment, plan.stats.aa_arms)  # the A/A's workers start meanwhile
     with ctx.heartbeat(f"baseline: correctness check at {len(levels)} levels ({_corr_device(ctx)})"):
-        result = correctness.check_isolated(plan.kernel, _baseline_config(ctx), levels, seed=_seed(),
-                                            device=_corr_device(ctx), env=plan.environment)  # fmt: skip
+        result = ctx.backend.check(plan.kernel, _baseline_config(ctx), levels, seed=_seed(),
+                                   device=_corr_device(ctx), env=plan.environment)  # fmt: skip
     correctness.record(store, ws, exp, result)
     if not result["ok"]:
         raise InvestigationError(f"the baseline itself is incorrect: {result['reason']}")
@@ -352,8 +352,8 @@ def gate(state: State, runtime: Runtime[Context]) -> Command[Literal["measure", 
     _ensure_applied(ctx, plan.variant(vid), state["exp_id"])
     live = configs.read_config(ctx.config_path, ctx.adapter.name)
     with ctx.heartbeat(f"{vid}: correctness check at {len(ctx.levels())} levels ({_corr_device(ctx)})"):
-        result = correctness.check_isolated(plan.kernel, live, ctx.levels(), seed=_seed(),
-                                            device=_corr_device(ctx), env=plan.environment)  # fmt: skip
+        result = ctx.backend.check(plan.kernel, live, ctx.levels(), seed=_seed(),
+                                   device=_corr_device(ctx), env=plan.environment)  # fmt: skip
     correctness.record(store, ws, state["exp_id"], result)
     if not result["ok"]:
         kind, why = _failure_kind(result)

@@ -6,14 +6,16 @@ stdin, one reply per line on stdout.  If the variant crashes, hits an illegal
 address or runs out of memory, only this process dies; the parent reports the
 failure as the variant's.
 
-Imports: standard library, torch, triton and ``kernels`` only, so the worker
-runs on a GPU machine that has none of kinv's other dependencies.
+Imports: standard library, torch, triton, ``kernels`` and the correctness gate
+(``agent/tools/correctness.py``, which imports no more) only, so the worker runs
+on a GPU machine that has none of kinv's other dependencies.
 
 Requests
 --------
 ``{"op": "hello", "env_keys": [...]}``         fingerprint, hashes, env seen
 ``{"op": "setup", "kernel", "config", "level", "reset"}``  correctness, graph sizing
 ``{"op": "sample", "key", "seed"}``              re-set (inputs from seed), one sample: median of >= 20 replays, >= 25 ms
+``{"op": "check", "kernel", "config", "levels", "seed", "device"}``  the correctness gate, in this process
 ``{"op": "copy_bandwidth", "mib": 2048}``       device-to-device copy GB/s
 ``{"op": "exit"}``
 
@@ -353,6 +355,17 @@ class Worker:
         torch.cuda.empty_cache()
         return {"gbps": 2 * n / t / 1e9, "bytes": 2 * n, "median_s": t}
 
+    def check(self, req: dict) -> dict:
+        """The correctness gate (:func:`kinv.agent.tools.correctness.check`) in this process: a worker kept for the
+        arms that follow has compiled the config by then.  A crash ends this process, as in a check of its own."""
+        from kinv.agent.tools.correctness import check
+        from kinv.kernels.adapter import get_adapter
+
+        adapter = get_adapter(req["kernel"])
+        self.imported.setdefault(req["kernel"], kernel_source_hash(adapter))  # the source this process imported
+        levels = [adapter.level(lv) for lv in req["levels"]]
+        return {"result": check(adapter, req["config"], levels, seed=req["seed"], device=req["device"])}
+
     def drop(self, req: dict) -> dict:
         import torch
 
@@ -379,7 +392,7 @@ def main() -> int:
                 out.flush()
                 return 0
             handler = {"hello": worker.hello, "setup": worker.setup, "sample": worker.sample,
-                       "copy_bandwidth": worker.copy_bandwidth, "drop": worker.drop}.get(op)  # fmt: skip
+                       "copy_bandwidth": worker.copy_bandwidth, "drop": worker.drop, "check": worker.check}.get(op)  # fmt: skip
             if handler is None:
                 raise ValueError(f"unknown op {op!r}")
             reply = {"ok": True, "op": op, **handler(req)}

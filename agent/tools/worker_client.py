@@ -110,7 +110,25 @@ class WorkerProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def request(self, op: str, **kwargs) -> dict:
+    def request(self, op: str, timeout: float | None = None, **kwargs) -> dict:
+        """One request and its reply.  ``timeout``: seconds after which the worker is killed (a hang), which the
+        caller then reads as a :class:`WorkerCrashed` whose message says so."""
+        if timeout is None:
+            return self._request(op, **kwargs)
+        import threading
+
+        timer = threading.Timer(timeout, self.proc.kill)
+        timer.start()
+        try:
+            return self._request(op, **kwargs)
+        except WorkerCrashed as exc:
+            if timer.finished.is_set():
+                raise WorkerCrashed(f"{self.label} worker did not answer {op!r} within {timeout:g} s (hang?)") from exc
+            raise
+        finally:
+            timer.cancel()
+
+    def _request(self, op: str, **kwargs) -> dict:
         if self.proc.poll() is not None:
             raise WorkerCrashed(self._death(f"{self.label} worker is not running"))
         try:

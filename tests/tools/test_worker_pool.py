@@ -7,7 +7,7 @@ import pytest
 
 from kinv.agent.tools.backends import cuda
 from kinv.agent.tools.backends.cuda import WorkerPool, worker_key
-from kinv.agent.tools.worker_client import WorkerProcess
+from kinv.agent.tools.worker_client import WorkerError, WorkerProcess
 from kinv.kernels.adapter import get_adapter
 from tests.test_plugin import _write_package
 
@@ -80,4 +80,50 @@ def test_arms_of_one_backend_reuse_a_worker_and_a_patched_source_gets_a_new_one(
     c = CudaBackend().open("C", "mla_decode", cfg, {})
     assert c.worker_pid != pid and not c.reused
     c.close()
+    be.close()
+
+
+LEVEL = {"shape": "v4flash", "heads": 16, "page_size": 64, "context": 512, "batch": 1}
+SEED_CFG = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
+
+
+def test_a_worker_runs_the_correctness_gate_itself_and_refuses_a_bad_config_by_name():
+    """The gate can run in the benchmark worker the arms then use (on CPU: the Triton interpreter)."""
+    with WorkerProcess(env={"TRITON_INTERPRET": "1"}, label="check") as w:
+        ok = w.request("check", kernel="mla_decode", config=SEED_CFG, levels=[LEVEL], seed=11, device="cpu")["result"]
+        assert ok["ok"] and ok["device"] == "cpu" and ok["levels"][0]["mismatched"] == 0
+        # BLOCK_H 24 is no power of two: the worker refuses the config by name and lives on for the next request
+        with pytest.raises(WorkerError, match="BLOCK_H=24 is invalid"):
+            w.request("check", kernel="mla_decode", config={**SEED_CFG, "BLOCK_H": 24}, levels=[LEVEL], seed=11,
+                      device="cpu")  # fmt: skip
+        assert w.proc.poll() is None
+
+
+def test_a_request_that_outlives_its_timeout_kills_the_worker_and_says_so():
+    from kinv.agent.tools.worker_client import WorkerCrashed
+
+    w = WorkerProcess(label="slow")
+    try:
+        with pytest.raises(WorkerCrashed, match=r"did not answer 'hello' within 0.001 s \(hang\?\)"):
+            w.request("hello", timeout=0.001, env_keys=[])  # the worker is still importing: no answer in 1 ms
+        assert w.proc.poll() is not None
+    finally:
+        w.close()
+
+
+@pytest.mark.gpu
+def test_the_cuda_gate_runs_in_the_worker_the_next_arm_takes_and_a_failed_check_keeps_none(monkeypatch):
+    from kinv.agent.tools.backends.cuda import CudaBackend
+
+    monkeypatch.setattr(cuda, "POOL", WorkerPool())
+    be = CudaBackend()
+    level = get_adapter("mla_decode").level(LEVEL)
+    result = be.check("mla_decode", SEED_CFG, [level], seed=3, device="cuda", env={})
+    assert result["ok"] and result["dtype"] == "bfloat16"
+    assert be.pool.count(worker_key("mla_decode", {}, None)) == 1
+    arm = be.open("A", "mla_decode", SEED_CFG, {})
+    assert arm.reused and arm.setup(level)["correct"]
+    arm.close()
+    bad = be.check("mla_decode", {**SEED_CFG, "BLOCK_H": 24}, [level], seed=3, device="cuda", env={})
+    assert not bad["ok"] and "BLOCK_H=24" in bad["reason"] and be.pool.count(worker_key("mla_decode", {}, None)) == 0
     be.close()

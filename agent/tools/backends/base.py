@@ -120,6 +120,15 @@ class Backend(ABC):
         """Begin starting ``n`` arms' processes for ``kernel`` in ``env`` now, so that arms opened later find
         them ready (the cuda backend: workers start while a correctness check runs).  Nothing to do here."""
 
+    def check(self, kernel: str, config: dict, levels: list[Level], *, seed: int, device: str, env: dict,
+              pythonpath: list[str] | None = None) -> dict:  # fmt: skip
+        """The correctness gate for ``config`` at ``levels`` (:func:`~kinv.agent.tools.correctness.check`'s
+        result), crash-isolated: here in a child process of its own, which sees ``env``."""
+        from kinv.agent.tools import correctness
+
+        return correctness.check_isolated(kernel, config, levels, seed=seed, device=device, env=env,
+                                          pythonpath=pythonpath)  # fmt: skip
+
     def describe(self) -> str:
         return self.name
 

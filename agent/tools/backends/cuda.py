@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 REUSE_ENV = "KINV_REUSE_WORKERS"  # "0": every arm starts a worker of its own (the way to measure what reuse saves)
 MAX_IDLE = 8  # workers kept between arms; beyond, the oldest is stopped
 MAX_IDLE_S = 600.0  # a worker idle longer is stopped at the next arm's start
+CHECK_TIMEOUT_S = 900.0  # a correctness check that has not answered by then hangs: its worker is killed
 
 
 class WorkerPool:
@@ -203,6 +204,36 @@ class CudaBackend(Backend):
         for _ in range(n - self.pool.count(key)):  # a worker's imports and CUDA context start in its own process
             self.pool.started += 1
             self.pool.give(key, WorkerProcess(env=env_s, label="warm"))
+
+    def check(self, kernel, config, levels, *, seed, device, env, pythonpath=None) -> dict:
+        """The check in a benchmark worker of the arms that follow (a kept one when there is one): the worker
+        starts once and has compiled the config before it is timed.  Crash-isolated as before: a crash or hang
+        ends that worker only, and a worker whose check did not pass is never kept."""
+        if self.pool is None or device != "cuda":
+            return super().check(kernel, config, levels, seed=seed, device=device, env=env, pythonpath=pythonpath)
+        env_s = {k: str(v) for k, v in env.items()}
+        key = worker_key(kernel, env_s, pythonpath)
+        t0 = time.perf_counter()
+        worker = self.pool.take(key)
+        if worker is None:
+            worker = WorkerProcess(env=env_s, label="check", pythonpath=pythonpath)
+            self.pool.started += 1
+        base = {"ok": False, "levels": [], "seed": seed, "device": device, "dtype": None}
+        try:
+            result = worker.request("check", timeout=CHECK_TIMEOUT_S, kernel=kernel, config=config,
+                                    levels=[lv.to_dict() for lv in levels], seed=seed, device=device)["result"]  # fmt: skip
+        except WorkerCrashed as exc:
+            worker.close()
+            return {**base, "reason": f"crashed: the check process died ({exc})", "crashed": True}
+        except WorkerError as exc:
+            worker.close()
+            return {**base, "reason": f"the check failed: {exc}"}
+        log.info("check of %d level(s) in worker pid %d: %.2f s", len(levels), worker.pid, time.perf_counter() - t0)
+        if result.get("ok"):
+            self.pool.give(key, worker)
+        else:
+            worker.close()
+        return result
 
     def copy_bandwidth(self) -> float:
         if self._copy is None:
