@@ -155,6 +155,9 @@ def baseline(state: State, runtime: Runtime[Context]) -> dict:
     assessment = resources.assess(ctx.adapter, _baseline_config(ctx), levels, get_device(plan.device))
     resources.record(store, ws, exp, assessment)
     ctx.backend.warm(plan.kernel, plan.environment, plan.stats.aa_arms)  # the A/A's workers start meanwhile
+    from kinv.agent.report import prefetch_plotting
+
+    prefetch_plotting()  # and the close-out's plotting library loads (no sample is being timed yet)
     with ctx.heartbeat(f"baseline: correctness check at {len(levels)} levels ({_corr_device(ctx)})"):
         result = ctx.backend.check(plan.kernel, _baseline_config(ctx), levels, seed=_seed(),
                                    device=_corr_device(ctx), env=plan.environment)  # fmt: skip

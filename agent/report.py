@@ -110,6 +110,24 @@ def roofline_text(roof: dict) -> str:
             "matrix peak)).")  # fmt: skip
 
 
+def prefetch_plotting() -> None:
+    """Import matplotlib in a background thread now, so that the close-out's figure does not wait for it at the
+    end of a run (its import, and its font cache on a fresh machine, take seconds).  Called while a run waits on
+    something else (a correctness check); a later import of it simply finds it loaded, or waits for it."""
+    import threading
+
+    def load():
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+        except Exception:  # noqa: BLE001 - the close-out's own import reports any real problem
+            pass
+
+    threading.Thread(target=load, name="kinv-prefetch-matplotlib", daemon=True).start()
+
+
 def plot(data: dict, path: Path, adapter, levels, title: str = "", baseline: str = "") -> Path | None:
     """Write :func:`figure` to ``path`` (PNG); None when no variant was measured."""
     import matplotlib.pyplot as plt

@@ -64,3 +64,18 @@ def test_the_change_axis_ticks_cover_every_point_and_the_throughput_legend_names
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_plotting_loaded_ahead_of_the_close_out_is_the_headless_backend():
+    """A run loads matplotlib in the background while its baseline is checked; the close-out's figure then draws
+    with the file backend (Agg), never a display's, even with a DISPLAY set."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import threading, sys\nfrom kinv.agent.report import prefetch_plotting\nprefetch_plotting()\n"
+            "[t.join() for t in threading.enumerate() if t.name == 'kinv-prefetch-matplotlib']\n"
+            "import matplotlib\nprint('matplotlib.pyplot' in sys.modules, matplotlib.get_backend().lower())")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "DISPLAY": ":0", "MPLBACKEND": ""}).stdout.split()  # fmt: skip
+    assert out == ["True", "agg"]
