@@ -127,3 +127,18 @@ def test_the_cuda_gate_runs_in_the_worker_the_next_arm_takes_and_a_failed_check_
     bad = be.check("mla_decode", {**SEED_CFG, "BLOCK_H": 24}, [level], seed=3, device="cuda", env={})
     assert not bad["ok"] and "BLOCK_H=24" in bad["reason"] and be.pool.count(worker_key("mla_decode", {}, None)) == 0
     be.close()
+
+
+def test_an_arm_takes_a_worker_that_has_answered_before_one_still_starting():
+    pool = WorkerPool()
+    warm, used = WorkerProcess(label="warm"), WorkerProcess(label="check")
+    try:
+        pool.give(("k",), warm)  # started ahead of time, kept first
+        pool.give(("k",), used)  # has run a check: ready now
+        assert pool.take(("k",)) is used
+        assert pool.take(("k",)) is warm
+        assert pool.reused == 1  # a warm worker taken is a start, not a reuse
+    finally:
+        warm.close()
+        used.close()
+        pool.close()

@@ -48,13 +48,15 @@ class WorkerPool:
         for x in [x for x in self._idle if now - x[2] > MAX_IDLE_S]:
             self._idle.remove(x)
             x[1].close()  # a long-lived process (an MCP server) does not hold GPU contexts it no longer uses
-        for i, (k, w, _since) in enumerate(self._idle):
-            if k == key:
-                del self._idle[i]
-                if w.proc.poll() is None:
-                    self.reused += w.label != "warm"
-                    return w
-                w.close()
+        # a worker that has answered a request is ready; one started ahead of time ("warm") may still be importing
+        mine = sorted((x for x in self._idle if x[0] == key), key=lambda x: x[1].label == "warm")
+        for x in mine:
+            self._idle.remove(x)
+            w = x[1]
+            if w.proc.poll() is None:
+                self.reused += w.label != "warm"
+                return w
+            w.close()
         return None
 
     def count(self, key: tuple) -> int:
@@ -218,6 +220,7 @@ class CudaBackend(Backend):
         if worker is None:
             worker = WorkerProcess(env=env_s, label="check", pythonpath=pythonpath)
             self.pool.started += 1
+        worker.label = "check"  # it has answered once it is given back: an arm then takes it before a warm one
         base = {"ok": False, "levels": [], "seed": seed, "device": device, "dtype": None}
         try:
             result = worker.request("check", timeout=CHECK_TIMEOUT_S, kernel=kernel, config=config,
