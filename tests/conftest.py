@@ -49,6 +49,16 @@ def _no_kept_copies_in_the_home_dir(tmp_path_factory):
         yield
 
 
+_ray_locks: dict = {}  # path -> this process's one FileLock on it (reentrant: a module's turn holds a test's)
+
+
+def _ray_turn(request, tmp_path_factory):
+    from filelock import FileLock
+
+    path = str(_run_root(tmp_path_factory, request.config) / "ray.lock")
+    return _ray_locks.setdefault(path, FileLock(path))
+
+
 @pytest.fixture(autouse=True)
 def _one_ray_cluster_at_a_time(request, tmp_path_factory):
     """Tests marked ``ray`` start a local Ray cluster or stop every one (``ray stop --force``): under
@@ -56,9 +66,15 @@ def _one_ray_cluster_at_a_time(request, tmp_path_factory):
     if request.node.get_closest_marker("ray") is None:
         yield
         return
-    from filelock import FileLock
+    with _ray_turn(request, tmp_path_factory):
+        yield
 
-    with FileLock(str(_run_root(tmp_path_factory, request.config) / "ray.lock")):
+
+@pytest.fixture(scope="module")
+def ray_module_turn(request, tmp_path_factory):
+    """The ``ray`` marker's turn held for a whole module, for a Ray cluster that the module's tests share: no other
+    worker's ray test runs until the module is done with it."""
+    with _ray_turn(request, tmp_path_factory):
         yield
 
 
@@ -81,19 +97,22 @@ def state_dir(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- #
-# One closed #3a (and one #3a paused at its first approval, one closed #3b), built once per test run and shared
+# One closed #3a (and one #3a paused at its first approval, one closed #3b, one closed campaign #7), built once
+# per test run and shared
 #
-# A replay `kinv run plans/3a-attention-occupancy.yaml --approval auto` takes about a minute on 2 cores; the
-# tests that only read what such a run leaves (report, export, views, show, compare, history, status, todos, the
-# MCP server's reads, the doctor) share one, each on a copy of its own.  Under pytest-xdist the workers share
-# it too: the first to need it builds it under a lock in the run's own temporary root, the others wait for it.
+# A replay `kinv run plans/3a-attention-occupancy.yaml --approval auto` takes about a minute on 2 cores, the whole
+# campaign #7 a few; the tests that only read what such a run leaves (report, export, views, show, compare,
+# history, status, todos, the MCP server's reads, the doctor, a campaign's summary) share one, each on a copy of
+# its own.  Under pytest-xdist the workers share it too: the first to need it builds it under a lock in the run's
+# own temporary root, the others wait for it.
 
 PLAN_3A = "plans/3a-attention-occupancy.yaml"
 
 
-def _build_state(where, plan: str, approval: str, want_rc: int, base_env: dict):
-    """A state dir and live-config dir that a replay run of ``plan`` under ``approval`` left (exit ``want_rc``),
-    run under ``base_env`` with its own state dir, live config (the seed's) and kept copies, in ``where``."""
+def _build_state(where, argv: list[str], want_rc: int, base_env: dict):
+    """A state dir and live-config dir that the replay command ``kinv ARGV`` left (exit ``want_rc``, its stdout
+    in ``run.out``), run under ``base_env`` with its own state dir, live config (the seed's) and kept copies, in
+    ``where``."""
     import subprocess
     import sys
 
@@ -104,20 +123,22 @@ def _build_state(where, plan: str, approval: str, want_rc: int, base_env: dict):
     env = dict(base_env, KINV_STATE_DIR=str(where / "state"), KINV_CONFIG_DIR=str(where / "configs"),
                XDG_STATE_HOME=str(where / "xdg-state"), TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1",
                PYTHONPATH=str(ROOT))  # fmt: skip
-    r = subprocess.run([sys.executable, "-m", "kinv.agent.cli", "run", plan, "--backend", "replay",
-                        "--approval", approval], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "kinv.agent.cli", *argv], env=env, cwd=ROOT, capture_output=True,
+                       text=True, timeout=1200)  # fmt: skip
     if r.returncode != want_rc:
-        raise RuntimeError(f"the shared run of {plan} under --approval {approval} exited {r.returncode}, not {want_rc}:\n"
+        raise RuntimeError(f"the shared run `kinv {' '.join(argv)}` exited {r.returncode}, not {want_rc}:\n"
                            f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}")  # fmt: skip
     (where / "run.out").write_text(r.stdout)
     (where / "done").write_text("ok")
 
 
-# name -> (plan, --approval, the exit code it ends with, the fixture that copies it)
+PLAN_7 = "plans/7-decode-ceiling.yaml"
+# name -> (the kinv command line, the exit code it ends with, the fixture that copies it)
 SHARED_RUNS = {
-    "closed-3a": (PLAN_3A, "auto", 0, "closed_3a"),
-    "paused-3a": (PLAN_3A, "ask", 3, "paused_3a"),
-    "closed-3b": ("plans/3b-tile-shape.yaml", "auto", 0, "closed_3b"),
+    "closed-3a": (["run", PLAN_3A, "--backend", "replay", "--approval", "auto"], 0, "closed_3a"),
+    "paused-3a": (["run", PLAN_3A, "--backend", "replay", "--approval", "ask"], 3, "paused_3a"),
+    "closed-3b": (["run", "plans/3b-tile-shape.yaml", "--backend", "replay", "--approval", "auto"], 0, "closed_3b"),
+    "closed-7": (["campaign", PLAN_7, "--backend", "replay", "--approval", "auto", "--json"], 0, "closed_7"),
 }
 _builds: dict = {}  # name -> the thread that makes sure it exists (one per process)
 
@@ -131,16 +152,16 @@ def pytest_sessionfinish(session):
 def _ensure(root, name: str, base_env: dict) -> None:
     from filelock import FileLock
 
-    plan, approval, want_rc, _ = SHARED_RUNS[name]
+    argv, want_rc, _ = SHARED_RUNS[name]
     with FileLock(str(root / f"{name}.lock")):
         if not (root / name / "done").exists():
-            _build_state(root / name, plan, approval, want_rc, base_env)
+            _build_state(root / name, argv, want_rc, base_env)
 
 
-def _shared(tmp_path_factory, request, name: str):
-    """The shared run ``name``, built once per test run.  The first request also starts, beside it, the other
-    shared runs this session's tests use (each under its own lock): they build at the same time instead of
-    one after another, and a second xdist worker waits for the one it needs instead of building it again."""
+def _start(tmp_path_factory, request, also=()) -> None:
+    """Start building, each in a thread under its own lock, the shared runs this session's tests use (and
+    ``also``) that this process has not started: they build at the same time instead of one after another, and
+    a second xdist worker waits for the one it needs instead of building it again."""
     import threading
 
     root = _run_root(tmp_path_factory, request.config)
@@ -148,8 +169,9 @@ def _shared(tmp_path_factory, request, name: str):
     # none of a test's KINV_* settings, fault points included, reaches a shared run)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("KINV_")}
     wanted = {n for n, (*_, fixture) in SHARED_RUNS.items()
-              if any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)}  # fmt: skip
-    for n in sorted(wanted | {name}):
+              if any(f in getattr(item, "fixturenames", ()) for f in (fixture, f"{fixture}_source")
+                     for item in request.session.items)}  # fmt: skip
+    for n in sorted(wanted | set(also)):
         if n not in _builds:
             errors: list = []
 
@@ -163,10 +185,22 @@ def _shared(tmp_path_factory, request, name: str):
             t.errors = errors
             t.start()
             _builds[n] = t
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_runs_start_at_the_first_test(tmp_path_factory, request):
+    """The shared runs this session's tests use start building when its first test starts, beside whatever that
+    test runs (a slow test's own run, say), not when a test first asks for one."""
+    _start(tmp_path_factory, request)
+
+
+def _shared(tmp_path_factory, request, name: str):
+    """The shared run ``name``, built once per test run (see ``_start``); waits for it."""
+    _start(tmp_path_factory, request, {name})
     _builds[name].join()
     if _builds[name].errors:
         raise _builds[name].errors[0]
-    return root / name
+    return _run_root(tmp_path_factory, request.config) / name
 
 
 def _copy(source, tmp_path, state_dir) -> str:
@@ -231,3 +265,19 @@ def paused_3a(paused_3a_source, tmp_path, state_dir):
     """This test's own copy of a replay run of #3a paused at V1's approval (exit 3), as ``closed_3a``.  Its
     checkpoints name the source's paths: never resume it (a test that resumes runs its own)."""
     return _copy(paused_3a_source, tmp_path, state_dir)
+
+
+@pytest.fixture(scope="session")
+def closed_7_source(tmp_path_factory, request):
+    """The shared closed campaign #7 (--approval auto, from the seed's live file; its ``run.out`` is the summary
+    `--json` printed).  Never write to it: ``closed_7`` gives a copy."""
+    return _shared(tmp_path_factory, request, "closed-7")
+
+
+@pytest.fixture
+def closed_7(closed_7_source, tmp_path, state_dir):
+    """This test's own copy of a closed replay campaign #7, as ``closed_3a``; returns its summary (a dict).  Its
+    records name the source's close-outs: a test about the campaign's adoption or resumption runs its own."""
+    import json
+
+    return json.loads(_copy(closed_7_source, tmp_path, state_dir))

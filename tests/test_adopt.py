@@ -234,13 +234,19 @@ def test_an_adoptions_samples_saved_as_a_recording_are_served_by_replay(after_3b
 def test_a_campaigns_adoption_is_confirmed_against_the_live_file_and_keeps_what_it_did_not_measure(tmp_path):
     # Campaign #7 measures the seed's BT16 from its plan.  Its adoption used to replace whatever the live file held
     # (dropping its overrides and tunables) and to quote the final A/B against BT16 in the commit message.
+    # (its joint item alone: it searches the whole space, and its chosen config is what the adoption writes)
+    import yaml
+
     from kinv.agent.models import load_plan
     from kinv.kernels.launch_config import validate_config
 
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "plans" / "7-decode-ceiling.yaml").read_text())
+    data["backlog"] = [b for b in data["backlog"] if b["id"] in ("JOINT", "OEA")]
+    plan_file = tmp_path / "7-joint.yaml"
+    plan_file.write_text(yaml.safe_dump(data, sort_keys=False))
     env = replay_env(tmp_path, tmp_path / "state")
     cfg = _write_live(env, HAND_TUNED_LIVE)
-    r = run_kinv(env, "campaign", "plans/7-decode-ceiling.yaml", "--backend", "replay", "--approval", "auto",
-                 "--json", timeout=1500)  # fmt: skip
+    r = run_kinv(env, "campaign", plan_file, "--backend", "replay", "--approval", "auto", "--json", timeout=1500)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["adopted"], summary.get("adoption")

@@ -41,15 +41,17 @@ def write_seed_config(cfg_dir) -> None:
     (Path(cfg_dir) / "mla_decode.json").write_text(SEED_MLA_CONFIG)
 
 
-def replay_env(tmp_path, state_dir, **extra) -> dict:
-    """Environment for a `kinv` subprocess on replay: its own state dir and a live MLA config at the seed's."""
+def replay_env(tmp_path, state_dir, *, seed_config: bool = True, **extra) -> dict:
+    """Environment for a `kinv` subprocess on replay: its own state dir and a live MLA config at the seed's
+    (``seed_config=False``: the live config dir as it is, a copied run's)."""
     import os
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     cfg_dir = Path(tmp_path) / "configs"
     cfg_dir.mkdir(exist_ok=True)
-    write_seed_config(cfg_dir)
+    if seed_config:
+        write_seed_config(cfg_dir)
     return dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1",
                 KINV_FORCE_NO_GPU="1", PYTHONPATH=str(root), **extra)  # fmt: skip
 
