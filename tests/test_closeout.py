@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kinv.agent import report
 from tests.closeout_fixture import build, outcome
 
@@ -168,6 +170,7 @@ def test_a_replay_close_out_names_where_its_recordings_come_from(tmp_path, monke
     assert "H200" not in path.read_text()
 
 
+@pytest.mark.slow  # a run to V1's approval
 def test_an_archived_plan_version_keeps_its_own_close_out_which_the_next_version_never_overwrites(tmp_path):
     """Version 1's close-out is renamed when version 2 starts: the history row must point at the renamed file, not
     at the path version 2's close-out then writes."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import leave_kinv_patch_live, replay_env, run_kinv
+from tests.utils import kinv_in_process, leave_kinv_patch_live, replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = (ROOT / "kernels" / "configs" / "mla_decode.json").read_bytes()
@@ -155,17 +155,17 @@ def test_revert_to_plan_restores_the_shipped_bytes_not_the_plans_measurement_bas
     cfg.write_bytes(SHIPPED)  # untracked here: kinv keeps the bytes of record before its first write
     _leave_variant_live(cfg, tmp_path)
     assert cfg.read_bytes() != SHIPPED
-    r = run_kinv(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
+    r = kinv_in_process(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
     assert r.returncode == 0 and "file of record" in r.stdout and "kept" in r.stdout, r.stdout + r.stderr
     assert cfg.read_bytes() == SHIPPED  # the shipped file, not the seed's BT16
     assert not Path(state_dir).exists()  # it needed (and wrote) no state
-    again = run_kinv(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
+    again = kinv_in_process(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
     assert again.returncode == 0 and "already holds its file of record" in again.stdout
     # the plan's measurement baseline, only when asked for by name; the shipped bytes stay the way back
-    r = run_kinv(env, "revert", "--to-plan-baseline", "plans/3a-attention-occupancy.yaml")
+    r = kinv_in_process(env, "revert", "--to-plan-baseline", "plans/3a-attention-occupancy.yaml")
     assert r.returncode == 0 and "measurement baseline of #3a" in r.stdout and "not the shipped" in r.stdout
     assert json.loads(cfg.read_text())["BLOCK_T"] == 16
-    assert run_kinv(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml").returncode == 0
+    assert kinv_in_process(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml").returncode == 0
     assert cfg.read_bytes() == SHIPPED
 
 
@@ -179,7 +179,7 @@ def test_revert_to_plan_restores_git_heads_bytes_of_a_tracked_config(tmp_path, s
     subprocess.run(git + ["add", "mla_decode.json"], check=True)
     subprocess.run(git + ["commit", "-qm", "shipped"], check=True)
     cfg.write_text(cfg.read_text().replace('"num_warps": 4', '"num_warps": 8'))  # whatever is live now
-    r = run_kinv(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
+    r = kinv_in_process(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
     assert r.returncode == 0 and "git HEAD" in r.stdout, r.stdout + r.stderr
     assert cfg.read_bytes() == SHIPPED
     from kinv.agent.tools import configs
@@ -191,7 +191,7 @@ def test_revert_to_plan_with_no_file_of_record_says_so_and_names_the_baseline_by
     env = replay_env(tmp_path, state_dir)
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
     before = cfg.read_bytes()  # never written by kinv, tracked by no git
-    r = run_kinv(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
+    r = kinv_in_process(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stdout + r.stderr
     assert "--to-plan-baseline" in r.stderr and cfg.read_bytes() == before
 
@@ -201,11 +201,11 @@ def test_revert_with_a_fresh_state_dir_names_a_way_back_that_restores_the_shippe
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
     cfg.write_bytes(SHIPPED)
     _leave_variant_live(cfg, tmp_path)
-    r = run_kinv(env, "revert")
+    r = kinv_in_process(env, "revert")
     assert r.returncode == 1, r.stdout + r.stderr
     way_back = r.stderr.split("restore its shipped bytes with ")[1].split(" (")[0]
     assert way_back == "kinv revert --to-plan PLAN"
-    r = run_kinv(env, *way_back.split()[1:-1], "plans/3a-attention-occupancy.yaml")  # followed as printed
+    r = kinv_in_process(env, *way_back.split()[1:-1], "plans/3a-attention-occupancy.yaml")  # followed as printed
     assert r.returncode == 0 and cfg.read_bytes() == SHIPPED, r.stdout + r.stderr
 
 
@@ -216,7 +216,7 @@ def test_revert_to_plan_records_the_real_state_dir_in_the_config_lock(tmp_path, 
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
     cfg.write_bytes(SHIPPED)
     _leave_variant_live(cfg, tmp_path)
-    assert run_kinv(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml").returncode == 0
+    assert kinv_in_process(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml").returncode == 0
     assert configs.last_editor(cfg)["state_dir"] == str(Path(state_dir).resolve())  # not "." (the cwd)
 
 

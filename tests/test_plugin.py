@@ -266,6 +266,7 @@ def test_an_installed_plugin_is_listed_with_its_own_tunables_and_level_dimension
     assert {"mla_decode", "moe_expert_gemm"} <= {k["name"] for k in json.loads(r.stdout)}
 
 
+@pytest.mark.slow  # a whole run
 def test_a_plugin_plan_runs_end_to_end_in_its_own_terms_and_restores_its_config(plugin):
     root, src = plugin
     env = _env(root)
@@ -286,15 +287,25 @@ def test_a_plugin_plan_runs_end_to_end_in_its_own_terms_and_restores_its_config(
     assert {v["level"] for v in verdicts} == {"M32xN32/K32", "M32xN64/K32"}
 
 
+def _plan_naming_the_class(src) -> str:
+    plan = (src / "plan.yaml").read_text().replace("kernel: tiled_matmul", f"kernel: {PKG}.adapter:TiledMatmulAdapter")
+    return plan.replace('id: "#9a"', 'id: "#9b"')
+
+
+@pytest.mark.slow  # a whole run
 def test_a_plan_may_name_the_adapter_class_directly(plugin):
     root, src = plugin
     env = _env(root)
-    plan = (src / "plan.yaml").read_text().replace("kernel: tiled_matmul", f"kernel: {PKG}.adapter:TiledMatmulAdapter")
-    plan = plan.replace('id: "#9a"', 'id: "#9b"')
-    (src / "plan-ref.yaml").write_text(plan)
+    (src / "plan-ref.yaml").write_text(_plan_naming_the_class(src))
     _recording(root / "recordings" / "tiled_matmul.jsonl.gz", env)
     r = _kinv(env, "run", "plan-ref.yaml", "--backend", "replay", "--approval", "auto", cwd=src)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_plan_naming_a_class_its_package_lacks_is_one_line_exit_2(plugin):
+    root, src = plugin
+    env = _env(root)
+    plan = _plan_naming_the_class(src)
     bad = plan.replace(f"{PKG}.adapter:TiledMatmulAdapter", f"{PKG}.adapter:NoSuchAdapter").replace("#9b", "#9c")
     (src / "plan-bad.yaml").write_text(bad)
     r = _kinv(env, "run", "plan-bad.yaml", "--backend", "replay", "--approval", "auto", cwd=src)
@@ -302,6 +313,7 @@ def test_a_plan_may_name_the_adapter_class_directly(plugin):
     assert "NoSuchAdapter" in (r.stdout + r.stderr) and len((r.stdout + r.stderr).strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # a whole run
 def test_a_plugins_config_keeps_its_own_key_order_and_description_through_a_patch(plugin, tmp_path):
     root, src = plugin
     env = {**_env(root), "KINV_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}  # this checkout's kinv

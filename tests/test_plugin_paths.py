@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.test_plugin import _recording, _write_package
 
 PKG = "kinv_demo_matmul_uninstalled"  # not the name test_plugin.py's fixture installs (the two may run at once)
@@ -38,6 +40,7 @@ def test_an_adapter_is_looked_up_by_its_full_spec_not_by_its_name(tmp_path, monk
     assert get_adapter("kinv_same_name_plugin.adapter:Other") is other
 
 
+@pytest.mark.slow  # a whole run
 def test_a_plan_naming_an_uninstalled_adapter_class_runs_in_the_correctness_child_and_workers_too(tmp_path):
     """The plugin is not installed: the CLI imports it from the working directory, and its children (``python
     -P``, started elsewhere) get the same import path."""

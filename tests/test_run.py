@@ -158,6 +158,19 @@ def test_read_commands_do_not_import_torch_triton_or_langgraph(env):
     assert "HEAVY []" in r.stdout, r.stdout + r.stderr
 
 
+def test_a_bad_plan_is_refused_before_torch_triton_or_langgraph_are_imported(env, tmp_path):
+    """`kinv run` on a bad plan gives its one line without the seconds the measurement stack takes to import."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(PLAN.read_text().replace("kernel: mla_decode", "kernel: mla_decod"))
+    code = ("import sys; from kinv.agent.cli import main; rc = main(['run', sys.argv[1], '--backend', 'replay', "
+            "'--approval', 'auto']); bad = [m for m in ('torch', 'triton', 'langgraph') if m in sys.modules]; "
+            "print('EXIT', rc, 'HEAVY', bad)")
+    r = subprocess.run([sys.executable, "-c", code, str(bad)], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert "EXIT 2 HEAVY []" in r.stdout, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "unknown kernel" in r.stderr and "Traceback" not in r.stderr
+    assert not (Path(env["KINV_STATE_DIR"]) / "kinv.db").exists()
+
+
 def test_missing_state_dir_says_how_to_start(env):
     r = kinv(env, "status")
     assert r.returncode != 0 and "kinv run" in r.stderr and "Traceback" not in r.stderr
@@ -194,6 +207,7 @@ def test_a_null_drill_says_the_null_holds_and_an_unwon_investigation_is_refuted_
                                                                  "3d-closeout.md").read_text()  # fmt: skip
 
 
+@pytest.mark.slow  # a whole run
 def test_the_wall_budget_is_enforced_on_time_spent_running(env, tmp_path):
     """budget.wall_seconds counts the time nodes ran (kinv.db's history): once spent, the remaining variants are
     cancelled with the reason and the investigation closes out."""

@@ -417,25 +417,26 @@ def test_every_table_reads_at_80_columns_with_the_varying_part_of_the_level_in_e
     assert exps["V1"]["reason"].startswith("reject: regressed at b1 (") or "regressed at b1 (" in exps["V1"]["reason"]
 
 
-def test_report_env_and_todo_exports_give_json_of_the_same_content(tmp_path, state_dir, closed_3b):
+def test_report_env_and_todo_exports_give_json_of_the_same_content(tmp_path, state_dir, closed_3a):
     """`report --json` carries every experiment's per-level change (the number the close-out prints) and the
     Markdown; `env --json` says what was expected and seen; todo exports come wrapped as {"todos": [...]}."""
     from tests.utils import kinv_in_process as run_kinv
     from tests.utils import replay_env
 
     env = replay_env(tmp_path, state_dir)
-    rep = json.loads(run_kinv(env, "report", "3b", "--json").stdout)
+    rep = json.loads(run_kinv(env, "report", "3a", "--json").stdout)
     v1 = next(e for e in rep["experiments"] if e["experiment"]["variant"] == "V1")
     b1 = next(e for e in v1["effects"] if e["level"].endswith("/b1"))
     assert f"{b1['change']:+.2%}" in rep["markdown"]  # the JSON and the close-out give the same number
     assert math.isclose(b1["change"], math.expm1(b1["effect"])) and b1["change_low"] < b1["change"] < b1["change_high"]
-    assert rep["workstream"]["id"] == "#3b" and rep["close_out"].endswith("3b-closeout.md")
-    e = json.loads(run_kinv({**env, "TARGET_CTAS": "256"}, "env", "--plan", "plans/3b-tile-shape.yaml", "--json").stdout)
+    assert rep["workstream"]["id"] == "#3a" and rep["close_out"].endswith("3a-closeout.md")
+    e = json.loads(run_kinv({**env, "TARGET_CTAS": "256"}, "env", "--plan", "plans/3a-attention-occupancy.yaml",
+                            "--json").stdout)
     assert e == {"source": "shell", "expected": {"TARGET_CTAS": "512"}, "seen": {"TARGET_CTAS": "256"}, "ok": False,
                  "mismatch": ["TARGET_CTAS"]}  # fmt: skip
     for fmt in ("opencode", "claude"):
-        todos = json.loads(run_kinv(env, "todos", "3b", "--format", fmt).stdout)
-        assert list(todos) == ["todos"] and {t["content"] for t in todos["todos"]} >= {"V1: BLOCK_T 32"}
+        todos = json.loads(run_kinv(env, "todos", "3a", "--format", fmt).stdout)
+        assert list(todos) == ["todos"] and {t["content"] for t in todos["todos"]} >= {"V1: num_warps 8"}
 
 
 def test_sample_summaries_never_pool_times_from_two_gpus():

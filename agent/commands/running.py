@@ -41,9 +41,12 @@ def run(
     Example: kinv run plans/3a-attention-occupancy.yaml --backend replay --approval auto
     Exit codes: 0 closed out, 3 paused for an approval, 2 bad input, 1 failed.
     """
-    from kinv.agent.investigation import run_plan
+    from kinv.agent.models import load_plan
 
     _state_dir(state_dir)
+    load_plan(str(plan))  # a bad plan is refused in one line before torch, triton or langgraph are imported
+    from kinv.agent.investigation import run_plan
+
     out = run_plan(str(plan), backend.value, approval.value, state_dir, _console(), new_version=new_version)
     raise Exit(out.exit_code, out.message)  # a refusal or a failed step is raised, and main maps it
 
