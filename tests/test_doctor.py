@@ -63,14 +63,14 @@ def test_revert_without_kinv_db_never_says_nothing_to_revert_over_a_live_variant
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
     baseline = cfg.read_bytes()
     leave_kinv_patch_live(cfg, {"num_warps": 8})  # the variant a lost run left live
-    r = run_kinv(env, "revert")
+    r = kinv_in_process(env, "revert")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "mla_decode.json is BT16/BH16/w8/s2" in r.stdout and "kinv revert --to-plan PLAN" in r.stderr
     assert "nothing to revert: no kernel file is patched" not in r.stdout
-    r = run_kinv(env, "revert", "--to-plan", PLAN)
+    r = kinv_in_process(env, "revert", "--to-plan", PLAN)
     # the same config (optional tunables it wrote at their defaults change neither its label nor its hash)
     assert r.returncode == 0 and config_hash(json.loads(cfg.read_text())) == config_hash(json.loads(baseline))
-    assert run_kinv(env, "revert").returncode == 0
+    assert kinv_in_process(env, "revert").returncode == 0
 
 
 @pytest.mark.slow

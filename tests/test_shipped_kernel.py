@@ -13,7 +13,8 @@ from pathlib import Path
 
 from kinv.agent.store import Store
 from kinv.kernels.launch_config import config_hash, load_config
-from tests.utils import replay_env, run_kinv
+from tests.utils import kinv_in_process as run_kinv
+from tests.utils import replay_env
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_DB = ROOT / "benchmarks" / "results" / "decode_8ab_kinv_h200.db"  # #8a, #8b

@@ -10,8 +10,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -48,9 +46,10 @@ def _populate(d: Path) -> dict:
 
 
 def _kinv(state: Path, *args, columns: int = 80):
+    from tests.utils import kinv_in_process
+
     env = dict(os.environ, KINV_STATE_DIR=str(state), COLUMNS=str(columns), LINES="40", PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "kinv.agent.cli", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return kinv_in_process(env, *args)  # its output piped, as a child's
 
 
 def _flat(text: str) -> str:
