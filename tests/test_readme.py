@@ -7,9 +7,11 @@ shows a command the table does not cover, or the table names one the README no l
 
 Each command runs on replay (``KINV_FORCE_NO_GPU=1``: the answer is the same on a GPU machine) in a copy of the
 project's kernels/, kinv/ and plans/ with its own ``./state``, the way a new user runs it from a fresh clone;
-nothing under the real checkout is written.  Quick commands (no earlier command needed) each run alone in the
-default lane.  The README's blocks also run as the sessions they are, in order, in the slow lane: "Using it"
-(#3a paused, approved, resumed and closed out, then everything after it), the campaign, and Ray.
+nothing under the real checkout is written.  Quick commands (no earlier command needed) each run alone, on a
+fresh clone of their own, in the default lane.  The README's blocks also run as the sessions they are, in order,
+each on a fresh clone of its own, in the slow lane: "Using it" (#3a paused, approved, resumed and closed out,
+then everything after it), the campaign, and Ray.  Those three share nothing, so they start together when the
+module starts and run beside each other and the quick tests (a fixture); each slow test waits for its block.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -131,7 +134,8 @@ def test_the_readme_documents_the_exit_codes_the_table_asserts():
 
 # --------------------------------------------------------------------------- #
 def _project(tmp_path: Path) -> tuple[Path, dict]:
-    """A fresh copy of the project a new user would run from (its own ./state), and the environment for it."""
+    """A fresh copy of the project a new user would run from (its own ./state), and the environment for it (with
+    kinv's kept copies of files of record under ``tmp_path``, never the home dir)."""
     root = tmp_path / "clone"
     root.mkdir()
     skip = shutil.ignore_patterns("__pycache__", "*.kinv-lock")
@@ -145,7 +149,8 @@ def _project(tmp_path: Path) -> tuple[Path, dict]:
         subprocess.run([*git, *step], cwd=root, check=True, capture_output=True)
     env = {k: v for k, v in os.environ.items() if k not in ("KINV_STATE_DIR", "TARGET_CTAS", "COLUMNS")}
     env.update(KINV_CONFIG_DIR=str(root / "kernels" / "configs"), KINV_RECORDINGS=str(ROOT / "kernels" / "recordings"),
-               TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1", PYTHONPATH=os.pathsep.join([str(root), str(ROOT)]))
+               TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1", PYTHONPATH=os.pathsep.join([str(root), str(ROOT)]),
+               XDG_STATE_HOME=str(tmp_path / "xdg-state"))  # fmt: skip
     return root, env
 
 
@@ -168,18 +173,6 @@ def _check(command: str, r: subprocess.CompletedProcess) -> str | None:
     return None
 
 
-def _session(tmp_path: Path, section: str) -> list[str]:
-    root, env = _project(tmp_path)
-    problems = []
-    for command in dict(readme_blocks())[section]:
-        if EXPECT[command][0] < 0:
-            continue
-        problem = _check(command, _run(root, env, command))
-        if problem:
-            problems.append(problem)
-    return problems
-
-
 @pytest.mark.parametrize("command", [c for c, (code, lane, _) in EXPECT.items() if lane == QUICK])
 def test_a_quick_readme_command_works_on_a_fresh_clone(tmp_path, command):
     root, env = _project(tmp_path)
@@ -192,38 +185,131 @@ def test_a_quick_readme_command_works_on_a_fresh_clone(tmp_path, command):
         assert '"mcpServers"' in (root / ".mcp.json").read_text()
 
 
+class _Block(threading.Thread):
+    """One README block run as the session it is, in order, on a fresh clone of its own, in the background: the
+    slow blocks share no state, so they run beside each other (and beside the quick tests) instead of one after
+    another.  ``results`` pairs each command with its run; ``error`` is what stopped the block, if anything."""
+
+    def __init__(self, section: str, where: Path, lock: Path | None = None):
+        super().__init__(name=f"readme-{section.split()[0]}", daemon=True)
+        self.section = section
+        self.root, self.env = _project(where)  # built here, in the main thread: tests change os.environ later
+        self.shipped = (self.root / "kernels" / "configs" / "mla_decode.json").read_bytes()
+        self.lock = lock
+        self.locked = threading.Event()
+        self.results: list[tuple[str, subprocess.CompletedProcess]] = []
+        self.error: BaseException | None = None
+
+    def run(self):
+        try:
+            if self.lock is None:
+                self.locked.set()
+                self._commands()
+                return
+            from filelock import FileLock
+
+            # the Ray block starts a local Ray cluster: it holds the ray lock (tests/conftest.py) while it runs
+            with FileLock(str(self.lock)):
+                self.locked.set()
+                self._commands()
+        except BaseException as exc:  # raised in the test that reads the block
+            self.error = exc
+        finally:
+            self.locked.set()
+
+    def _commands(self):
+        for command in dict(readme_blocks())[self.section]:
+            if EXPECT[command][0] >= 0:
+                self.results.append((command, _run(self.root, self.env, command)))
+
+    def outcome(self) -> tuple[list[str], str]:
+        """(what went wrong, everything the block's commands printed), once the block is done."""
+        self.join()
+        if self.error is not None:
+            raise self.error
+        ran = [c for c, _ in self.results]
+        assert ran == [c for c in dict(readme_blocks())[self.section] if EXPECT[c][0] >= 0], ran
+        return [p for c, r in self.results for p in [_check(c, r)] if p], "".join(r.stdout for _, r in self.results)
+
+
+def _section(prefix: str) -> str:
+    return next(s for s, _ in readme_blocks() if s.startswith(prefix))
+
+
+# the slow tests and the README section each one runs
+SLOW_BLOCKS = {
+    "test_the_using_it_block_runs_as_a_session_on_a_fresh_clone": "Using it",
+    "test_the_campaign_block_runs_as_a_session_on_a_fresh_clone": "Campaigns",
+    "test_the_ray_block_runs_on_cpu_actors": "Many GPUs",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def blocks(request, tmp_path_factory):
+    """The slow blocks this test run selected, started when the module starts (the longest, "Using it", first),
+    each on its own fresh clone; every slow test waits for its own.  Torn down only when all are done."""
+    import importlib.util
+
+    from tests.conftest import _run_root
+
+    wanted = {SLOW_BLOCKS[item.originalname] for item in request.session.items
+              if item.module is request.module and item.originalname in SLOW_BLOCKS}  # fmt: skip
+    if importlib.util.find_spec("ray") is None:
+        wanted.discard("Many GPUs")
+    started: dict[str, _Block] = {}
+    for prefix in [p for p in SLOW_BLOCKS.values() if p in wanted]:
+        lock = _run_root(tmp_path_factory, request.config) / "ray.lock" if prefix == "Many GPUs" else None
+        block = _Block(_section(prefix), tmp_path_factory.mktemp(prefix.split()[0].lower()), lock)
+        block.start()
+        started[prefix] = block
+    for block in started.values():
+        block.locked.wait()  # the Ray block holds the ray lock before the ray test's own turn comes
+    yield started
+    for block in started.values():
+        block.join()
+
+
 @pytest.mark.slow
-def test_the_using_it_block_runs_as_a_session_on_a_fresh_clone(tmp_path):
-    problems = _session(tmp_path, "Using it")
+def test_the_using_it_block_runs_as_a_session_on_a_fresh_clone(blocks):
+    block = blocks["Using it"]
+    problems, _ = block.outcome()
     assert not problems, "\n".join(problems)
+    # its last steps: `kinv revert --to-plan` put the shipped file back, byte for byte
+    assert (block.root / "kernels" / "configs" / "mla_decode.json").read_bytes() == block.shipped
 
 
 @pytest.mark.slow
-def test_the_campaign_block_runs_as_a_session_on_a_fresh_clone(tmp_path):
-    section = next(s for s, _ in readme_blocks() if s.startswith("Campaigns"))
-    root, env = _project(tmp_path)
-    cfg = root / "kernels" / "configs" / "mla_decode.json"
-    before = cfg.read_bytes()
-    problems = []
-    said = ""
-    for command in dict(readme_blocks())[section]:
-        r = _run(root, env, command)
-        problems += [p for p in [_check(command, r)] if p]
-        said += r.stdout
+def test_the_campaign_block_runs_as_a_session_on_a_fresh_clone(blocks):
+    block = blocks["Campaigns"]
+    problems, said = block.outcome()
     assert not problems, "\n".join(problems)
     # the campaign's config was measured against the shipped file, lost everywhere, and nothing was written
     assert "nothing to adopt" in said and "improves on the live file" in said, said[-2000:]
-    assert cfg.read_bytes() == before
+    assert (block.root / "kernels" / "configs" / "mla_decode.json").read_bytes() == block.shipped
+
+
+def _levels(block: _Block) -> dict:
+    """The chosen config per level of the campaign the block ran, as `kinv campaign PLAN --json` prints it."""
+    import json
+
+    command = "kinv campaign plans/7-decode-ceiling.yaml --json"
+    r = next((r for c, r in block.results if c == command), None) or _run(block.root, block.env, command)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return {level: v["config"] for level, v in json.loads(r.stdout)["levels"].items()}
 
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_the_ray_block_runs_on_cpu_actors(tmp_path):
+def test_the_ray_block_runs_on_cpu_actors(blocks):
     pytest.importorskip("ray")
-    section = next(s for s, _ in readme_blocks() if s.startswith("Many GPUs"))
-    root, env = _project(tmp_path)
-    problems = [p for c in dict(readme_blocks())[section] if EXPECT[c][0] >= 0 for p in [_check(c, _run(root, env, c))] if p]
+    block = blocks["Many GPUs"]
+    problems, said = block.outcome()
     assert not problems, "\n".join(problems)
+    # on 2 CPU actors the campaign ends as it does in one process: nothing to adopt, nothing written
+    assert "nothing to adopt" in said and "improves on the live file" in said, said[-2000:]
+    assert (block.root / "kernels" / "configs" / "mla_decode.json").read_bytes() == block.shipped
+    if "Campaigns" in blocks:  # and it chose the single-process campaign's config at every level
+        assert _levels(block) == _levels(blocks["Campaigns"])
 
 
 # --------------------------------------------------------------------------- #
