@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import replay_env, run_kinv
+from tests.utils import kinv_in_process, replay_env, run_kinv
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.ray  # a local Ray cluster: one such test at a time under pytest-xdist
@@ -37,11 +37,55 @@ def _decisions(summary):
             [(w["ws"], w["item"], w["verdicts"], w["finalists"]) for w in summary["workstreams"]])
 
 
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_module_turn):
+    """The address of one local Ray cluster (`ray start --head --block`, 2 CPUs) that this module's tests join with
+    `--ray-address`, started once and stopped (its own processes only) after the module.  It keeps its own temp dir,
+    so a `ray.init()` elsewhere on this machine starts a cluster of its own instead of joining this one."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    ray_cli = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    temp = tempfile.mkdtemp(prefix="kinv-ray-")  # short: Ray's socket paths live under it
+    log = open(Path(temp) / "head.log", "w+")  # noqa: SIM115 - closed below
+    head = subprocess.Popen([ray_cli, "start", "--head", "--block", "--port", str(port), "--num-cpus", "2",
+                             "--include-dashboard", "false", "--temp-dir", temp], env=dict(os.environ, **RAY_ENV),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    address = f"127.0.0.1:{port}"
+    try:
+        t0 = time.time()
+        while "will now block forever" not in Path(log.name).read_text():
+            assert head.poll() is None and time.time() - t0 < 180, Path(log.name).read_text()[-2000:]
+            time.sleep(0.5)
+        yield address
+    finally:
+        head.send_signal(signal.SIGTERM)  # `ray start --block` stops the processes it started
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_two_ray_actors_reach_the_single_process_decisions_and_survive_losing_one(tmp_path):
-    for d in ("local", "ray"):
-        (tmp_path / d).mkdir()
-    local = _campaign(tmp_path, "local")
+def test_two_ray_actors_reach_the_single_process_decisions_and_survive_losing_one(tmp_path, closed_7_source):
+    """kinv starts a local Ray cluster of its own (no --ray-address) with two actors; one dies; the decisions are
+    those of the single-process campaign (the shared closed campaign #7, run under the same flags)."""
+    (tmp_path / "ray").mkdir()
+    local = json.loads((closed_7_source / "run.out").read_text())
     # actor 1 dies (os._exit) the first time it is handed a shard; the driver re-runs that shard on a new actor
     where = f"actor1@{socket.gethostname()}/cpu"
     ray = _campaign(tmp_path, "ray", "--executor", "ray", "--ray-actors", "2", KINV_EXECUTOR_FAULT=f"screen:{where}",
@@ -72,15 +116,16 @@ def test_two_ray_actors_reach_the_single_process_decisions_and_survive_losing_on
 
 
 @pytest.mark.slow
-def test_an_actor_lost_during_an_ab_round_costs_that_round_only(tmp_path):
+def test_an_actor_lost_during_an_ab_round_costs_that_round_only(tmp_path, cluster):
     """Actor 1 dies at its first A/A or A/B round (the first confirmation workstream's); a new actor takes its
     place with the arms reopened, the round runs again, the decisions are the single-process run's (the
     replay serves each round's recorded samples, so a re-run round is the same round), and the close-out
     of that workstream records the loss."""
     (tmp_path / "ray").mkdir()
     where = f"actor1@{socket.gethostname()}/cpu"
-    ray = _campaign(tmp_path, "ray", "--executor", "ray", "--ray-actors", "2", KINV_EXECUTOR_FAULT=f"sample:{where}",
-                    KINV_EXECUTOR_FAULT_MARKER=str(tmp_path / "fault-fired"))  # fmt: skip
+    ray = _campaign(tmp_path, "ray", "--executor", "ray", "--ray-address", cluster, "--ray-actors", "2",
+                    KINV_EXECUTOR_FAULT=f"sample:{where}", KINV_EXECUTOR_FAULT_MARKER=str(tmp_path / "fault-fired"),
+                    **RAY_ENV)  # fmt: skip
     assert (tmp_path / "fault-fired").exists()
     levels, chain = _decisions(ray)
     assert [c[1] for c in chain] == ["BTSWEEP", "JOINT", "STAGES", "WARPS", "final"]
@@ -103,7 +148,7 @@ def test_bad_executor_arguments_are_one_line_and_change_nothing(tmp_path):
     for args, needle in ((["--executor", "dask"], "--executor 'dask' is not valid"),
                          (["--ray-actors", "2"], "need --executor ray"),
                          (["--executor", "ray", "--ray-actors", "0"], "--ray-actors 0")):  # fmt: skip
-        r = run_kinv(env, "campaign", PLAN, "--backend", "replay", *args)
+        r = kinv_in_process(env, "campaign", PLAN, "--backend", "replay", *args)
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "state").exists()
 
@@ -120,9 +165,9 @@ def _plan(tmp_path, change=None) -> str:
 
 
 @pytest.mark.slow
-def test_an_existing_ray_cluster_is_used_through_ray_address_and_left_running(tmp_path):
-    """`--ray-address` joins a cluster someone started (`ray start --head`): the campaign's actors run there,
-    it reaches the single-process decisions, and the cluster is still up when kinv is done."""
+def test_an_existing_ray_cluster_is_used_through_ray_address_and_left_running(tmp_path, cluster):
+    """`--ray-address` joins a cluster someone started (`ray start --head`, the module's): the campaign's actors run
+    there, it reaches the single-process decisions, and the cluster is still up when kinv is done."""
     import os
     import shutil
     import subprocess
@@ -133,36 +178,26 @@ def test_an_existing_ray_cluster_is_used_through_ray_address_and_left_running(tm
 
     plan = _plan(tmp_path, btsweep_only)
     ray_cli = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    head = subprocess.run([ray_cli, "start", "--head", "--port", str(port), "--num-cpus", "2",
-                           "--include-dashboard", "false"], env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
-    assert head.returncode == 0, head.stdout[-1500:] + head.stderr[-1500:]
-    try:
-        for d in ("local", "cluster"):
-            (tmp_path / d).mkdir()
-        r = run_kinv(replay_env(tmp_path / "local", tmp_path / "local" / "state"), "campaign", plan, "--backend",
-                     "replay", "--approval", "auto", "--json", timeout=900)  # fmt: skip
-        assert r.returncode == 0, r.stderr[-2000:]
-        local = json.loads(r.stdout)
-        cenv = replay_env(tmp_path / "cluster", tmp_path / "cluster" / "state", RAY_AUTH_MODE="disabled")
-        r = run_kinv(cenv, "campaign", plan, "--backend", "replay", "--approval", "auto", "--json", "--executor",
-                     "ray", "--ray-address", f"127.0.0.1:{port}", "--ray-actors", "2", timeout=900)  # fmt: skip
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        cluster = json.loads(r.stdout)
-        assert _decisions(cluster) == _decisions(local)
-        assert cluster["workstreams"][0]["executor"] == "ray" and len(cluster["workstreams"][0]["places"]) == 2
-        alive = subprocess.run([ray_cli, "status", "--address", f"127.0.0.1:{port}"], env=env, capture_output=True,
-                               text=True, timeout=120)  # fmt: skip
-        assert alive.returncode == 0, alive.stderr[-1000:]  # kinv disconnected; it did not stop the cluster
-    finally:
-        subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=180)
+    for d in ("local", "cluster"):
+        (tmp_path / d).mkdir()
+    r = run_kinv(replay_env(tmp_path / "local", tmp_path / "local" / "state"), "campaign", plan, "--backend",
+                 "replay", "--approval", "auto", "--json", timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    local = json.loads(r.stdout)
+    cenv = replay_env(tmp_path / "cluster", tmp_path / "cluster" / "state", **RAY_ENV)
+    r = run_kinv(cenv, "campaign", plan, "--backend", "replay", "--approval", "auto", "--json", "--executor",
+                 "ray", "--ray-address", cluster, "--ray-actors", "2", timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    assert _decisions(got) == _decisions(local)
+    assert got["workstreams"][0]["executor"] == "ray" and len(got["workstreams"][0]["places"]) == 2
+    alive = subprocess.run([ray_cli, "status", "--address", cluster], env=dict(os.environ, **RAY_ENV),
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert alive.returncode == 0, alive.stderr[-1000:]  # kinv disconnected; it did not stop the cluster
 
 
 @pytest.mark.slow
-def test_a_driver_killed_mid_campaign_under_ray_resumes_to_the_same_config(tmp_path):
+def test_a_driver_killed_mid_campaign_under_ray_resumes_to_the_same_config(tmp_path, cluster):
     """SIGKILL of the driver while a #7b variant is live on disk, the campaign running on Ray actors; the next
     `kinv campaign --executor ray` restores the file, finishes the chain, and chooses what the unbroken run
     chose at every level."""
@@ -172,11 +207,11 @@ def test_a_driver_killed_mid_campaign_under_ray_resumes_to_the_same_config(tmp_p
     import sys
     import time
 
-    env = replay_env(tmp_path, tmp_path / "state", RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
+    env = replay_env(tmp_path, tmp_path / "state", PYTHONUNBUFFERED="1", **RAY_ENV)
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
     before = cfg.read_bytes()
     args = ["campaign", PLAN, "--backend", "replay", "--approval", "auto-config", "--executor", "ray",
-            "--ray-actors", "2"]  # fmt: skip
+            "--ray-address", cluster, "--ray-actors", "2"]  # fmt: skip
     p = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)  # fmt: skip
     seen, t0, in_7b = "", time.time(), False
@@ -197,13 +232,15 @@ def test_a_driver_killed_mid_campaign_under_ray_resumes_to_the_same_config(tmp_p
 
 
 @pytest.mark.slow
-def test_a_lost_actor_that_cannot_be_replaced_stops_with_one_line_instead_of_waiting(monkeypatch):
+def test_a_lost_actor_that_cannot_be_replaced_stops_with_one_line_instead_of_waiting(monkeypatch, cluster):
     """A node gone with its GPU: the replacement actor finds no room.  The executor waits a bounded time and says
     so in one line (the campaign then stops; `kinv campaign` resumes it later), instead of hanging."""
     from kinv.agent.tools.executor import ExecutorError, RayExecutor
 
     monkeypatch.setenv("KINV_FORCE_NO_GPU", "1")
-    ex = RayExecutor("replay", actors=2)
+    for k, v in RAY_ENV.items():
+        monkeypatch.setenv(k, v)
+    ex = RayExecutor("replay", address=cluster, actors=2)  # the cluster's 2 CPUs: no room for a third actor
     try:
         monkeypatch.setenv("KINV_RAY_PLACE_TIMEOUT_S", "0")  # no actor starts in no time
         with pytest.raises(ExecutorError) as got:
@@ -217,7 +254,7 @@ def test_a_lost_actor_that_cannot_be_replaced_stops_with_one_line_instead_of_wai
 
 
 @pytest.mark.slow
-def test_a_remote_arm_answers_setup_and_sample_like_a_local_one(monkeypatch):
+def test_a_remote_arm_answers_setup_and_sample_like_a_local_one(monkeypatch, cluster):
     """A Ray-hosted arm set up and sampled one level at a time gives the replay's sample for that round, the
     same as the arm opened in this process, and says which actor timed it."""
     from kinv.agent.tools import bench
@@ -230,7 +267,9 @@ def test_a_remote_arm_answers_setup_and_sample_like_a_local_one(monkeypatch):
 
     level = next(lv for lv in load_plan(str(ROOT / PLAN))[0].levels() if lv.label == "b32")
     local = bench.get_backend("replay").open("A0", "mla_decode", seed, env, replica=0)
-    ex = RayExecutor("replay", actors=2)
+    for k, v in RAY_ENV.items():
+        monkeypatch.setenv(k, v)
+    ex = RayExecutor("replay", address=cluster, actors=2)
     try:
         be = ex.measuring_backend()
         assert isinstance(be, bench.Backend)
