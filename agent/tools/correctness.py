@@ -187,14 +187,23 @@ def record(store: Store, ws_id: str | None, experiment: int, result: dict) -> No
     store.event(ws_id, "correctness.failed", reason, {"experiment": experiment})
 
 
-__all__ = ["check", "check_isolated", "default_device", "record"]
+__all__ = ["CHECK_TIMEOUT_S", "check", "check_isolated", "default_device", "failed", "record"]
 
 
 # --------------------------------------------------------------------------- #
 # crash isolation: the check in a child process
 # --------------------------------------------------------------------------- #
+CHECK_TIMEOUT_S = 900.0  # a check that has not answered by then hangs: its process is killed
+
+
+def failed(seed: int, device: str, reason: str, **extra) -> dict:
+    """The result of a check whose process died or refused the job: no level was checked."""
+    return {"ok": False, "levels": [], "seed": seed, "device": device, "dtype": None, "reason": reason, **extra}
+
+
 def check_isolated(kernel: str, config: dict, levels: list[Level], *, seed: int, device: str,
-                   pythonpath: list[str] | None = None, timeout: float = 900, env: dict | None = None) -> dict:  # fmt: skip
+                   pythonpath: list[str] | None = None, timeout: float = CHECK_TIMEOUT_S,
+                   env: dict | None = None) -> dict:  # fmt: skip
     """:func:`check` in a child process, so a variant that crashes (segfault, illegal address, abort)
     or hangs kills only the child; the result then says how it died.  ``pythonpath`` entries go first
     on the child's path (a kernel source snapshot); ``env`` is the plan's environment (the child sees
@@ -214,7 +223,6 @@ def check_isolated(kernel: str, config: dict, levels: list[Level], *, seed: int,
         env["TRITON_INTERPRET"] = "1"
     job = {"kernel": kernel, "config": config, "levels": [lv.to_dict() for lv in levels], "seed": seed,
            "device": device}  # fmt: skip
-    base = {"ok": False, "levels": [], "seed": seed, "device": device, "dtype": None}
     from kinv.agent.tools.worker_client import child_spawn
 
     spawn, child_env = child_spawn()  # the check dies with the run (a kill -9 of kinv leaves no child computing)
@@ -223,15 +231,15 @@ def check_isolated(kernel: str, config: dict, levels: list[Level], *, seed: int,
         proc = subprocess.run([sys.executable, "-P", "-m", "kinv.agent.tools.correctness"], input=json.dumps(job), env=env,
                               capture_output=True, text=True, timeout=timeout, **spawn)  # fmt: skip
     except subprocess.TimeoutExpired:
-        return {**base, "reason": f"the check did not finish within {timeout:.0f} s (hang?)"}
+        return failed(seed, device, f"the check did not finish within {timeout:.0f} s (hang?)")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode == 0 and lines:
         return json.loads(lines[-1])
     rc = proc.returncode
     how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
     tail = next((ln for ln in reversed(proc.stderr.splitlines()) if ln.strip()), "")
-    return {**base, "reason": f"crashed: the check process died ({how})" + (f": {tail[:200]}" if tail else ""),
-            "crashed": True}  # fmt: skip
+    return failed(seed, device, f"crashed: the check process died ({how})" + (f": {tail[:200]}" if tail else ""),
+                  crashed=True)  # fmt: skip
 
 
 def _main() -> int:

@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from kinv.agent.tools import protocol
+from kinv.agent.tools import correctness, protocol
 from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, NoDevice, VariantFailed, gpu_visible, kernel_hash
 from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
 from kinv.kernels.adapter import Level, import_path
@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 REUSE_ENV = "KINV_REUSE_WORKERS"  # "0": every arm starts a worker of its own (the way to measure what reuse saves)
 MAX_IDLE = 8  # workers kept between arms; beyond, the oldest is stopped
 MAX_IDLE_S = 600.0  # a worker idle longer is stopped at the next arm's start
-CHECK_TIMEOUT_S = 900.0  # a correctness check that has not answered by then hangs: its worker is killed
 
 
 class WorkerPool:
@@ -221,16 +220,15 @@ class CudaBackend(Backend):
             worker = WorkerProcess(env=env_s, label="check", pythonpath=pythonpath)
             self.pool.started += 1
         worker.label = "check"  # it has answered once it is given back: an arm then takes it before a warm one
-        base = {"ok": False, "levels": [], "seed": seed, "device": device, "dtype": None}
         try:
-            result = worker.request("check", timeout=CHECK_TIMEOUT_S, kernel=kernel, config=config,
+            result = worker.request("check", timeout=correctness.CHECK_TIMEOUT_S, kernel=kernel, config=config,
                                     levels=[lv.to_dict() for lv in levels], seed=seed, device=device)["result"]  # fmt: skip
         except WorkerCrashed as exc:
             worker.close()
-            return {**base, "reason": f"crashed: the check process died ({exc})", "crashed": True}
+            return correctness.failed(seed, device, f"crashed: the check process died ({exc})", crashed=True)
         except WorkerError as exc:
             worker.close()
-            return {**base, "reason": f"the check failed: {exc}"}
+            return correctness.failed(seed, device, f"the check failed: {exc}")
         log.info("check of %d level(s) in worker pid %d: %.2f s", len(levels), worker.pid, time.perf_counter() - t0)
         if result.get("ok"):
             self.pool.give(key, worker)
