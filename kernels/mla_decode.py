@@ -36,7 +36,7 @@ The launch configuration (BLOCK_T, BLOCK_H, num_warps, num_stages) is data:
 ``kernels/configs/mla_decode.json``, validated by ``kernels.launch_config``.
 The number of splits comes from TARGET_CTAS via :func:`num_kv_splits`.
 
-Two optional tunables (workstream #8a, issue 14), each off by default so that a
+Two optional tunables, each off by default so that a
 config without them runs the seed's kernel:
 
 * ``CTAS_PER_SM`` k > 0: the split count is sized to whole waves of k resident
@@ -47,7 +47,7 @@ config without them runs the seed's kernel:
 With bulk loads, every split's last, partial tile is peeled off its loop (the
 loop's tiles need no mask); stage 2 merges up to STAGE2_BLOCK_S splits per load.
 
-Workstream #9a (issue 14): stage 1 keeps the value columns in two halves (two
+Stage 1 keeps the value columns in two halves (two
 [BLOCK_H, D_V/2] accumulators and two operands per tile instead of one of each),
 and the gathering path has one loop body for every tile (the partial last tile
 clamps its rows and masks its scores) instead of a second, peeled copy; both

@@ -61,7 +61,7 @@ def test_a_baseline_snapshot_shadows_the_live_kernel_package_in_a_child_started_
     shutil.copytree(ROOT / "kernels", snap / "kinv" / "kernels", ignore=shutil.ignore_patterns("__pycache__",
                                                                                              "recordings"))
     f = snap / "kinv" / "kernels" / "mla_decode.py"
-    f.write_text(f.read_text() + "\n# the snapshot's own bytes\n")
+    f.write_text(f.read_text() + "\nSNAPSHOT_OWN_CODE = 1\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(snap), IMPORT_ROOT]))
     code = ("import kinv.kernels.mla_decode as m\nfrom kinv.agent.tools import bench_worker as w\n"
             "from kinv.kernels.adapter import get_adapter\n"

@@ -54,12 +54,46 @@ MIN_SAMPLE_MS = 25.0  # a sample's replays should dwarf the fixed cost of a requ
 MAX_LAUNCHES = 512
 
 
+def code_text(text: str) -> str:
+    """A Python file's code without what never runs: comments, docstrings, blank lines and trailing spaces.
+
+    Rewording a docstring or a comment leaves a file's hash, and so the recordings keyed by it, as they were;
+    any change to code changes it.  Positions come from ``tokenize`` (comments) and ``ast`` (docstrings),
+    which agree across Python versions, so a GPU worker and a CPU machine hash the same file alike.  Text
+    that does not parse is returned whole (hashed byte for byte)."""
+    import ast
+    import io
+    import tokenize
+
+    try:
+        tree = ast.parse(text)
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (SyntaxError, tokenize.TokenError, ValueError):
+        return text
+    cuts = [(t.start, t.end) for t in tokens if t.type == tokenize.COMMENT]
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                cuts.append(((first.lineno, first.col_offset), (first.end_lineno, first.end_col_offset)))
+    lines = text.splitlines()
+    for (r0, c0), (r1, c1) in sorted(cuts, reverse=True):
+        head, tail = lines[r0 - 1][:c0], lines[r1 - 1][c1:]
+        lines[r0 - 1 : r1] = [head + tail]
+    return "\n".join(line.rstrip() for line in lines if line.strip())
+
+
 def file_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    """Hash of a file as it runs: a Python file's code (:func:`code_text`), any other file's bytes."""
+    data = path.read_bytes()
+    if path.suffix == ".py":
+        data = code_text(data.decode("utf-8", errors="surrogateescape")).encode("utf-8", errors="surrogateescape")
+    return hashlib.sha256(data).hexdigest()[:12]
 
 
 def harness_hash() -> str:
-    """Hash of the timing harness itself (this file)."""
+    """Hash of the timing harness itself (this file's code)."""
     return file_hash(Path(__file__))
 
 
@@ -90,11 +124,12 @@ def reference_hash(adapter, root: Path | None = None) -> str:
 
 
 def kernel_source_hash(adapter, root: Path | None = None) -> str:
-    """Hash of the kernel's source files as they are on disk (what a source patch changes)."""
+    """Hash of the kernel's source files' code as it is on disk (what a source patch changes; a comment or a
+    docstring does not: :func:`code_text`)."""
     root = root or adapter.root()
     h = hashlib.sha256()
     for f in adapter.kernel_files:
-        h.update((root / f).read_bytes())
+        h.update(file_hash(root / f).encode())
     return h.hexdigest()[:12]
 
 

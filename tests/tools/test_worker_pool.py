@@ -23,7 +23,7 @@ def test_a_worker_is_kept_only_for_arms_with_its_environment_import_path_and_ker
     assert worker_key(kernel, {"TARGET_CTAS": "512"}, None) == base
     assert worker_key(kernel, {"TARGET_CTAS": "1024"}, None) != base  # another environment: another process
     assert worker_key(kernel, {"TARGET_CTAS": "512"}, [str(tmp_path / "snapshot")]) != base  # a snapshot first
-    (src / PKG / "kernel.py").write_text((src / PKG / "kernel.py").read_text() + "\n# a source patch\n")
+    (src / PKG / "kernel.py").write_text((src / PKG / "kernel.py").read_text() + "\nPATCHED = 1  # a source patch\n")
     assert worker_key(kernel, {"TARGET_CTAS": "512"}, None) != base  # the source changed since that worker began
 
 

@@ -1,0 +1,56 @@
+"""A kernel's source hash keys its recordings: rewording a comment or a docstring keeps it, so replay still
+serves what was measured; changing code changes it, so replay refuses to serve another kernel's samples."""
+
+from __future__ import annotations
+
+import shutil
+
+from kinv.agent.tools import bench_worker
+from kinv.agent.tools.backends.replay_index import Recording
+from kinv.kernels.adapter import get_adapter
+
+SRC = '''"""Module docstring."""
+import math  # a comment
+
+
+def scale(x):
+    """Twice x."""
+    # why twice
+    return 2 * x   
+'''
+
+
+def test_comments_docstrings_blank_lines_and_trailing_spaces_do_not_count():
+    h = bench_worker.code_text
+    reworded = SRC.replace("Twice x.", "Double x,\n    on two lines.").replace("# why twice", "# because")
+    assert h(reworded) == h(SRC)
+    assert h(SRC.replace('"""Module docstring."""\n', "")) == h(SRC)
+    assert h(SRC.replace("import math  # a comment\n", "import math\n\n\n")) == h(SRC)
+    assert "#" not in h(SRC) and "Twice" not in h(SRC)
+
+
+def test_any_change_to_code_counts():
+    h = bench_worker.code_text
+    assert h(SRC.replace("2 * x", "3 * x")) != h(SRC)
+    assert h(SRC.replace("    return", "    y = 1\n    return")) != h(SRC)
+    # a string that is not a docstring is code, and so is a '#' inside one
+    assert h(SRC.replace("return 2 * x", 'return "#" + str(x)')) != h(SRC.replace("return 2 * x", "return str(x)"))
+    assert h("def f(:\n  # broken\n") == "def f(:\n  # broken\n"  # text that does not parse is hashed whole
+
+
+def test_the_kernel_with_a_reworded_docstring_keeps_its_recordings(tmp_path):
+    adapter = get_adapter("mla_decode")
+    root = tmp_path / "kinv"
+    shutil.copytree(adapter.root() / "kernels", root / "kernels", ignore=shutil.ignore_patterns("recordings"))
+    live = bench_worker.kernel_source_hash(adapter)
+    src = root / "kernels" / "mla_decode.py"
+    text = src.read_text()
+    src.write_text(text.replace('"""', '"""Reworded. ', 1).replace("\n\n", "\n\n# a new comment\n\n", 1))
+    assert bench_worker.kernel_source_hash(adapter, root=root) == live
+    src.write_text(text.replace("LOG2E = 1.4426950408889634", "LOG2E = 1.4426950408889"))
+    assert bench_worker.kernel_source_hash(adapter, root=root) != live
+    # the shipped recordings are keyed by the live source's hash, so replay serves them
+    rec = Recording(sorted((adapter.root() / "kernels" / "recordings").glob("*/mla_decode-*.jsonl.gz")),
+                           "mla_decode")
+    assert rec.headers[0]["kernel_hash"] == live
+
