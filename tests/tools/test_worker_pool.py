@@ -142,3 +142,36 @@ def test_an_arm_takes_a_worker_that_has_answered_before_one_still_starting():
         warm.close()
         used.close()
         pool.close()
+
+
+def test_a_request_of_no_key_takes_the_last_kept_ready_worker_and_never_a_starting_one():
+    pool = WorkerPool()
+    warm, old, last = WorkerProcess(label="warm"), WorkerProcess(label="a"), WorkerProcess(label="b")
+    try:
+        pool.give(("k1",), old)
+        pool.give(("k2",), last)
+        pool.give(("k3",), warm)
+        assert pool.take_any() == (("k2",), last)  # the one kept last, with its key to give it back under
+        old.proc.kill()
+        old.proc.wait()
+        assert pool.take_any() is None  # the dead one is dropped; a warm one may still be importing torch
+        assert pool.take(("k3",)) is warm
+    finally:
+        for w in (warm, old, last):
+            w.close()
+        pool.close()
+
+
+@pytest.mark.gpu
+def test_the_close_outs_copy_bandwidth_is_measured_in_a_kept_worker(monkeypatch):
+    from kinv.agent.tools.backends.cuda import CudaBackend
+
+    monkeypatch.setattr(cuda, "POOL", WorkerPool())
+    be = CudaBackend()
+    level = get_adapter("mla_decode").level(LEVEL)
+    assert be.check("mla_decode", SEED_CFG, [level], seed=3, device="cuda", env={})["ok"]
+    started = be.pool.started
+    gbps = be.copy_bandwidth()
+    assert 500 < gbps < 20000 and be.pool.started == started  # no new process
+    assert be.pool.count(worker_key("mla_decode", {}, None)) == 1  # given back for the next arm
+    be.close()

@@ -58,6 +58,16 @@ class WorkerPool:
             w.close()
         return None
 
+    def take_any(self) -> tuple[tuple, WorkerProcess] | None:
+        """A ready worker of any key, with its key, for a request that depends on none (the GPU's copy
+        bandwidth): the one kept last."""
+        for x in reversed([x for x in self._idle if x[1].label != "warm"]):
+            self._idle.remove(x)
+            if x[1].proc.poll() is None:
+                return x[0], x[1]
+            x[1].close()
+        return None
+
     def count(self, key: tuple) -> int:
         return sum(1 for k, *_ in self._idle if k == key)
 
@@ -237,7 +247,19 @@ class CudaBackend(Backend):
         return result
 
     def copy_bandwidth(self) -> float:
+        """The GPU's device-to-device copy bandwidth, measured once per backend, in a kept worker when there is
+        one (the close-out asks after the last A/B: a new process would spend seconds importing torch)."""
         if self._copy is None:
-            with WorkerProcess(label="copy") as w:
-                self._copy = w.request("copy_bandwidth", mib=2048)["gbps"]
+            kept = self.pool.take_any() if self.pool is not None else None
+            if kept is None:
+                with WorkerProcess(label="copy") as w:
+                    self._copy = w.request("copy_bandwidth", mib=2048)["gbps"]
+            else:
+                key, w = kept
+                try:
+                    self._copy = w.request("copy_bandwidth", mib=2048)["gbps"]
+                except (WorkerCrashed, WorkerError):
+                    w.close()
+                    raise
+                self.pool.give(key, w)
         return self._copy
