@@ -44,6 +44,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -84,12 +85,21 @@ def code_text(text: str) -> str:
     return "\n".join(line.rstrip() for line in lines if line.strip())
 
 
+_PARSE_LOCK = threading.Lock()  # CPython 3.11's ast.parse is not safe in threads at once (arms open in threads)
+_CODE_HASHES: dict[bytes, str] = {}  # a file's bytes digest -> its code hash (a file is parsed once per content)
+
+
 def file_hash(path: Path) -> str:
     """Hash of a file as it runs: a Python file's code (:func:`code_text`), any other file's bytes."""
     data = path.read_bytes()
-    if path.suffix == ".py":
-        data = code_text(data.decode("utf-8", errors="surrogateescape")).encode("utf-8", errors="surrogateescape")
-    return hashlib.sha256(data).hexdigest()[:12]
+    if path.suffix != ".py":
+        return hashlib.sha256(data).hexdigest()[:12]
+    digest = hashlib.sha256(data).digest()
+    with _PARSE_LOCK:
+        if digest not in _CODE_HASHES:
+            code = code_text(data.decode("utf-8", errors="surrogateescape"))
+            _CODE_HASHES[digest] = hashlib.sha256(code.encode("utf-8", errors="surrogateescape")).hexdigest()[:12]
+        return _CODE_HASHES[digest]
 
 
 def harness_hash() -> str:
@@ -103,7 +113,8 @@ def source_on_disk(path: Path, qualname: str) -> str:
 
     try:
         text = path.read_text()
-        nodes = ast.parse(text).body
+        with _PARSE_LOCK:
+            nodes = ast.parse(text).body
     except (OSError, SyntaxError) as exc:
         return f"<{path.name} unreadable: {type(exc).__name__}>"
     node = None

@@ -54,3 +54,19 @@ def test_the_kernel_with_a_reworded_docstring_keeps_its_recordings(tmp_path):
                            "mla_decode")
     assert rec.headers[0]["kernel_hash"] == live
 
+
+
+def test_arms_opening_in_threads_hash_the_kernel_alike_and_without_error():
+    """Arms open in threads; each asks for the kernel's hash (CPython 3.11's parser is not safe in threads at
+    once: unguarded, this raised SystemError inside a run)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    adapter = get_adapter("mla_decode")
+    expected = bench_worker.kernel_source_hash(adapter)
+
+    def one(_):
+        bench_worker._CODE_HASHES.clear()  # parse again, as a first open would
+        return bench_worker.kernel_source_hash(adapter)
+
+    with ThreadPoolExecutor(8) as ex:
+        assert set(ex.map(one, range(64))) == {expected}
