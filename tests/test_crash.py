@@ -7,9 +7,9 @@
   file was replaced and before ``applied`` was journaled, is among them and has
   its own test.
 * End to end: benchmarks/crash_harness.py kills `kinv run` of a small 3a plan
-  at 100 random points (KINV_CRASH_KILLS changes the number) and checks every
-  recovery and every finished investigation's verdicts against an
-  uninterrupted run.
+  at 40 random points (KINV_CRASH_KILLS changes the number; the harness's own
+  command, in benchmarks/RESULTS.md, runs 100) and checks every recovery and
+  every finished investigation's verdicts against an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -165,9 +165,9 @@ def _harness():
     return mod
 
 
-def test_100_random_sigkills_across_investigations_recover_and_reach_the_same_verdicts(tmp_path):
+def test_random_sigkills_across_investigations_recover_and_reach_the_same_verdicts(tmp_path):
     harness = _harness()
-    kills = int(os.environ.get("KINV_CRASH_KILLS", "100"))
+    kills = int(os.environ.get("KINV_CRASH_KILLS", "40"))
     lanes = max(1, min(4, (os.cpu_count() or 1) + 1))  # one more than the cores: runs wait on fsync too
     summary = harness.run_harness(kills=kills, lanes=lanes, seed=int(os.environ.get("KINV_CRASH_SEED", "0")),
                                   work=tmp_path / "crash", log=lambda *a, **k: None)  # fmt: skip
