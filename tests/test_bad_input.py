@@ -23,6 +23,7 @@ breakdown (``pytest -rP tests/test_bad_input.py`` shows it).
 
 from __future__ import annotations
 
+import atexit
 import copy
 import hashlib
 import io
@@ -1176,6 +1177,7 @@ def STATE_TEMPLATE() -> Path:  # noqa: N802 - a module constant, made on first u
         from kinv.agent.store import Store
 
         d = Path(tempfile.mkdtemp(prefix="kinv-bad-state-")) / "state"
+        atexit.register(shutil.rmtree, d.parent, True)  # the template outlives each test, not the run
         s = Store(d)
         s.upsert_workstream({"id": "#3a", "title": "t", "kernel": "mla_decode", "plan_path": str(PLAN), "status": "open"})
         s.conn.close()
