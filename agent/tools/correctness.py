@@ -67,6 +67,13 @@ def _poison(out) -> None:
             t.fill_(float("nan"))
 
 
+def _clone(out):
+    """A copy of a launch's output (a tensor or a list/tuple of them), so the next mode can reuse the buffer."""
+    if isinstance(out, list | tuple):
+        return type(out)(_clone(o) for o in out)
+    return out.clone() if hasattr(out, "clone") else out
+
+
 def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, device: str, dtype) -> dict:
     run = adapter.stand_in(level, device)
     params = adapter.params_for(config, level)  # the level's own parameters (overrides by real batch)
@@ -81,12 +88,15 @@ def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, 
         return {**entry, "reason": f"inputs failed: {_first_line(exc)}"}
     try:
         outs_by_mode = []
+        modes = adapter.check_modes()
         takes_out = "out" in inspect.signature(adapter.launch).parameters
-        for mode in adapter.check_modes():
-            out, _compiled = adapter.launch(inputs, params, **mode)
-            if takes_out:  # poison, then launch into it: a kernel that writes nothing leaves NaN, never an
-                _poison(out)  # earlier correct result (buffer reuse is a known benchmark exploit)
-                out, _compiled = adapter.launch(inputs, params, out=out, **mode)
+        buffer = adapter.launch(inputs, params, **modes[0])[0] if takes_out else None  # sizes the output
+        for mode in modes:
+            if takes_out:  # poison, then launch into it: a mode that writes nothing leaves NaN, never an
+                _poison(buffer)  # earlier correct result (buffer reuse is a known benchmark exploit)
+                out = _clone(adapter.launch(inputs, params, out=buffer, **mode)[0])
+            else:
+                out = adapter.launch(inputs, params, **mode)[0]
             outs_by_mode.append((mode, out))
         if device != "cpu":
             import torch

@@ -57,6 +57,28 @@ class SpyAdapter(MLADecodeAdapter):
         return self.reference(inputs).to(inputs["q"].dtype), None
 
 
+class LazyInOneModeAdapter(MLADecodeAdapter):
+    """Writes nothing in the one-split mode when handed an output: whatever the buffer held comes back."""
+
+    def __init__(self):
+        self.launches = 0
+
+    def launch(self, inputs, params, out=None, scratch=None, **mode):
+        self.launches += 1
+        if out is not None and mode.get("target_ctas") == 1:
+            return out, None
+        return super().launch(inputs, params, out=out, scratch=scratch, **mode)
+
+
+def test_every_launch_mode_writes_into_a_poisoned_buffer_so_a_mode_that_writes_nothing_is_caught():
+    lazy = LazyInOneModeAdapter()
+    r = correctness.check(lazy, BASE, [LEVEL], seed=3, device="cpu")
+    assert not r["ok"]
+    assert "not finite" in r["reason"] and "target_ctas=1" in r["reason"], r["reason"]
+    # one launch sizes the buffer, then one per mode (the plain split count, one split)
+    assert lazy.launches == 1 + len(lazy.check_modes())
+
+
 def test_stand_in_levels_are_small():
     big = lvl(96, 4096, "v3", 16, 64)
     assert ADAPTER.stand_in(big, "cpu") == lvl(2, 64, "v3", 16, 16)

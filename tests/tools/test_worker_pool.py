@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from kinv.agent.tools import worker_pool
 from kinv.agent.tools.backends import cuda
-from kinv.agent.tools.backends.cuda import WorkerPool, worker_key
 from kinv.agent.tools.worker_client import WorkerError, WorkerProcess
+from kinv.agent.tools.worker_pool import WorkerPool, worker_key
 from kinv.kernels.adapter import get_adapter
 from tests.test_plugin import _write_package
 
@@ -46,7 +47,7 @@ def test_the_pool_hands_back_a_live_worker_under_its_own_key_only():
 
 
 def test_the_pool_keeps_a_bounded_number_of_workers_and_stops_them_on_close(monkeypatch):
-    monkeypatch.setattr(cuda, "MAX_IDLE", 2)
+    monkeypatch.setattr(worker_pool, "MAX_IDLE", 2)
     pool = WorkerPool()
     workers = [WorkerProcess(label=f"w{i}") for i in range(3)]
     for i, w in enumerate(workers):
@@ -175,3 +176,27 @@ def test_the_close_outs_copy_bandwidth_is_measured_in_a_kept_worker(monkeypatch)
     assert 500 < gbps < 20000 and be.pool.started == started  # no new process
     assert be.pool.count(worker_key("mla_decode", {}, None)) == 1  # given back for the next arm
     be.close()
+
+
+def test_the_cpu_checks_of_a_run_share_one_kept_checker_and_a_failed_check_keeps_none(monkeypatch):
+    from kinv.agent.tools.backends.replay import ReplayBackend
+
+    monkeypatch.setattr(worker_pool, "CHECKERS", WorkerPool())
+    be = ReplayBackend()
+    level = get_adapter("mla_decode").level({**LEVEL, "context": 40})
+    first = be.check("mla_decode", SEED_CFG, [level], seed=1, device="cpu", env={"TARGET_CTAS": "64"})
+    second = be.check("mla_decode", {**SEED_CFG, "num_warps": 8}, [level], seed=2, device="cpu",
+                      env={"TARGET_CTAS": "64"})  # fmt: skip
+    assert first["ok"] and second["ok"] and first["dtype"] == second["dtype"] == "float16"
+    assert first["levels"][0]["seed"] != second["levels"][0]["seed"]  # each check draws inputs of its own
+    pool = worker_pool.CHECKERS
+    assert (pool.started, pool.reused) == (1, 1)  # the second check ran in the process the first left
+    key = worker_key("mla_decode", {"TARGET_CTAS": "64", "TRITON_INTERPRET": "1"}, None)
+    assert pool.count(key) == 1
+    other = be.check("mla_decode", SEED_CFG, [level], seed=3, device="cpu", env={"TARGET_CTAS": "128"})
+    assert other["ok"] and pool.started == 2  # another environment: a process of its own
+    bad = be.check("mla_decode", {**SEED_CFG, "BLOCK_H": 24}, [level], seed=4, device="cpu", env={"TARGET_CTAS": "64"})
+    assert not bad["ok"] and "BLOCK_H=24 is invalid" in bad["reason"]
+    assert pool.count(key) == 0  # the process of a failed check is never kept
+    be.close()
+    assert pool.count(worker_key("mla_decode", {"TARGET_CTAS": "128", "TRITON_INTERPRET": "1"}, None)) == 0

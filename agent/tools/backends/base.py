@@ -114,7 +114,10 @@ class Backend(ABC):
         return None
 
     def close(self) -> None:
-        """Stop what the backend keeps between measurements (the cuda backend's kept workers)."""
+        """Stop what the backend keeps between measurements (kept check processes; the cuda backend's workers)."""
+        from kinv.agent.tools import worker_pool
+
+        worker_pool.CHECKERS.close()
 
     def warm(self, kernel: str, env: dict, n: int) -> None:
         """Begin starting ``n`` arms' processes for ``kernel`` in ``env`` now, so that arms opened later find
@@ -123,11 +126,24 @@ class Backend(ABC):
     def check(self, kernel: str, config: dict, levels: list[Level], *, seed: int, device: str, env: dict,
               pythonpath: list[str] | None = None) -> dict:  # fmt: skip
         """The correctness gate for ``config`` at ``levels`` (:func:`~kinv.agent.tools.correctness.check`'s
-        result), crash-isolated: here in a child process of its own, which sees ``env``."""
-        from kinv.agent.tools import correctness
+        result), crash-isolated in a child process that sees ``env``: one kept from an earlier check of this
+        run with the same environment, import path and kernel source when :meth:`check_pool` has one (a
+        passed check leaves its process for the next; a failed one ends it), else one of its own."""
+        from kinv.agent.tools import correctness, worker_pool
 
+        pool = self.check_pool(device)
+        if pool is not None:
+            return worker_pool.check_in_worker(pool, kernel, config, levels, seed=seed, device=device, env=env,
+                                               pythonpath=pythonpath)  # fmt: skip
         return correctness.check_isolated(kernel, config, levels, seed=seed, device=device, env=env,
                                           pythonpath=pythonpath)  # fmt: skip
+
+    def check_pool(self, device: str):
+        """Where checks on ``device`` keep their processes: on CPU one pool per process (the interpreter's
+        imports take seconds), None with ``KINV_REUSE_WORKERS=0``."""
+        from kinv.agent.tools import worker_pool
+
+        return worker_pool.CHECKERS if device == "cpu" and worker_pool.reuse() else None
 
     def describe(self) -> str:
         return self.name

@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import time
 from pathlib import Path
 
-from kinv.agent.tools import correctness, protocol
-from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, NoDevice, VariantFailed, gpu_visible, kernel_hash
+from kinv.agent.tools import protocol
+from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, NoDevice, VariantFailed, gpu_visible
 from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
-from kinv.kernels.adapter import Level, import_path
+from kinv.agent.tools.worker_pool import MAX_IDLE, POOL, REUSE_ENV, WorkerPool, check_in_worker, reuse, worker_key
+from kinv.kernels.adapter import Level
 
 
 def _recorded() -> str:
@@ -23,77 +22,6 @@ def _recorded() -> str:
     return f"the samples recorded on {', '.join(gpus)} ({where})" if gpus else "recorded samples (KINV_RECORDINGS)"
 
 log = logging.getLogger(__name__)
-
-REUSE_ENV = "KINV_REUSE_WORKERS"  # "0": every arm starts a worker of its own (the way to measure what reuse saves)
-MAX_IDLE = 8  # workers kept between arms; beyond, the oldest is stopped
-MAX_IDLE_S = 600.0  # a worker idle longer is stopped at the next arm's start
-
-
-class WorkerPool:
-    """Benchmark workers kept between the arms of one process's measurements (a workstream's env check, A/A and
-    A/Bs; a campaign's screenings and confirmations).  A worker is kept under what fixed it when it started: its
-    environment, the import path in front of kinv (a baseline snapshot) and the kernel source on disk.  A source
-    patch therefore never meets a worker that imported the source before it.  A kept worker holds its CUDA
-    context and compiled kernels, not its buffers: an arm's levels are dropped when the arm closes, and every
-    sample re-draws its memory placement as before."""
-
-    def __init__(self):
-        self._idle: list[tuple[tuple, WorkerProcess, float]] = []  # (key, worker, kept since)
-        self.started = 0
-        self.reused = 0
-
-    def take(self, key: tuple) -> WorkerProcess | None:
-        now = time.time()
-        for x in [x for x in self._idle if now - x[2] > MAX_IDLE_S]:
-            self._idle.remove(x)
-            x[1].close()  # a long-lived process (an MCP server) does not hold GPU contexts it no longer uses
-        # a worker that has answered a request is ready; one started ahead of time ("warm") may still be importing
-        mine = sorted((x for x in self._idle if x[0] == key), key=lambda x: x[1].label == "warm")
-        for x in mine:
-            self._idle.remove(x)
-            w = x[1]
-            if w.proc.poll() is None:
-                self.reused += w.label != "warm"
-                return w
-            w.close()
-        return None
-
-    def take_any(self) -> tuple[tuple, WorkerProcess] | None:
-        """A ready worker of any key, with its key, for a request that depends on none (the GPU's copy
-        bandwidth): the one kept last."""
-        for x in reversed([x for x in self._idle if x[1].label != "warm"]):
-            self._idle.remove(x)
-            if x[1].proc.poll() is None:
-                return x[0], x[1]
-            x[1].close()
-        return None
-
-    def count(self, key: tuple) -> int:
-        return sum(1 for k, *_ in self._idle if k == key)
-
-    def give(self, key: tuple, worker: WorkerProcess) -> None:
-        if worker.proc.poll() is not None:
-            worker.close()
-            return
-        self._idle.append((key, worker, time.time()))
-        while len(self._idle) > MAX_IDLE:
-            self._idle.pop(0)[1].close()
-
-    def close(self) -> None:
-        idle, self._idle = self._idle, []
-        for _k, w, _since in idle:
-            w.close()
-
-
-POOL = WorkerPool()
-atexit.register(POOL.close)
-
-
-def worker_key(kernel: str, env: dict[str, str], pythonpath: list[str] | None) -> tuple:
-    """What a worker's start fixes, and a later arm must share to take it: the environment, the folders in
-    front of kinv on its import path (a baseline snapshot, a plugin's folder) and the kernel's source on disk."""
-    return (tuple(sorted(env.items())), tuple(pythonpath or ()), tuple(import_path()), kernel_hash(kernel))
-
 
 class CudaArm(Arm):
     def __init__(self, name, kernel, config, env, pythonpath=None, pool: WorkerPool | None = None):
@@ -198,7 +126,7 @@ class CudaBackend(Backend):
             raise NoDevice(f"--backend cuda: no CUDA GPU visible; use --backend replay to serve {_recorded()}")
         self._copy = None
         # one pool per process (one GPU): a campaign's screenings and its workstreams keep workers for each other
-        self.pool = POOL if os.environ.get(REUSE_ENV, "1") != "0" else None
+        self.pool = POOL if reuse() else None
 
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
         return CudaArm(name, kernel, config, env, pythonpath, pool=self.pool)
@@ -206,6 +134,7 @@ class CudaBackend(Backend):
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+        super().close()
 
     def warm(self, kernel: str, env: dict, n: int) -> None:
         if self.pool is None:
@@ -216,35 +145,10 @@ class CudaBackend(Backend):
             self.pool.started += 1
             self.pool.give(key, WorkerProcess(env=env_s, label="warm"))
 
-    def check(self, kernel, config, levels, *, seed, device, env, pythonpath=None) -> dict:
-        """The check in a benchmark worker of the arms that follow (a kept one when there is one): the worker
-        starts once and has compiled the config before it is timed.  Crash-isolated as before: a crash or hang
-        ends that worker only, and a worker whose check did not pass is never kept."""
-        if self.pool is None or device != "cuda":
-            return super().check(kernel, config, levels, seed=seed, device=device, env=env, pythonpath=pythonpath)
-        env_s = {k: str(v) for k, v in env.items()}
-        key = worker_key(kernel, env_s, pythonpath)
-        t0 = time.perf_counter()
-        worker = self.pool.take(key)
-        if worker is None:
-            worker = WorkerProcess(env=env_s, label="check", pythonpath=pythonpath)
-            self.pool.started += 1
-        worker.label = "check"  # it has answered once it is given back: an arm then takes it before a warm one
-        try:
-            result = worker.request("check", timeout=correctness.CHECK_TIMEOUT_S, kernel=kernel, config=config,
-                                    levels=[lv.to_dict() for lv in levels], seed=seed, device=device)["result"]  # fmt: skip
-        except WorkerCrashed as exc:
-            worker.close()
-            return correctness.failed(seed, device, f"crashed: the check process died ({exc})", crashed=True)
-        except WorkerError as exc:
-            worker.close()
-            return correctness.failed(seed, device, f"the check failed: {exc}")
-        log.info("check of %d level(s) in worker pid %d: %.2f s", len(levels), worker.pid, time.perf_counter() - t0)
-        if result.get("ok"):
-            self.pool.give(key, worker)
-        else:
-            worker.close()
-        return result
+    def check_pool(self, device: str) -> WorkerPool | None:
+        """On the GPU the check runs in a benchmark worker of the arms that follow (a kept one when there is
+        one): the worker starts once and has compiled the config before it is timed."""
+        return self.pool if device == "cuda" else super().check_pool(device)
 
     def copy_bandwidth(self) -> float:
         """The GPU's device-to-device copy bandwidth, measured once per backend, in a kept worker when there is
@@ -263,3 +167,6 @@ class CudaBackend(Backend):
                     raise
                 self.pool.give(key, w)
         return self._copy
+
+
+__all__ = ["MAX_IDLE", "POOL", "REUSE_ENV", "CudaArm", "CudaBackend", "WorkerPool", "check_in_worker", "worker_key"]

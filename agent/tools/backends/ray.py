@@ -138,6 +138,7 @@ class RayBackend(Backend):
     def close(self) -> None:
         for arm in list(self.arms.values()):
             self.close_arm(arm)
+        super().close()
 
     # -- levels ----------------------------------------------------------------------------------------
     def _own(self, levels) -> dict[int, list]:

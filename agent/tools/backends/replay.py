@@ -57,7 +57,7 @@ class ReplayBackend(Backend):
                               + "; point KINV_RECORDINGS at a directory of *.jsonl.gz recordings, or record them "
                               "with benchmarks/record.py")
         self.files = files
-        self.recording = Recording(files)
+        self.recording = Recording.load(files)
         self._by_kernel: dict[str, Recording] = {}
         fp = self.recording.fingerprint
         self.loud = (
@@ -68,7 +68,7 @@ class ReplayBackend(Backend):
     def for_kernel(self, kernel: str) -> Recording:
         name = get_adapter(kernel).name
         if name not in self._by_kernel:
-            self._by_kernel[name] = Recording(self.files, name)
+            self._by_kernel[name] = Recording.load(self.files, name)
         return self._by_kernel[name]
 
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:

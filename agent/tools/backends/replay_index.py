@@ -9,6 +9,8 @@ from pathlib import Path
 from kinv.agent.tools.backends.base import RECORDINGS, BackendError, NoRecording
 from kinv.kernels.launch_config import config_hash, describe
 
+_LOADED: dict[tuple, Recording] = {}  # (files with their size and mtime, kernel) -> its parsed Recording
+
 
 class Recording:
     """All recorded samples of one directory (benchmarks/record.py), indexed by slot and level.
@@ -65,6 +67,20 @@ class Recording:
                 raise NoRecording(f"replay has no recording of kernel {kernel!r}; recorded kernels: "
                                   f"{', '.join(sorted(self.kernels))} (record it on a GPU: benchmarks/record.py)")
             raise BackendError(f"no recordings found in {', '.join(map(str, files)) or RECORDINGS}")
+
+    @classmethod
+    def load(cls, files: list[Path], kernel: str | None = None) -> Recording:
+        """The Recording of ``files`` (for ``kernel``), parsed once per process while no file changes: a
+        process that opens replay backends often (an MCP server, a test's in-process commands) parses each
+        recording once, and a recording re-written in place (same path, new size or mtime) is parsed anew."""
+        stamp = []
+        for f in files:
+            st = Path(f).stat()
+            stamp.append((str(f), st.st_size, st.st_mtime_ns))
+        key = (tuple(stamp), kernel)
+        if key not in _LOADED:
+            _LOADED[key] = cls(files, kernel)
+        return _LOADED[key]
 
     @property
     def fingerprint(self) -> dict:
