@@ -245,9 +245,14 @@ class KernelAdapter(ABC):
     @abstractmethod
     def launch(self, inputs: dict, params: Params, out=None, scratch=None, **mode):
         """Run the kernel; return ``(output, compiled_kernel_or_None)``.  ``out`` is a preallocated output
-        (the gate sizes it with one launch, then poisons it with NaN before each of :meth:`check_modes`
-        launches into it, so one buffer serves every mode), ``scratch`` what :meth:`make_scratch`
+        (:meth:`make_output`'s, or sized by one launch; the gate poisons it with NaN before each of
+        :meth:`check_modes` launches into it, so one buffer serves every mode), ``scratch`` what :meth:`make_scratch`
         allocated, ``mode`` one of :meth:`check_modes`."""
+
+    def make_output(self, inputs: dict, params: Params):
+        """An empty output of one launch (what ``launch(..., out=...)`` takes), or ``None``: the correctness gate
+        then sizes it with a launch of its own.  The gate poisons it before every launch into it."""
+        return None
 
     def make_scratch(self, inputs: dict, params: Params) -> dict | None:
         """Scratch buffers one launch needs (passed back as ``launch(..., scratch=...)``), or ``None`` when the

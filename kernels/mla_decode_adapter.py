@@ -237,6 +237,12 @@ class MLADecodeAdapter(KernelAdapter):
             scratch=scratch,
         )  # fmt: skip
 
+    def make_output(self, inputs: dict, params: Params):
+        import torch
+
+        q = inputs["q"]
+        return torch.empty((q.shape[0], q.shape[1], inputs["d_v"]), dtype=q.dtype, device=q.device)
+
     def make_scratch(self, inputs: dict, params: Params, target_ctas=None) -> dict:
         from kinv.kernels.mla_decode import mla_decode_scratch, num_kv_splits
 

@@ -90,7 +90,11 @@ def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, 
         outs_by_mode = []
         modes = adapter.check_modes()
         takes_out = "out" in inspect.signature(adapter.launch).parameters
-        buffer = adapter.launch(inputs, params, **modes[0])[0] if takes_out else None  # sizes the output
+        buffer = None
+        if takes_out:  # the adapter's empty output, or one launch's output (which sizes it)
+            buffer = adapter.make_output(inputs, params)
+            if buffer is None:
+                buffer = adapter.launch(inputs, params, **modes[0])[0]
         for mode in modes:
             if takes_out:  # poison, then launch into it: a mode that writes nothing leaves NaN, never an
                 _poison(buffer)  # earlier correct result (buffer reuse is a known benchmark exploit)

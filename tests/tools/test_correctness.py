@@ -75,7 +75,19 @@ def test_every_launch_mode_writes_into_a_poisoned_buffer_so_a_mode_that_writes_n
     r = correctness.check(lazy, BASE, [LEVEL], seed=3, device="cpu")
     assert not r["ok"]
     assert "not finite" in r["reason"] and "target_ctas=1" in r["reason"], r["reason"]
-    # one launch sizes the buffer, then one per mode (the plain split count, one split)
+    # the adapter's empty output is the buffer: one launch per mode (the plain split count, one split)
+    assert lazy.launches == len(lazy.check_modes())
+
+
+class LazySizedByALaunchAdapter(LazyInOneModeAdapter):
+    def make_output(self, inputs, params):
+        return None  # no empty output: the gate sizes the buffer with a launch of its own
+
+
+def test_without_an_empty_output_one_launch_sizes_the_poisoned_buffer_and_a_lazy_mode_is_still_caught():
+    lazy = LazySizedByALaunchAdapter()
+    r = correctness.check(lazy, BASE, [LEVEL], seed=4, device="cpu")
+    assert not r["ok"] and "not finite" in r["reason"] and "target_ctas=1" in r["reason"], r["reason"]
     assert lazy.launches == 1 + len(lazy.check_modes())
 
 
