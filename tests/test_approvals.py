@@ -4,17 +4,13 @@ changed after approval is refused; a recorded decision is never overwritten by a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.utils import kinv_in_process, replay_env
+from tests.utils import kinv_in_process, project_copy, replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[1]
-# #6a plants its source patches in this checkout's kernel: never beside another test (see pyproject's markers)
-pytestmark = pytest.mark.kernel_source
 
 
 @pytest.fixture
@@ -22,12 +18,20 @@ def env(tmp_path, state_dir):
     return replay_env(tmp_path, state_dir)
 
 
+@pytest.fixture
+def copy_env(tmp_path, state_dir):
+    """The fault drill plants source patches: it runs on a copy of the project (its root, and the environment)."""
+    root, pythonpath = project_copy(tmp_path / "project")
+    return root, replay_env(tmp_path, state_dir, PYTHONPATH=pythonpath)
+
+
 def kinv(env, *args):
     return kinv_in_process(env, *args)
 
 
-def test_a_source_patch_approval_shows_its_diff_title_and_rationale(env):
-    r = kinv(env, "run", "plans/6a-fault-drill.yaml", "--backend", "replay", "--approval", "auto-config")
+def test_a_source_patch_approval_shows_its_diff_title_and_rationale(copy_env):
+    root, env = copy_env
+    r = run_kinv(env, "run", "plans/6a-fault-drill.yaml", "--backend", "replay", "--approval", "auto-config", cwd=root)
     assert r.returncode == 3, r.stdout + r.stderr  # F1 is a source patch: a person must see it
     item = json.loads(kinv(env, "pending", "--json").stdout)[0]
     assert item["variant"] == "F1" and item["kind"] == "source"
@@ -64,25 +68,19 @@ def test_a_plan_changed_after_approval_is_refused_then_runs_as_a_new_version(env
     assert {e.get("version") or 1 for e in exps} == {1, 2}  # both versions' experiments are kept
 
 
-def test_a_source_patch_edited_after_approval_is_refused(env, tmp_path):
-    (tmp_path / "plans" / "patches").mkdir(parents=True)
-    for f in ("6a-fault-drill.yaml",):
-        (tmp_path / "plans" / f).write_text((ROOT / "plans" / f).read_text())
-    for f in (ROOT / "plans" / "patches").iterdir():
-        (tmp_path / "plans" / "patches" / f.name).write_text(f.read_text())
-    run = [sys.executable, "-m", "kinv.agent.cli", "run", "plans/6a-fault-drill.yaml", "--backend", "replay",
-           "--approval", "auto-config"]  # fmt: skip
-    r = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+def test_a_source_patch_edited_after_approval_is_refused(copy_env):
+    root, env = copy_env
+    run = ["run", "plans/6a-fault-drill.yaml", "--backend", "replay", "--approval", "auto-config"]
+    r = run_kinv(env, *run, cwd=root)
     assert r.returncode == 3, r.stdout + r.stderr
     aid = json.loads(kinv(env, "pending", "--json").stdout)[0]["id"]
     assert kinv(env, "approve", aid).returncode == 0
-    diff = tmp_path / "plans" / "patches" / "compile-fail.diff"
+    diff = root / "plans" / "patches" / "compile-fail.diff"
     diff.write_text(diff.read_text().replace("planted: wrong operand shape", "planted: edited after approval"))
-    r = subprocess.run(run[:-2] + ["--approval", "auto-config"], env=env, cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300)  # fmt: skip
+    r = run_kinv(env, *run, cwd=root)
     assert r.returncode == 1 and "not what was approved" in r.stderr, r.stdout + r.stderr
-    src = (ROOT / "kernels" / "mla_decode.py").read_text()
-    assert "edited after approval" not in src
+    for kernels in (root / "kernels", ROOT / "kernels"):  # neither the copy's kernel nor this checkout's
+        assert "edited after approval" not in (kernels / "mla_decode.py").read_text()
 
 
 def test_a_recorded_decision_is_never_overwritten(tmp_path):

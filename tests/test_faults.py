@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kinv.agent.graph import _integrity
+from tests.utils import project_copy
 
 pytestmark = pytest.mark.slow  # the slow lane: kills, races, fuzzing, drills (python -m pytest -m slow)
 
@@ -34,14 +34,10 @@ def tree_hash(d: Path) -> str:
 
 @pytest.fixture
 def drill(tmp_path, state_dir):
-    root = tmp_path / "project"
-    root.mkdir()
-    shutil.copytree(ROOT / "kernels", root / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "kinv", root / "kinv", ignore=shutil.ignore_patterns("__pycache__"))  # kinv.kernels = the copy
-    shutil.copytree(ROOT / "plans", root / "plans")
+    root, pythonpath = project_copy(tmp_path / "project")  # kinv.kernels = the copy
     env = dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(root / "kernels" / "configs"),
                TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1", KINV_RECORDINGS=str(ROOT / "kernels" / "recordings"),
-               PYTHONPATH=os.pathsep.join([str(root), str(ROOT)]))  # fmt: skip
+               PYTHONPATH=pythonpath)  # fmt: skip
     return root, env
 
 

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import replay_env, run_kinv
+from tests.utils import kinv_in_process, project_copy, replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[1]
-# #6a plants its source patches in this checkout's kernel: never beside another test (see pyproject's markers)
-pytestmark = pytest.mark.kernel_source
 PINNED = Path(__file__).parent / "data" / "replay_outcomes.json"
 PLANS = {"3a": "plans/3a-attention-occupancy.yaml", "3b": "plans/3b-tile-shape.yaml",
          "3c": "plans/3c-null-batch-aware.yaml", "4a": "plans/4a-expert-gemm-tiles.yaml",
@@ -40,23 +38,37 @@ def outcome(report: dict) -> dict:
             "experiments": exps}  # fmt: skip
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("ws", sorted(PLANS))
-def test_a_replayed_workstream_decides_and_measures_exactly_as_pinned(ws, tmp_path):
-    env = replay_env(tmp_path, tmp_path / "state")
-    for f in (ROOT / "kernels" / "configs").glob("*.json"):  # the other kernels' live configs as shipped
-        if not (tmp_path / "configs" / f.name).exists():
-            shutil.copy(f, tmp_path / "configs" / f.name)
-    run = run_kinv(env, "run", PLANS[ws], "--backend", "replay", "--approval", "auto", timeout=600)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    rep = run_kinv(env, "report", ws, "--json")
-    assert rep.returncode == 0, rep.stderr
-    got = outcome(json.loads(rep.stdout))
+def _pinned(ws: str, got: dict) -> None:
     want = json.loads(PINNED.read_text())[ws]
     assert got["status"] == want["status"] and got["verdicts"] == want["verdicts"]
     assert [(e["todo"], e["kind"], e["status"], e["verdict"], e["rounds"], e["samples"]) for e in got["experiments"]] \
         == [(e["todo"], e["kind"], e["status"], e["verdict"], e["rounds"], e["samples"]) for e in want["experiments"]]
     assert got == want  # every number as pinned (replay is deterministic)
+
+
+@pytest.mark.parametrize("ws", ["3a", "3b"])
+def test_the_shared_closed_run_decides_and_measures_exactly_as_pinned(ws, request, tmp_path, state_dir):
+    """The runs the read-only tests share are the same `kinv run ... --backend replay --approval auto` as below."""
+    request.getfixturevalue(f"closed_{ws}")  # this test's copy of it, in state_dir
+    rep = kinv_in_process(replay_env(tmp_path, state_dir, seed_config=False), "report", ws, "--json")
+    assert rep.returncode == 0, rep.stderr
+    _pinned(ws, outcome(json.loads(rep.stdout)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ws", ["3c", "4a", "6a"])
+def test_a_replayed_workstream_decides_and_measures_exactly_as_pinned(ws, tmp_path):
+    # #6a plants source patches: every run here is of a copy of the project, never of this checkout
+    root, pythonpath = project_copy(tmp_path / "project")
+    env = replay_env(tmp_path, tmp_path / "state", PYTHONPATH=pythonpath)
+    for f in (ROOT / "kernels" / "configs").glob("*.json"):  # the other kernels' live configs as shipped
+        if not (tmp_path / "configs" / f.name).exists():
+            shutil.copy(f, tmp_path / "configs" / f.name)
+    run = run_kinv(env, "run", PLANS[ws], "--backend", "replay", "--approval", "auto", timeout=600, cwd=root)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    rep = run_kinv(env, "report", ws, "--json")
+    assert rep.returncode == 0, rep.stderr
+    _pinned(ws, outcome(json.loads(rep.stdout)))
 
 
 if __name__ == "__main__":  # python -m tests.test_replay_outcomes 3a=report.json ...: write the pinned file

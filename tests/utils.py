@@ -41,6 +41,22 @@ def write_seed_config(cfg_dir) -> None:
     (Path(cfg_dir) / "mla_decode.json").write_text(SEED_MLA_CONFIG)
 
 
+def project_copy(where) -> tuple[Path, str]:
+    """A copy of the project's kernels/, kinv/ and plans/ in ``where`` and the PYTHONPATH that runs kinv from it:
+    its ``kinv.kernels`` is the copy's (kinv/__init__.py), so a source patch a run plants (the fault drill's)
+    lands in the copy, never in this checkout, and the test can run beside any other.  Run kinv there as a
+    subprocess (``run_kinv(..., cwd=root)``): an in-process command imports this checkout's kernels."""
+    import os
+    import shutil
+
+    root = Path(where)
+    root.mkdir(parents=True, exist_ok=True)
+    skip = shutil.ignore_patterns("__pycache__", "*.kinv-lock")
+    for sub in ("kernels", "kinv", "plans"):
+        shutil.copytree(ROOT / sub, root / sub, ignore=skip, dirs_exist_ok=True)
+    return root, os.pathsep.join([str(root), str(ROOT)])
+
+
 def replay_env(tmp_path, state_dir, *, seed_config: bool = True, **extra) -> dict:
     """Environment for a `kinv` subprocess on replay: its own state dir and a live MLA config at the seed's
     (``seed_config=False``: the live config dir as it is, a copied run's)."""
