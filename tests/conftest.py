@@ -79,6 +79,11 @@ def ray_module_turn(request, tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items):
+    # files with slow tests first: under `--dist loadfile` the workers start the long files at once and fill in
+    # with the short ones, instead of one worker finishing a long file alone at the end (a stable sort: each
+    # file's tests keep their order, and every worker collects the same order)
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="no CUDA GPU visible")

@@ -61,6 +61,8 @@ def test_a_signal_restores_the_kernel_marks_interrupted_exits_130_and_resume_fin
     status = json.loads(_kinv(env, "status", "--json").stdout)
     ws = next(w for w in status["workstreams"] if w["id"] == "#3a")
     assert ws["status"] == "interrupted"
+    if sig != signal.SIGINT:
+        return  # every signal leaves the same interrupted state: one resume (after ^C) shows it finishes
     r = _kinv(env, "resume", "3a", "--backend", "replay")  # no --approval: keeps 'auto', so it never pauses
     assert r.returncode == 0, r.stdout + r.stderr
     assert cfg.read_bytes() == before
