@@ -29,6 +29,7 @@ def kinv(env, *args):
     return kinv_in_process(env, *args)
 
 
+@pytest.mark.slow  # a run of #6a up to its first approval
 def test_a_source_patch_approval_shows_its_diff_title_and_rationale(copy_env):
     root, env = copy_env
     r = run_kinv(env, "run", "plans/6a-fault-drill.yaml", "--backend", "replay", "--approval", "auto-config", cwd=root)
@@ -44,7 +45,7 @@ def test_a_source_patch_approval_shows_its_diff_title_and_rationale(copy_env):
     assert ws["status"] == f"waiting for approval {item['id']}"  # paused, not "running"
 
 
-@pytest.mark.slow  # three runs of #3a; a source patch edited after approval is refused in the fast lane
+@pytest.mark.slow  # three runs of #3a
 def test_a_plan_changed_after_approval_is_refused_then_runs_as_a_new_version(env, tmp_path):
     plan = tmp_path / "3a.yaml"
     plan.write_text((ROOT / "plans" / "3a-attention-occupancy.yaml").read_text())
@@ -68,6 +69,7 @@ def test_a_plan_changed_after_approval_is_refused_then_runs_as_a_new_version(env
     assert {e.get("version") or 1 for e in exps} == {1, 2}  # both versions' experiments are kept
 
 
+@pytest.mark.slow  # two runs of #6a up to its first kernel edit
 def test_a_source_patch_edited_after_approval_is_refused(copy_env):
     root, env = copy_env
     run = ["run", "plans/6a-fault-drill.yaml", "--backend", "replay", "--approval", "auto-config"]

@@ -68,8 +68,10 @@ def replay_env(tmp_path, state_dir, *, seed_config: bool = True, **extra) -> dic
     cfg_dir.mkdir(exist_ok=True)
     if seed_config:
         write_seed_config(cfg_dir)
-    return dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1",
-                KINV_FORCE_NO_GPU="1", PYTHONPATH=str(root), **extra)  # fmt: skip
+    env = dict(os.environ, KINV_STATE_DIR=str(state_dir), KINV_CONFIG_DIR=str(cfg_dir), TRITON_INTERPRET="1",
+               KINV_FORCE_NO_GPU="1", PYTHONPATH=str(root))  # fmt: skip
+    env.update(extra)  # PYTHONPATH too: a copy of the project first (project_copy)
+    return env
 
 
 def run_kinv(env: dict, *args, timeout: float = 300, cwd=None):

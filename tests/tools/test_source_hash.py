@@ -70,3 +70,26 @@ def test_arms_opening_in_threads_hash_the_kernel_alike_and_without_error():
 
     with ThreadPoolExecutor(8) as ex:
         assert set(ex.map(one, range(64))) == {expected}
+
+
+def test_the_reference_hash_reads_the_file_as_it_is_now_at_every_call(tmp_path):
+    """A reference edited on disk after a hash was taken changes the next hash; putting the text back gives the
+    first hash again (a text parsed before is not parsed again, but the file is read every time)."""
+    adapter = get_adapter("mla_decode")
+    root = tmp_path / "copy"
+    for f, _q in adapter.reference_parts:
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(adapter.root() / f, root / f)
+    first = bench_worker.reference_hash(adapter, root=root)
+    assert bench_worker.reference_hash(adapter, root=root) == first
+    f, qualname = adapter.reference_parts[0]
+    text = (root / f).read_text()
+    name = qualname.split(".")[-1]
+    edited = text.replace(f"def {name}(", f"def {name}(*_unused, ", 1)  # a change to the reference's code
+    assert edited != text
+    (root / f).write_text(edited)
+    assert bench_worker.reference_hash(adapter, root=root) != first
+    (root / f).write_text(text)
+    assert bench_worker.reference_hash(adapter, root=root) == first
+    (root / f).unlink()
+    assert bench_worker.reference_hash(adapter, root=root) != first  # a missing file is named, never cached

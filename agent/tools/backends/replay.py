@@ -57,9 +57,9 @@ class ReplayBackend(Backend):
                               + "; point KINV_RECORDINGS at a directory of *.jsonl.gz recordings, or record them "
                               "with benchmarks/record.py")
         self.files = files
-        self.recording = Recording.load(files)
+        self.header = Recording.first_header(files)  # the samples are read per kernel (for_kernel)
         self._by_kernel: dict[str, Recording] = {}
-        fp = self.recording.fingerprint
+        fp = self.header["fingerprint"]
         self.loud = (
             f"REPLAY backend: no GPU is measured; serving samples recorded on {fp.get('gpu')} "
             f"({fp.get('sms')} SMs, torch {fp.get('torch')}, triton {fp.get('triton')})"
@@ -131,4 +131,4 @@ class ReplayBackend(Backend):
                 rec.cell(arm.slot_at(lv), lv.key)
 
     def copy_bandwidth(self) -> float | None:
-        return self.recording.headers[0].get("copy_gbps")
+        return self.header.get("copy_gbps")

@@ -82,6 +82,19 @@ class Recording:
             _LOADED[key] = cls(files, kernel)
         return _LOADED[key]
 
+    @staticmethod
+    def first_header(files: list[Path]) -> dict:
+        """The header of the first recording (its GPU, versions and copy bandwidth) without reading the samples."""
+        for f in files:
+            with gzip.open(f, "rt") as fh:
+                row = json.loads(fh.readline() or "{}")
+            if row.get("type") == "header":
+                if row.get("version", 1) < 2:
+                    raise BackendError(f"{f} is a version-1 recording (one fixed allocation per worker, "
+                                       "rounds wrapped around); re-record it with benchmarks/record.py")
+                return row
+        raise BackendError(f"no recordings found in {', '.join(map(str, files)) or RECORDINGS}")
+
     @property
     def fingerprint(self) -> dict:
         return self.headers[0]["fingerprint"]
