@@ -78,12 +78,22 @@ def ray_module_turn(request, tmp_path_factory):
         yield
 
 
+# the files with the longest chains of whole runs (the README's sessions, the SIGKILL harness, the Ray campaigns,
+# the campaigns killed and resumed), longest first
+LONG_FILES = ("test_readme.py", "test_crash.py", "test_ray_executor.py", "test_campaign.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    # files with slow tests first: under `--dist loadfile` the workers start the long files at once and fill in
-    # with the short ones, instead of one worker finishing a long file alone at the end (a stable sort: each
-    # file's tests keep their order, and every worker collects the same order)
+    # the long files, then the other files with slow tests, then the rest: under `--dist loadfile` the workers
+    # start the long files at once and fill in with the short ones, instead of one worker finishing a long file
+    # alone at the end (a stable sort: each file's tests keep their order; every worker collects the same order)
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_files)
+
+    def rank(item):
+        name = item.path.name
+        return (LONG_FILES.index(name) if name in LONG_FILES else len(LONG_FILES)) + (item.path not in slow_files)
+
+    items.sort(key=rank)
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="no CUDA GPU visible")
