@@ -107,36 +107,22 @@ def harness_hash() -> str:
     return file_hash(Path(__file__))
 
 
-_SEGMENTS: dict[tuple[bytes, str], str] = {}  # (a file's text digest, qualname) -> its source (parsed once per text)
-
-
 def source_on_disk(path: Path, qualname: str) -> str:
-    """The source of a function or method as its file says NOW (not what was imported): the file is read at every
-    call; a text already parsed is not parsed again."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        return f"<{path.name} unreadable: {type(exc).__name__}>"
-    key = (hashlib.sha256(text.encode("utf-8", errors="surrogateescape")).digest(), qualname)
-    with _PARSE_LOCK:
-        if key not in _SEGMENTS:
-            _SEGMENTS[key] = _segment(text, qualname, path.name)
-        return _SEGMENTS[key]
-
-
-def _segment(text: str, qualname: str, name: str) -> str:
+    """The source of a function or method as its file says NOW (not what was imported)."""
     import ast
 
     try:
-        nodes = ast.parse(text).body
-    except SyntaxError as exc:
-        return f"<{name} unreadable: {type(exc).__name__}>"
+        text = path.read_text()
+        with _PARSE_LOCK:
+            nodes = ast.parse(text).body
+    except (OSError, SyntaxError) as exc:
+        return f"<{path.name} unreadable: {type(exc).__name__}>"
     node = None
     for part in qualname.split("."):
         node = next((n for n in nodes if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
                      and n.name == part), None)  # fmt: skip
         if node is None:
-            return f"<{qualname} missing from {name}>"
+            return f"<{qualname} missing from {path.name}>"
         nodes = node.body
     return ast.get_source_segment(text, node) or ""
 

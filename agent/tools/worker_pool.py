@@ -40,28 +40,26 @@ class WorkerPool:
         self.reused = 0
 
     def take(self, key: tuple) -> WorkerProcess | None:
-        now = time.time()
-        with self._lock:
-            stale = [x for x in self._idle if now - x[2] > MAX_IDLE_S]
+        while True:
+            now = time.time()
+            with self._lock:
+                stale = [x for x in self._idle if now - x[2] > MAX_IDLE_S]
+                for x in stale:
+                    self._idle.remove(x)
+                # a worker that has answered a request is ready; one started ahead of time ("warm") may still be
+                # importing
+                mine = sorted((x for x in self._idle if x[0] == key), key=lambda x: x[1].label == "warm")
+                if mine:
+                    self._idle.remove(mine[0])
             for x in stale:
-                self._idle.remove(x)
-            # a worker that has answered a request is ready; one started ahead of time ("warm") may still be importing
-            mine = sorted((x for x in self._idle if x[0] == key), key=lambda x: x[1].label == "warm")
-            for x in mine:
-                self._idle.remove(x)
-        for x in stale:
-            x[1].close()  # a long-lived process (an MCP server) does not hold GPU contexts it no longer uses
-        found = None
-        for x in mine:
-            w = x[1]
-            if found is None and w.proc.poll() is None:
-                found = w
+                x[1].close()  # a long-lived process (an MCP server) does not hold GPU contexts it no longer uses
+            if not mine:
+                return None
+            w = mine[0][1]
+            if w.proc.poll() is None:
                 self.reused += w.label != "warm"
-            elif found is None:
-                w.close()
-            else:
-                self.give(x[0], w)  # more than one kept under this key: the rest stay kept
-        return found
+                return w
+            w.close()  # died while kept: try the next one
 
     def take_any(self) -> tuple[tuple, WorkerProcess] | None:
         """A ready worker of any key, with its key, for a request that depends on none (the GPU's copy

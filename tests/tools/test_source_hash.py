@@ -93,3 +93,25 @@ def test_the_reference_hash_reads_the_file_as_it_is_now_at_every_call(tmp_path):
     assert bench_worker.reference_hash(adapter, root=root) == first
     (root / f).unlink()
     assert bench_worker.reference_hash(adapter, root=root) != first  # a missing file is named, never cached
+
+
+def test_a_runs_reference_hash_follows_an_edit_of_the_reference_on_disk(tmp_path, monkeypatch):
+    """The run's reference hash (asked at every measurement) parses again only when the files' bytes changed, and
+    an edit, even a comment in the reference (the fault drill's F5), is seen at the next call."""
+    from kinv.agent.tools.backends import base
+
+    adapter = get_adapter("mla_decode")
+    root = tmp_path / "copy"
+    for f, _q in adapter.reference_parts:
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(adapter.root() / f, root / f)
+    monkeypatch.setattr(adapter, "root", lambda: root)
+    first = base.reference_hash("mla_decode")
+    assert first == bench_worker.reference_hash(adapter, root=root) == base.reference_hash("mla_decode")
+    f, qualname = adapter.reference_parts[0]
+    text = (root / f).read_text()
+    name = qualname.split(".")[-1]
+    (root / f).write_text(text.replace(f"def {name}(", f"def {name}(*_unused, ", 1))
+    assert base.reference_hash("mla_decode") != first
+    (root / f).write_text(text)
+    assert base.reference_hash("mla_decode") == first

@@ -17,6 +17,7 @@ to a backend; a backend only says how one round is timed (:meth:`Backend.sample_
 
 from __future__ import annotations
 
+import hashlib
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -49,9 +50,28 @@ def harness_hash() -> str:
     return bench_worker.harness_hash()
 
 
+_REFERENCE_HASHES: dict[bytes, str] = {}  # the reference files' bytes digest -> their reference hash
+
+
+def _reference_files(adapter) -> bytes:
+    h = hashlib.sha256()
+    for f, qualname in adapter.reference_parts:
+        path = adapter.root() / f
+        h.update(f"{f}:{qualname}\0".encode() + (path.read_bytes() if path.is_file() else b"<missing>"))
+    return h.digest()
+
+
 def reference_hash(kernel: str) -> str:
-    """Hash of the kernel's reference and metric definitions as they are on disk now."""
-    return bench_worker.reference_hash(get_adapter(kernel))
+    """Hash of the kernel's reference and metric definitions as they are on disk now.  The files are read at every
+    call; their sources are parsed again only when their bytes changed (a run asks at every measurement)."""
+    adapter = get_adapter(kernel)
+    before = _reference_files(adapter)
+    if before not in _REFERENCE_HASHES:
+        value = bench_worker.reference_hash(adapter)
+        if _reference_files(adapter) != before:  # edited while it was parsed: do not keep it under either text
+            return value
+        _REFERENCE_HASHES[before] = value
+    return _REFERENCE_HASHES[before]
 
 
 def kernel_hash(kernel: str) -> str:

@@ -9,6 +9,14 @@ from pathlib import Path
 from kinv.agent.tools.backends.base import RECORDINGS, BackendError, NoRecording
 from kinv.kernels.launch_config import config_hash, describe
 
+
+def _checked(f: Path, header: dict) -> dict:
+    if header.get("version", 1) < 2:
+        raise BackendError(f"{f} is a version-1 recording (one fixed allocation per worker, "
+                           "rounds wrapped around); re-record it with benchmarks/record.py")
+    return header
+
+
 _LOADED: dict[tuple, Recording] = {}  # (files with their size and mtime, kernel) -> its parsed Recording
 
 
@@ -40,10 +48,7 @@ class Recording:
                     row = json.loads(line)
                     kind = row.get("type")
                     if kind == "header":
-                        if row.get("version", 1) < 2:
-                            raise BackendError(f"{f} is a version-1 recording (one fixed allocation per worker, "
-                                               "rounds wrapped around); re-record it with benchmarks/record.py")
-                        header = row
+                        header = _checked(f, row)
                         self.kernels.add(row.get("kernel", ""))
                         if kernel is not None and row.get("kernel") != kernel:
                             break  # another kernel's recording
@@ -89,10 +94,7 @@ class Recording:
             with gzip.open(f, "rt") as fh:
                 row = json.loads(fh.readline() or "{}")
             if row.get("type") == "header":
-                if row.get("version", 1) < 2:
-                    raise BackendError(f"{f} is a version-1 recording (one fixed allocation per worker, "
-                                       "rounds wrapped around); re-record it with benchmarks/record.py")
-                return row
+                return _checked(f, row)
         raise BackendError(f"no recordings found in {', '.join(map(str, files)) or RECORDINGS}")
 
     @property
