@@ -80,12 +80,13 @@ def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_sta
     return SPEC.resolve(SPEC.validate({**values, "kernel": "mla_decode"}), {})
 
 
-# a GPU check runs batch <= 8 at context <= 4096; a CPU check (interpreter) a small stand-in
+# a GPU check runs batch <= 8 at the level's own context (a kernel wrong only at long contexts is caught there);
+# a CPU check (interpreter) a small stand-in
 # heads per GPU: one BLOCK_H tile at most.  A model's attention heads are split over attention_tp GPUs (128
 # heads at TP 1 is DeepSeek-V3's largest case); a plan beyond it describes no deployment and would make the
 # CPU correctness check (the Triton interpreter, every head) run for many minutes.
 MAX_LOCAL_HEADS = max(BLOCK_H_VALUES)
-GPU_CAPS = {"batch": 8, "context": 4096}
+GPU_CAPS = {"batch": 8}
 CPU_CAPS = {"batch": 2, "context": 64, "page_size": 16}
 MAX_TARGET_CTAS = 1 << 20  # the most programs a split count is sized for (TARGET_CTAS)
 
@@ -270,6 +271,20 @@ class MLADecodeAdapter(KernelAdapter):
         if dtype == torch.float16:
             return (1e-2, 1e-2)
         return (3e-2, 3e-2)  # bf16: 8 mantissa bits in p and the inputs
+
+    def tolerance_at(self, dtype, level: Level, reference) -> tuple[float, float, float | None]:
+        # On random data the outputs' scale falls as the context grows (an average over more values): rms 0.05 at
+        # 4096 tokens, under bf16's fixed atol of 3e-2, which then checks almost nothing.  The atol follows the
+        # output's rms, and the error norm is bounded near what an honest kernel reaches (bf16 <= 2.1e-3 measured
+        # on the H200, float16 in the interpreter 2.6e-4); a KV read as float8 (1-7%) or a skipped tile fails it.
+        import torch
+
+        atol, rtol = self.tolerance(dtype)
+        rms = float(reference.float().pow(2).mean().sqrt()) if reference.numel() else 0.0
+        if rms > 0:
+            atol = min(atol, 0.25 * rms)
+        norm = 6e-3 if dtype == torch.bfloat16 else 2e-3
+        return (atol, rtol, norm)
 
     # ---- costs -----------------------------------------------------------------
     def bytes_moved(self, level: Level) -> int:

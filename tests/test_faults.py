@@ -1,4 +1,4 @@
-"""Faulty variants and integrity: the #6a fault drill on replay + the interpreter.
+"""Faulty variants and integrity: the fault drill on replay + the interpreter.
 
 Each planted fault is stopped at its gate and recorded with its reason, the baseline source and config
 are restored byte for byte, and the investigation still closes out with the sound variant decided.
@@ -68,7 +68,15 @@ def test_fault_drill_records_each_fault_restores_the_baseline_and_closes_out(dri
     assert exps["F6"]["verdict"] == "incorrect" and "not finite" in exps["F6"]["reason"]
     assert exps["V1"]["verdict"] == "accept"
     assert exps["F7"]["verdict"] == "failed" and "patch failed" in exps["F7"]["reason"]  # stale patch: no wedge
-    for fid in ("F1", "F3", "F4", "F5", "F6", "F7"):
+    # the known ways to fool a benchmark that a CPU check can show are failed at the gate, with what caught them
+    assert exps["F9"]["verdict"] == "incorrect" and "rewritten in place at the same addresses" in exps["F9"]["reason"]
+    assert exps["F10"]["verdict"] == "incorrect" and "outside atol" in exps["F10"]["reason"]
+    assert exps["F11"]["verdict"] == "incorrect" and "replaced the harness's timer" in exps["F11"]["reason"]
+    # a side stream (no stream on CPU) and a subset wrong past 2048 tokens (the stand-in has 64) pass the CPU
+    # check; the recordings hold no times for their source, so neither gets a verdict (live, the GPU gate fails them)
+    for fid in ("F8", "F12"):
+        assert exps[fid]["verdict"] in ("not measured", "failed", "void"), exps[fid]
+    for fid in ("F1", "F3", "F4", "F5", "F6", "F7", "F8", "F9", "F10", "F11", "F12"):
         assert exps[fid]["samples"] == 0, f"{fid} was timed"
     store_dir = Path(env["KINV_STATE_DIR"])
     closeout = (store_dir / "reports" / "6a-closeout.md").read_text()

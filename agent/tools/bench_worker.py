@@ -49,6 +49,8 @@ import time
 import traceback
 from pathlib import Path
 
+from kinv.agent.tools.correctness import judge, timers_replaced
+
 MIN_REPLAYS = 20
 TARGET_REPLAY_US = 400.0  # a replay should run long enough to dwarf event jitter
 MIN_SAMPLE_MS = 25.0  # a sample's replays should dwarf the fixed cost of a request (pipe, events, sync)
@@ -176,6 +178,9 @@ def fingerprint() -> dict:
 
 class Worker:
     def __init__(self):
+        from kinv.agent.tools.correctness import timer_snapshot
+
+        self.timers = timer_snapshot()  # before any kernel module is imported: a module that patches them is caught
         self.levels: dict[str, dict] = {}
         self.adapter = None
         self.imported: dict[str, str] = {}  # kernel -> hash of its source when this process first imported it
@@ -219,23 +224,22 @@ class Worker:
         compiled = compiled or compiled2
         torch.cuda.synchronize()
         ref = adapter.reference(check_inputs)
-        err = (out.float() - ref).abs()
-        atol, rtol = adapter.tolerance(out.dtype)
-        bad = int((~(err <= atol + rtol * ref.abs())).sum())  # NaN counts as a mismatch
-        rel = float((out.float() - ref).norm() / ref.norm())
-        max_abs = float(err.max())
-        correct = bad == 0 and math.isfinite(rel)
+        verdict = judge(adapter, level, out, ref)  # the gate's level-aware tolerance, at the level's own size
+        replaced = timers_replaced(self.timers)
+        correct = verdict["ok"] and not replaced
         resources = adapter.resources(params, level, device, compiled).to_dict()
-        del check_inputs, out, ref, err
+        del check_inputs, out, ref
         reply = {
             "level": level.key,
             "config_hash": config_hash(config),
             "params": dict(params),
             "derived_env": env,
             "correct": correct,
-            "max_abs_err": max_abs,
-            "rel_err": rel,
-            "mismatched": bad,
+            "max_abs_err": verdict["max_abs_err"],
+            "rel_err": verdict["rel_err"],
+            "mismatched": verdict["mismatched"],
+            "reason": (f"the kernel replaced the harness's timer ({', '.join(replaced)})" if replaced
+                       else verdict["reason"]),
             "resources": resources,
             "compile_s": round(compile_s, 3),
             "reference_hash": reference_hash(adapter),
@@ -262,6 +266,10 @@ class Worker:
         launches = min(MAX_LAUNCHES, max(n_sets, math.ceil(TARGET_REPLAY_US / max(eager_us, 1.0))))
         st["launches"] = math.ceil(launches / n_sets) * n_sets
         replay_ms = self._capture(st)
+        graph_error = self._graph_check(st)
+        if graph_error:  # what the timer replays must compute what the check saw, on the timed stream
+            reply.update(correct=False, reason=graph_error)
+            return reply
         if replay_ms * MIN_REPLAYS < MIN_SAMPLE_MS and st["launches"] < MAX_LAUNCHES:
             # eager timing overstates small launches (Python launch cost): size the graph on its own replay
             want = math.ceil(st["launches"] * MIN_SAMPLE_MS / (MIN_REPLAYS * max(replay_ms, 1e-3)))
@@ -351,6 +359,23 @@ class Worker:
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end) / 5
+
+    def _graph_check(self, st: dict) -> str:
+        """The captured graph, replayed once into poisoned outputs and read on the replaying stream: '' when the first
+        input set's output matches the reference, else why not (work the capture missed, or left on another
+        stream, leaves NaN).  Later launches of the graph overwrite the same outputs with the same values."""
+        import torch
+
+        adapter, level, sets, outs = st["adapter"], st["level"], st["sets"], st["outs"]
+        for o in outs:
+            o.fill_(float("nan"))
+        st["graph"].replay()
+        seen = outs[0].clone()  # ordered after the replay on this stream, and only after it
+        torch.cuda.synchronize()
+        verdict = judge(adapter, level, seen, adapter.reference(sets[0]))
+        if verdict["ok"]:
+            return ""
+        return "the timed CUDA graph does not compute the checked result on its stream: " + verdict["reason"]
 
     def sample(self, req: dict) -> dict:
         import torch

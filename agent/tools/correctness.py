@@ -40,8 +40,56 @@ def _tensors(x) -> list:
     return [t for item in x for t in _tensors(item)] if isinstance(x, list | tuple) else [x]
 
 
-def _compare(out, ref, atol: float, rtol: float) -> dict:
-    """Error figures of one output against its reference (non-finite outputs count as mismatched)."""
+#: what the harness times with, and what a kernel module must never replace (a timer patched at import is a
+#: known way to fool a benchmark): (owner, attribute) pairs, resolved when first snapshotted
+TIMERS = (("torch.cuda.Event", "elapsed_time"), ("torch.cuda.Event", "record"), ("torch.cuda.CUDAGraph", "replay"),
+          ("torch.cuda", "synchronize"), ("time", "perf_counter"), ("time", "time"))
+
+
+def _owner(path: str):
+    import importlib
+
+    if path == "time":
+        return importlib.import_module("time")
+    obj = importlib.import_module("torch")
+    for part in path.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def timer_snapshot() -> dict[str, object]:
+    """The harness's timers as they are now (take it before any kernel module is imported)."""
+    return {f"{o}.{a}": getattr(_owner(o), a, None) for o, a in TIMERS}
+
+
+_FIRST_SNAPSHOT: dict[str, object] | None = None
+
+
+def timers_replaced(snapshot: dict[str, object] | None = None) -> list[str]:
+    """The timers that differ from ``snapshot`` (default: the first one this process took), by name."""
+    snap = snapshot if snapshot is not None else _FIRST_SNAPSHOT
+    if not snap:
+        return []
+    now = timer_snapshot()
+    return [name for name, fn in snap.items() if now.get(name) is not fn]
+
+
+def _take_first_snapshot() -> None:
+    global _FIRST_SNAPSHOT
+    if _FIRST_SNAPSHOT is None:
+        _FIRST_SNAPSHOT = timer_snapshot()
+
+
+def tolerance(adapter: KernelAdapter, dtype, level: Level, ref) -> tuple[float, float, float | None]:
+    """(atol, rtol, norm) for one output at one level: the adapter's level-aware tolerance
+    (:meth:`KernelAdapter.tolerance_at`, which may scale with the reference, so that an output that shrinks with
+    the level is checked as hard as a large one) and the bound on ||out - ref|| / ||ref|| (``None``: none)."""
+    return adapter.tolerance_at(dtype, level, ref)
+
+
+def _compare(out, ref, atol: float, rtol: float, norm: float | None = None) -> dict:
+    """Error figures of one output against its reference (non-finite outputs count as mismatched; an output whose
+    relative error norm is above ``norm`` fails as a whole)."""
     out, ref = out.float().cpu(), ref.float().cpu()
     if out.shape != ref.shape:
         return {"mismatched": out.numel() or 1, "nonfinite": 0, "max_abs_err": None, "rel_err": None,
@@ -52,12 +100,49 @@ def _compare(out, ref, atol: float, rtol: float) -> dict:
     nonfinite = int((~finite).sum())
     ref_norm = float(ref.norm())
     rel = float((out - ref).norm()) / ref_norm if nonfinite == 0 and ref_norm > 0 else None
+    rel = rel if rel is None or math.isfinite(rel) else None
     return {
         "mismatched": int(bad.sum()),
         "nonfinite": nonfinite,
         "max_abs_err": float(diff[finite].max()) if bool(finite.any()) else None,
-        "rel_err": rel if rel is None or math.isfinite(rel) else None,
+        "rel_err": rel,
+        **({"norm_exceeded": True} if norm is not None and rel is not None and rel > norm else {}),
     }
+
+
+def judge(adapter: KernelAdapter, level: Level, out, ref) -> dict:
+    """One launch's outputs against the reference at ``level``, under the level's tolerance: ``{ok, mismatched,
+    nonfinite, max_abs_err, rel_err, atol, rtol, norm, reason}`` (the benchmark worker's set-up uses it too)."""
+    outs, refs = _tensors(out), _tensors(ref)
+    if len(outs) != len(refs):
+        return {"ok": False, "reason": f"kernel returned {len(outs)} outputs, the reference {len(refs)}",
+                "mismatched": None, "nonfinite": None, "max_abs_err": None, "rel_err": None}  # fmt: skip
+    figs, tol = [], (0.0, 0.0, None)
+    for o, r in zip(outs, refs, strict=True):
+        tol = tolerance(adapter, o.dtype, level, r)
+        figs.append(_compare(o, r, *tol))
+    errs = [f["max_abs_err"] for f in figs if f["max_abs_err"] is not None]
+    rels = [f["rel_err"] for f in figs]
+    res = {"mismatched": sum(f["mismatched"] for f in figs), "nonfinite": sum(f["nonfinite"] for f in figs),
+           "max_abs_err": max(errs) if errs else None, "rel_err": None if None in rels else max(rels),
+           "atol": tol[0], "rtol": tol[1], "norm": tol[2], "norm_exceeded": any(f.get("norm_exceeded") for f in figs)}  # fmt: skip
+    res["ok"] = res["mismatched"] == 0 and not res["norm_exceeded"]
+    res["reason"] = _why(res, sum(r.numel() for r in refs), level.key)
+    return res
+
+
+def _why(f: dict, total: int, key: str, how: str = "") -> str:
+    if f.get("shape_error"):
+        return f"{key}: {f['shape_error']}"
+    if f["nonfinite"]:
+        return f"{key}: {f['nonfinite']} of {total} outputs are not finite{how}"
+    if f["mismatched"]:
+        return (f"{key}: {f['mismatched']} of {total} outputs outside atol={f['atol']:.3g}, rtol={f['rtol']:g} "
+                f"(max abs err {f['max_abs_err']:.3g}){how}")  # fmt: skip
+    if f.get("norm_exceeded"):
+        return (f"{key}: relative error {f['rel_err']:.2e} above the level's bound {f['norm']:.1e} (a loss of "
+                f"precision beyond the kernel's own){how}")  # fmt: skip
+    return ""
 
 
 def _poison(out) -> None:
@@ -74,6 +159,17 @@ def _clone(out):
     return out.clone() if hasattr(out, "clone") else out
 
 
+def _rewrite_in_place(inputs: dict) -> bool:
+    """Overwrite the floating-point inputs with other values of the same distribution (each shifted one element
+    along), at the same addresses: a result cached by input address then goes stale.  False when there is none."""
+    done = False
+    for t in inputs.values():
+        if hasattr(t, "is_floating_point") and t.is_floating_point() and t.numel() > 1:
+            t.copy_(t.flatten().roll(1).view_as(t))
+            done = True
+    return done
+
+
 def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, device: str, dtype) -> dict:
     run = adapter.stand_in(level, device)
     params = adapter.params_for(config, level)  # the level's own parameters (overrides by real batch)
@@ -86,60 +182,82 @@ def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, 
         inputs = adapter.make_inputs(run, seed, **kwargs)
     except Exception as exc:
         return {**entry, "reason": f"inputs failed: {_first_line(exc)}"}
+    _take_first_snapshot()
+    modes = adapter.check_modes()
+    takes_out = "out" in inspect.signature(adapter.launch).parameters
+
+    def launch_all(mode_list, buffer):
+        got = []
+        for mode in mode_list:
+            if takes_out:  # poison, then launch into it: a mode that writes nothing leaves NaN, never an
+                _poison(buffer)  # earlier correct result (buffer reuse is a known benchmark exploit)
+                got.append((mode, _clone(adapter.launch(inputs, params, out=buffer, **mode)[0])))
+            else:
+                got.append((mode, adapter.launch(inputs, params, **mode)[0]))
+        if device != "cpu":
+            import torch
+
+            torch.cuda.synchronize()
+        return got
+
+    def late_writes(buffer, got) -> bool:
+        # the last launch's output, copied on the launch's own stream right after it, against the buffer after a
+        # device-wide sync: a difference is work that finished after the launch returned on its stream (a side
+        # stream the caller, and so the timer, never waits for)
+        if device == "cpu" or not takes_out or not got:
+            return False
+        import torch
+
+        a, b = _tensors(got[-1][1]), _tensors(buffer)
+        return any(not torch.equal(x.nan_to_num(), y.nan_to_num()) for x, y in zip(a, b, strict=False))
+
     try:
-        outs_by_mode = []
-        modes = adapter.check_modes()
-        takes_out = "out" in inspect.signature(adapter.launch).parameters
         buffer = None
         if takes_out:  # the adapter's empty output, or one launch's output (which sizes it)
             buffer = adapter.make_output(inputs, params)
             if buffer is None:
                 buffer = adapter.launch(inputs, params, **modes[0])[0]
-        for mode in modes:
-            if takes_out:  # poison, then launch into it: a mode that writes nothing leaves NaN, never an
-                _poison(buffer)  # earlier correct result (buffer reuse is a known benchmark exploit)
-                out = _clone(adapter.launch(inputs, params, out=buffer, **mode)[0])
-            else:
-                out = adapter.launch(inputs, params, **mode)[0]
-            outs_by_mode.append((mode, out))
-        if device != "cpu":
-            import torch
-
-            torch.cuda.synchronize()
+        outs_by_mode = launch_all(modes, buffer)
+        late = late_writes(buffer, outs_by_mode)
+        ref = adapter.reference(inputs)
+        # the same addresses, new values: the first mode once more (a result cached by input pointer is stale)
+        rewritten = _rewrite_in_place(inputs)
+        again = launch_all(modes[:1], buffer) if rewritten else []
     except Exception as exc:
         hint = ""
         if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             hint = " (on CPU, set TRITON_INTERPRET=1 before triton is imported)"
         return {**entry, "reason": f"launch failed: {_first_line(exc)}{hint}", "fatal": True}
     try:
-        ref = adapter.reference(inputs)
+        ref2 = adapter.reference(inputs) if again else None
     except Exception as exc:
         return {**entry, "reason": f"reference failed: {_first_line(exc)}", "fatal": True}
-    refs = _tensors(ref)
-    figures, atol, rtol = [], 0.0, 0.0
-    for mode, out in outs_by_mode:
-        outs = _tensors(out)
-        if len(outs) != len(refs):
-            return {**entry, "reason": f"kernel returned {len(outs)} outputs, the reference {len(refs)}"}
-        atol, rtol = adapter.tolerance(outs[0].dtype)
-        figures += [{**_compare(o, r, atol, rtol), "mode": mode} for o, r in zip(outs, refs, strict=True)]
-    total = sum(r.numel() for r in refs) * len(outs_by_mode)
-    bad_modes = [f["mode"] for f in figures if f["mismatched"] or f["nonfinite"]]
-    how = f" (launched with {', '.join(f'{k}={v}' for k, v in bad_modes[0].items())})" if bad_modes and bad_modes[0] else ""
-    mismatched = sum(f["mismatched"] for f in figures)
-    nonfinite = sum(f["nonfinite"] for f in figures)
-    errs = [f["max_abs_err"] for f in figures if f["max_abs_err"] is not None]
-    rels = [f["rel_err"] for f in figures]
+    replaced = timers_replaced()
+    if replaced:  # a kernel module that patches the timer cannot be timed, whatever its outputs
+        return {**entry, "reason": f"{level.key}: the kernel's import or launch replaced the harness's timer "
+                                   f"({', '.join(replaced)}); it cannot be timed", "tampered": replaced}  # fmt: skip
+    if late:
+        return {**entry, "reason": f"{level.key}: the outputs were still being written after the launch returned on "
+                                   "its stream (work on a side stream that the caller, and so the timer, never waits "
+                                   "for)", "side_stream": True}  # fmt: skip
+    figures = [(mode, judge(adapter, run, out, ref), "") for mode, out in outs_by_mode]
+    figures += [(mode, judge(adapter, run, out, ref2), " (after its inputs were rewritten in place at the same "
+                 "addresses: a result cached by input address?)") for mode, out in again]  # fmt: skip
+    bad = [(m, f, note) for m, f, note in figures if not f["ok"]]
+    errs = [f["max_abs_err"] for _, f, _ in figures if f["max_abs_err"] is not None]
+    rels = [f["rel_err"] for _, f, _ in figures]
+    first = figures[0][1]
+    plain = [f for _, f, note in figures if not note]  # the counts are the plain launches' (one per mode)
     entry.update(max_abs_err=max(errs) if errs else None, rel_err=None if None in rels else max(rels),
-                 mismatched=mismatched, nonfinite=nonfinite, atol=atol, rtol=rtol, ok=mismatched == 0)  # fmt: skip
-    shape_error = next((f["shape_error"] for f in figures if "shape_error" in f), None)
-    if shape_error:
-        entry["reason"] = f"{level.key}: {shape_error}"
-    elif nonfinite:
-        entry["reason"] = f"{level.key}: {nonfinite} of {total} outputs are not finite{how}"
-    elif mismatched:
-        entry["reason"] = (f"{level.key}: {mismatched} of {total} outputs outside atol={atol:g}, rtol={rtol:g} "
-                           f"(max abs err {entry['max_abs_err']:.3g}){how}")  # fmt: skip
+                 mismatched=sum(f["mismatched"] or 0 for f in plain),
+                 nonfinite=sum(f["nonfinite"] or 0 for f in plain), atol=first.get("atol"),
+                 rtol=first.get("rtol"), norm=first.get("norm"), ok=not bad)  # fmt: skip
+    if bad:
+        mode, f, note = bad[0]
+        how = f" (launched with {', '.join(f'{k}={v}' for k, v in mode.items())})" if mode else ""
+        total = sum(r.numel() for r in _tensors(ref)) * (len(plain) if not note else 1)
+        f = {**f, "mismatched": entry["mismatched"], "nonfinite": entry["nonfinite"]} if not note else f
+        entry["reason"] = (_why(f, total, level.key, how) or f["reason"]) + note
     return entry
 
 
@@ -153,6 +271,7 @@ def check(adapter: KernelAdapter, config: dict, levels: list[Level], *, seed: in
     """
     import torch
 
+    _take_first_snapshot()  # before this call launches anything (a caller that imports kernels takes it earlier)
     device = device or default_device()
     dtype = torch.float16 if device == "cpu" else torch.bfloat16
     result = {"ok": False, "levels": [], "seed": seed, "device": device, "dtype": str(dtype).removeprefix("torch."),
@@ -201,7 +320,8 @@ def record(store: Store, ws_id: str | None, experiment: int, result: dict) -> No
     store.event(ws_id, "correctness.failed", reason, {"experiment": experiment})
 
 
-__all__ = ["CHECK_TIMEOUT_S", "check", "check_isolated", "default_device", "failed", "record"]
+__all__ = ["CHECK_TIMEOUT_S", "TIMERS", "check", "check_isolated", "default_device", "failed", "judge", "record",
+           "timer_snapshot", "timers_replaced", "tolerance"]
 
 
 # --------------------------------------------------------------------------- #
@@ -264,6 +384,7 @@ def _main() -> int:
     from kinv.kernels.adapter import get_adapter
 
     watch_parent()
+    _take_first_snapshot()  # the timers before the kernel's module is imported
     job = json.loads(sys.stdin.read())
     adapter = get_adapter(job["kernel"])
     levels = [adapter.level(lv) for lv in job["levels"]]

@@ -75,8 +75,9 @@ def test_every_launch_mode_writes_into_a_poisoned_buffer_so_a_mode_that_writes_n
     r = correctness.check(lazy, BASE, [LEVEL], seed=3, device="cpu")
     assert not r["ok"]
     assert "not finite" in r["reason"] and "target_ctas=1" in r["reason"], r["reason"]
-    # the adapter's empty output is the buffer: one launch per mode (the plain split count, one split)
-    assert lazy.launches == len(lazy.check_modes())
+    # the adapter's empty output is the buffer: one launch per mode (the plain split count, one split), and the
+    # first mode once more on inputs rewritten in place
+    assert lazy.launches == len(lazy.check_modes()) + 1
 
 
 class LazySizedByALaunchAdapter(LazyInOneModeAdapter):
@@ -88,13 +89,15 @@ def test_without_an_empty_output_one_launch_sizes_the_poisoned_buffer_and_a_lazy
     lazy = LazySizedByALaunchAdapter()
     r = correctness.check(lazy, BASE, [LEVEL], seed=4, device="cpu")
     assert not r["ok"] and "not finite" in r["reason"] and "target_ctas=1" in r["reason"], r["reason"]
-    assert lazy.launches == 1 + len(lazy.check_modes())
+    assert lazy.launches == 1 + len(lazy.check_modes()) + 1
 
 
 def test_stand_in_levels_are_small():
     big = lvl(96, 4096, "v3", 16, 64)
     assert ADAPTER.stand_in(big, "cpu") == lvl(2, 64, "v3", 16, 16)
     assert ADAPTER.stand_in(big, "cuda") == lvl(8, 4096, "v3", 16, 64)
+    # on a GPU the context is the level's own: a kernel wrong only at long contexts is caught there
+    assert ADAPTER.stand_in(lvl(64, 65536), "cuda") == lvl(8, 65536)
     assert ADAPTER.stand_in(lvl(1, 40, page_size=8), "cpu") == lvl(1, 40, page_size=8)
 
 
@@ -179,3 +182,77 @@ def test_gpu_baseline_bf16():
     r = correctness.check(MLADecodeAdapter(), BASE, [lvl(1, 4096), lvl(96, 4096)], seed=0)
     assert r["ok"], r["reason"]
     assert r["device"] == "cuda" and r["dtype"] == "bfloat16"
+
+
+class PointerCacheAdapter(MLADecodeAdapter):
+    """Returns the first result it computed for the same input addresses (a known benchmark exploit)."""
+
+    def __init__(self):
+        self.cache = {}
+
+    def launch(self, inputs, params, out=None, scratch=None, **mode):
+        key = (inputs["q"].data_ptr(), inputs["kv_cache"].data_ptr())
+        if key in self.cache:
+            return (out.copy_(self.cache[key]) if out is not None else self.cache[key].clone()), None
+        res, compiled = super().launch(inputs, params, out=out, scratch=scratch, **mode)
+        self.cache[key] = res.clone()
+        return res, compiled
+
+
+def test_a_result_cached_by_input_address_is_caught_when_the_inputs_change_in_place():
+    r = correctness.check(PointerCacheAdapter(), BASE, [LEVEL], seed=5, device="cpu")
+    assert not r["ok"]
+    assert "rewritten in place at the same addresses" in r["reason"], r["reason"]
+
+
+class TimerPatchingAdapter(MLADecodeAdapter):
+    """Its launch replaces the event timer the harness reads (as a kernel module could at import)."""
+
+    def launch(self, inputs, params, out=None, scratch=None, **mode):
+        torch.cuda.Event.elapsed_time = lambda self, end: 0.0
+        return super().launch(inputs, params, out=out, scratch=scratch, **mode)
+
+
+def test_a_kernel_that_replaces_the_timer_fails_the_gate_whatever_its_outputs(monkeypatch):
+    monkeypatch.setattr(torch.cuda.Event, "elapsed_time", torch.cuda.Event.elapsed_time)  # restored afterwards
+    correctness.timer_snapshot()  # resolvable on a machine without a GPU
+    r = correctness.check(TimerPatchingAdapter(), BASE, [LEVEL], seed=6, device="cpu")
+    assert not r["ok"]
+    assert "replaced the harness's timer" in r["reason"] and "torch.cuda.Event.elapsed_time" in r["reason"], r["reason"]
+    assert r["levels"][0]["tampered"] == ["torch.cuda.Event.elapsed_time"]
+
+
+class Float8KVAdapter(MLADecodeAdapter):
+    """Reads the KV at float8 precision: 1-7% error, a silent downcast."""
+
+    def launch(self, inputs, params, out=None, scratch=None, **mode):
+        kv = inputs["kv_cache"].to(torch.float8_e4m3fn).to(inputs["kv_cache"].dtype)
+        return super().launch({**inputs, "kv_cache": kv}, params, out=out, scratch=scratch, **mode)
+
+
+def test_a_kv_read_at_float8_precision_fails_the_gate():
+    r = correctness.check(Float8KVAdapter(), BASE, [LEVEL], seed=7, device="cpu")
+    assert not r["ok"] and r["levels"][0]["rel_err"] > 1e-2, r["reason"]
+
+
+class SlightlyScaledAdapter(MLADecodeAdapter):
+    """Every output 0.5% too large: inside the element-wise tolerance (1e-2 + 1e-2 x |ref|), and a precision
+    loss well beyond float16's own (2.6e-4 measured in the interpreter)."""
+
+    def launch(self, inputs, params, out=None, scratch=None, **mode):
+        return self.reference(inputs).to(inputs["q"].dtype) * 1.005, None
+
+
+def test_the_error_norm_bound_catches_a_precision_loss_the_element_wise_tolerance_lets_through():
+    r = correctness.check(SlightlyScaledAdapter(), BASE, [LEVEL], seed=8, device="cpu")
+    assert not r["ok"] and r["levels"][0]["mismatched"] == 0
+    assert "above the level's bound" in r["reason"], r["reason"]
+
+
+def test_the_tolerance_follows_the_outputs_scale_so_long_contexts_are_checked_as_hard_as_short_ones():
+    small = torch.full((4, 16, 512), 0.05)  # the rms of attention outputs on random data at 4096 tokens
+    atol_small, rtol, norm = ADAPTER.tolerance_at(torch.bfloat16, lvl(8, 4096), small)
+    atol_big, _, _ = ADAPTER.tolerance_at(torch.bfloat16, lvl(8, 64), torch.ones(4, 16, 512))
+    assert atol_big == ADAPTER.tolerance(torch.bfloat16)[0] == 3e-2
+    assert atol_small == pytest.approx(0.25 * 0.05)  # a fixed 3e-2 would let a 60% error through
+    assert norm == 6e-3 and rtol == 3e-2

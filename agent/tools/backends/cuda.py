@@ -76,9 +76,9 @@ class CudaArm(Arm):
                              f"{self.expect_kernel}" + (": the snapshot did not shadow the live package"
                                                         if self._key[1] else ""))  # fmt: skip
         if not s["correct"]:
-            raise self._fail(
-                f"{self.name} is incorrect at {level.key}: {s['mismatched']} elements off, rel err {s['rel_err']:.2e}"
-            )
+            rel = f"{s['rel_err']:.2e}" if s.get("rel_err") is not None else "not finite"
+            why = s.get("reason") or f"{s['mismatched']} elements off, rel err {rel}"
+            raise self._fail(f"{self.name} is incorrect at {level.key}: {why}")
         self.setups[level.key] = s
         log.info("arm %s: set up %s in %s s (compile %s s)", self.name, level.key, s.get("setup_s"), s.get("compile_s"))
         return s
