@@ -10,6 +10,7 @@ workstream id, so ``kinv run`` on the same plan resumes where it stopped.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated, Literal, TypedDict
 
@@ -46,7 +47,7 @@ from kinv.agent.graph_support import (  # noqa: F401 - re-exported: callers impo
     todo_reason,
 )
 from kinv.agent.models import Plan
-from kinv.agent.tools import bench, configs, correctness, envcheck, protocol, resources
+from kinv.agent.tools import bench, configs, correctness, envcheck, plausibility, protocol, resources
 from kinv.kernels.devices import get_device
 from kinv.kernels.errors import KinvError
 from kinv.kernels.launch_config import config_hash, describe
@@ -246,6 +247,20 @@ def pick(state: State, runtime: Runtime[Context]) -> Command[Literal["design", "
                                           "approval_id": None, "decision": f"next: {vid}"})
 
 
+def _compiled_for_approval(ctx, cfg: dict, source: bool, levels) -> dict:
+    """What the person approving sees of the compiler: the baseline and the variant compiled (no timing) by the
+    backend where it has a compiler (a GPU) or a record of one (replay); else a note that the figures shown are the
+    analytical model's.  A source patch is compiled once it is applied, not before it is approved."""
+    if source:
+        return {"compiled_note": "a source patch is compiled when it is applied"}
+    base = ctx.backend.compiled(ctx.plan.kernel, _baseline_config(ctx), ctx.plan.environment, levels)
+    var = ctx.backend.compiled(ctx.plan.kernel, cfg, ctx.plan.environment, levels)
+    if not base or not var:
+        return {"compiled_note": f"no compiler on the {ctx.backend.name} backend"}
+    compiled = {lv.key: {"base": base.get(lv.key), "variant": var.get(lv.key)} for lv in levels}
+    return {"compiled": compiled, "compiled_on": ctx.backend.name}
+
+
 def design(state: State, runtime: Runtime[Context]) -> Command[Literal["approval", "apply", "decide"]]:
     ctx = runtime.context
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
@@ -276,9 +291,11 @@ def design(state: State, runtime: Runtime[Context]) -> Command[Literal["approval
         full_diff = diff + (("\n" if diff else "") + src[1] if src else "")
         # what a person approves is pinned: the plan's hash and the exact edit; apply refuses anything else.
         # A decision already recorded (a re-run of this node after a kill) is never overwritten.
+        shown = {"smem_max": var_a.get("smem_estimate_max"), "predicted": predicted,
+                 **_compiled_for_approval(ctx, cfg, bool(src), levels)}
         store.add_approval(id=aid, workstream=ws, todo=planner.todo_id(ws, vid), variant=vid,
                            kind="source" if src else "config", diff=full_diff,
-                           resources={"smem_max": var_a.get("smem_estimate_max"), "predicted": predicted},
+                           resources=shown,
                            hypothesis=plan.hypothesis, title=v.title, rationale=v.rationale,
                            plan_hash=ctx.plan_hash, patch_sha=_edit_sha(cfg, src, edit))  # fmt: skip
         ctx.say("approval", message=f"{vid} waits for approval {aid}", approval_id=aid)
@@ -404,9 +421,16 @@ def measure(state: State, runtime: Runtime[Context]) -> dict:
     gpu_total = protocol.gpu_seconds(store.samples(exp))
     void = _integrity(store, exp, state["baseline_hashes"])
     verdict, reason = seq_res.verdict, seq_res.reason
+    label = {lv.key: lv.label for lv in levels}
+    if not void:  # a level faster than its roofline is never decided
+        timed = (json.loads(store.experiment(exp).get("resources") or "{}")).get("timed")
+        flagged = plausibility.flags(ctx.adapter, levels, bench.verdict_rows(seq_res), ctx.backend.copy_bandwidth(),
+                                     get_device(plan.device).matrix_tflops, timed)  # fmt: skip
+        if flagged:
+            void = plausibility.void_reason(flagged, label)
+            store.event(ws, "implausible", void, {"experiment": exp, "levels": sorted(flagged)})
     if void:
         verdict, reason = "void", void
-    label = {lv.key: lv.label for lv in levels}
     quick = ", ".join(f"{label.get(k, k)}:{v}" for k, v in seq_res.quick_look.items())
     store.update_experiment(exp, status="done", verdict=verdict, reason=reason, rounds=seq_res.rounds,
                             gpu_s=gpu_total, wall_s=time.time() - t0, finished=time.time(),

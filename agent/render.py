@@ -158,6 +158,12 @@ def show(console, v) -> None:
     for c in v.env_checks:
         console.print(f"env check ({c.get('source')}): {'ok' if c.get('ok') else 'MISMATCH ' + str(c.get('mismatch'))}"
                       f" expected {c.get('expected')} seen {c.get('seen')}", markup=False)  # fmt: skip
+    compiled = (v.resources or {}).get("compiled")
+    if compiled:
+        from kinv.agent.report import compiled_table
+
+        for line in compiled_table(compiled)[1:]:
+            console.print(line, markup=False)
     if v.correctness:
         console.print(f"correctness: {'passed' if v.correctness.get('ok') else 'FAILED'} "
                       f"({v.correctness.get('device')}, {v.correctness.get('dtype')}) {v.correctness.get('reason') or ''}",
@@ -203,8 +209,22 @@ def pending(console, items) -> None:
 
 
 def predicted_resources(console, resources: dict) -> None:
-    """Baseline -> variant shared memory and occupancy per level (analytical)."""
-    console.print("  predicted resources (analytical), baseline -> variant:")
+    """Baseline -> variant resources per level: the compiler's where a GPU compiled them, else the analytical
+    model's, labelled as such."""
+    compiled = (resources or {}).get("compiled") or {}
+    if compiled:
+        console.print(f"  compiled resources ({resources.get('compiled_on') or 'GPU'}, compile only), baseline -> variant:",
+                      markup=False)  # fmt: skip
+        for level, c in compiled.items():
+            b, v = c.get("base") or {}, c.get("variant") or {}
+            console.print(f"    {level}: registers/thread {b.get('registers')} -> {v.get('registers')}, spills "
+                          f"{b.get('spills')} -> {v.get('spills')}, shared memory {(b.get('smem') or 0) / 1024:.1f} -> "
+                          f"{(v.get('smem') or 0) / 1024:.1f} KB, CTAs/SM {b.get('ctas_per_sm')} -> "
+                          f"{v.get('ctas_per_sm')} (limited by {b.get('limited_by')} -> {v.get('limited_by')}), waves "
+                          f"{b.get('waves')} -> {v.get('waves')}", markup=False)  # fmt: skip
+        return
+    console.print(f"  predicted resources (analytical model{': ' + resources['compiled_note'] if (resources or {}).get('compiled_note') else ''}), baseline -> variant:",
+                  markup=False)  # fmt: skip
     for level, p in (resources.get("predicted") or {}).items():
         console.print(f"    {level}: shared memory {p.get('smem_base', 0) / 1024:.1f} -> "
                       f"{p.get('smem_variant', 0) / 1024:.1f} KB, CTAs/SM {p.get('ctas_per_sm_base')} -> "

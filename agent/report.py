@@ -364,7 +364,7 @@ def _predicted_table(pred: dict, label: dict | None = None) -> list[str]:
     rows = [(lv, p) for lv, p in pred.items() if isinstance(p, dict)]
     if not rows:
         return []
-    out = ["", "Predicted change vs baseline (resource model):", "",
+    out = ["", "Predicted change vs baseline (analytical resource model: no compiler was asked):", "",
            "| level | shared memory / CTA | CTAs per SM | warps per SM | limited by | feasible |",
            "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
 
@@ -545,8 +545,24 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     return "\n".join(out)
 
 
+def compiled_table(compiled: dict, label: dict | None = None, where: str = "as the GPU's compiler built them") -> list[str]:
+    """Baseline -> variant compiled resources per level (registers, spills, shared memory, CTAs per SM and the
+    limit that binds, waves), from the arms' set-ups or a compile-only run."""
+    from kinv.agent.tools.resources import compiled_line
+
+    rows = [(lv, c) for lv, c in (compiled or {}).items() if isinstance(c, dict) and (c.get("base") or c.get("variant"))]
+    if not rows:
+        return []
+    out = ["", f"Compiled resources, baseline → variant ({where}):", "",
+           "| level | registers / thread | spills | shared memory / CTA (KB) | CTAs per SM | limited by | waves |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    out += [compiled_line((label or {}).get(lv, lv), c.get("base"), c.get("variant")) for lv, c in rows]
+    return out
+
+
 def _resource_lines(res: dict, label: dict | None = None) -> list[str]:
     lines = []
+    compiled = res.get("compiled") or {}
     per = res.get("levels") or res.get("per_level") or []
     pred = res.get("predicted") or {}
     if isinstance(per, dict):
@@ -557,10 +573,12 @@ def _resource_lines(res: dict, label: dict | None = None) -> list[str]:
         why = r.get("why", {})
         occ = r.get("occupancy", {})
         explained = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in why.items())
-        lines.append(f"Resources (predicted, analytical) at {first.get('label') or first.get('level')}: shared memory "
+        lines.append(f"Resources (analytical model) at {first.get('label') or first.get('level')}: shared memory "
                      f"{r.get('smem_estimate', 0) / 1024:.1f} KB per CTA, {occ.get('ctas_per_sm', '?')} CTAs/SM by "
                      f"{occ.get('limited_by', '?')}" + (f"; {explained}" if explained else "") + ".")  # fmt: skip
-    if pred:
+    if compiled:
+        lines += compiled_table(compiled, label)
+    elif pred:
         lines += _predicted_table(pred, label)
     return lines + [""] if lines else []
 

@@ -280,6 +280,13 @@ class Store(ScreenedRows):
                 values[k] = json.dumps(values[k])
         self._update("experiments", exp_id, values)
 
+    def merge_resources(self, exp_id: int, **parts) -> None:
+        """Add keys to an experiment's resources (the compiled figures its arms reported, what its timing read)."""
+        row = self._one("experiments", exp_id) or {}
+        res = json.loads(row.get("resources") or "{}")
+        res.update(parts)
+        self._update("experiments", exp_id, {"resources": json.dumps(res)})
+
     def running_experiment(self, ws_id: str, todo: str, kind: str) -> dict | None:
         """The newest experiment of a todo still 'running' (a node killed mid-way resumes it)."""
         rows = self._rows("experiments", "workstream = ? and todo = ? and kind = ? and status = 'running'",

@@ -16,6 +16,7 @@ Requests
 ``{"op": "setup", "kernel", "config", "level", "reset"}``  correctness, graph sizing
 ``{"op": "sample", "key", "seed"}``              re-set (inputs from seed), one sample: median of >= 20 replays, >= 25 ms
 ``{"op": "check", "kernel", "config", "levels", "seed", "device"}``  the correctness gate, in this process
+``{"op": "compile", "kernel", "config", "level"}``  compile and launch once (no timing): the compiler's resources
 ``{"op": "copy_bandwidth", "mib": 2048}``       device-to-device copy GB/s
 ``{"op": "exit"}``
 
@@ -286,6 +287,8 @@ class Worker:
             replays_per_sample=st["replays"],
             eager_us=round(eager_us, 2),
             bytes=per_set,
+            working_set=per_set * n_sets,
+            l2_bytes=l2,
             flops=adapter.flops(level),
             setup_s=round(time.perf_counter() - t0, 3),
         )
@@ -443,6 +446,24 @@ class Worker:
         levels = [adapter.level(lv) for lv in req["levels"]]
         return {"result": check(adapter, req["config"], levels, seed=req["seed"], device=req["device"])}
 
+    def compile(self, req: dict) -> dict:
+        """Compile ``config`` and launch it once at ``level`` (no check, no timing): the compiler's resources."""
+        import torch
+
+        from kinv.kernels.adapter import get_adapter
+        from kinv.kernels.devices import detect
+        from kinv.kernels.launch_config import validate_config
+
+        adapter = get_adapter(req["kernel"])
+        config = validate_config(req["config"], adapter.name)
+        level = adapter.level(req["level"])
+        params = adapter.params_for(config, level)
+        inputs = adapter.make_inputs(level, seed=0)
+        _, compiled = adapter.launch(inputs, params)
+        torch.cuda.synchronize()
+        del inputs
+        return {"level": level.key, "resources": adapter.resources(params, level, detect(), compiled).to_dict()}
+
     def drop(self, req: dict) -> dict:
         import torch
 
@@ -469,7 +490,8 @@ def main() -> int:
                 out.flush()
                 return 0
             handler = {"hello": worker.hello, "setup": worker.setup, "sample": worker.sample,
-                       "copy_bandwidth": worker.copy_bandwidth, "drop": worker.drop, "check": worker.check}.get(op)  # fmt: skip
+                       "copy_bandwidth": worker.copy_bandwidth, "drop": worker.drop, "check": worker.check,
+                       "compile": worker.compile}.get(op)  # fmt: skip
             if handler is None:
                 raise ValueError(f"unknown op {op!r}")
             reply = {"ok": True, "op": op, **handler(req)}

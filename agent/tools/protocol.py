@@ -268,6 +268,13 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
         res = stats.run_sequential(sample_fn, [lv.key for lv in levels], thresholds, plan, offset_sd=offset_sd,
                                    n_variants=n_variants)  # fmt: skip
     finally:
+        if arms:  # what the compiler made of each arm, and what its timing read (kept before the arms go)
+            from kinv.agent.tools.resources import compiled_of
+
+            compiled = compiled_of({"base": arms[0].setups, "variant": arms[1].setups})
+            timed = {lv: {k: s[k] for k in ("working_set", "l2_bytes") if s.get(k)} for lv, s in arms[1].setups.items()}
+            if compiled or any(timed.values()):
+                store.merge_resources(exp_id, compiled=compiled, timed=timed)
         for a in arms:
             a.close()
     return res, acc.gpu_s

@@ -133,6 +133,11 @@ class Backend(ABC):
     def copy_bandwidth(self) -> float | None:
         return None
 
+    def compiled(self, kernel: str, config: dict, env: dict, levels: list[Level]) -> dict | None:
+        """The compiler's resources of ``config`` at each level (:func:`~kinv.agent.tools.resources.compiled_figures`
+        by level key), compiled without timing; ``None`` where this backend has no compiler (or no record of one)."""
+        return None
+
     def close(self) -> None:
         """Stop what the backend keeps between measurements (kept check processes; the cuda backend's workers)."""
         from kinv.agent.tools import worker_pool

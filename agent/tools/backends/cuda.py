@@ -136,6 +136,20 @@ class CudaBackend(Backend):
             self.pool.close()
         super().close()
 
+    def compiled(self, kernel: str, config: dict, env: dict, levels: list[Level]) -> dict | None:
+        from kinv.agent.tools.resources import compiled_figures
+
+        out = {}
+        try:
+            with WorkerProcess(env={k: str(v) for k, v in env.items()}, label="compile") as w:
+                for lv in levels:
+                    out[lv.key] = compiled_figures(w.request("compile", kernel=kernel, config=config,
+                                                             level=lv.to_dict())["resources"])  # fmt: skip
+        except (WorkerCrashed, WorkerError) as exc:
+            log.warning("compiling %s for its resources failed: %s", kernel, exc)
+            return None
+        return out
+
     def warm(self, kernel: str, env: dict, n: int) -> None:
         if self.pool is None:
             return

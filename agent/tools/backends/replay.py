@@ -13,6 +13,19 @@ from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.launch_config import config_hash, describe
 
 
+COMPILED = "compiled.json"  # beside the recordings: {kernel: {config hash: {level key: compiled figures}}}
+
+
+def compiled_record(directory: Path, kernel: str) -> dict:
+    """The compiled figures recorded with the samples (benchmarks/record_compiled.py), ``{}`` without them."""
+    import json
+
+    f = Path(directory) / COMPILED
+    if not f.is_file():
+        return {}
+    return json.loads(f.read_text()).get(get_adapter(kernel).name, {})
+
+
 class ReplayArm(Arm):
     def __init__(self, name, kernel, config, env, recording: Recording, slot):
         """``slot`` is the recorded slot, or a function of the level giving it (a level-conditional config
@@ -28,6 +41,9 @@ class ReplayArm(Arm):
         first = cell[min(cell)]
         s = {"level": level.key, "derived_env": first.get("derived_env", {}), "rounds_recorded": len(cell),
              "correct": True, "replayed": True}  # fmt: skip
+        figs = compiled_record(self.rec.files[0].parent, self.kernel).get(config_hash(self.config), {}).get(level.key)
+        if figs:
+            s["compiled"] = figs
         self.setups[level.key] = s
         return s
 
@@ -132,3 +148,8 @@ class ReplayBackend(Backend):
 
     def copy_bandwidth(self) -> float | None:
         return self.header.get("copy_gbps")
+
+    def compiled(self, kernel: str, config: dict, env: dict, levels: list[Level]) -> dict | None:
+        got = compiled_record(self.files[0].parent, kernel).get(config_hash(config), {})
+        out = {lv.key: got[lv.key] for lv in levels if lv.key in got}
+        return out or None
