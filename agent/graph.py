@@ -47,6 +47,7 @@ from kinv.agent.graph_support import (  # noqa: F401 - re-exported: callers impo
     todo_reason,
 )
 from kinv.agent.models import Plan
+from kinv.agent.enums import MEASURED_VERDICTS
 from kinv.agent.tools import bench, configs, correctness, envcheck, plausibility, protocol, resources
 from kinv.kernels.devices import get_device
 from kinv.kernels.errors import KinvError
@@ -484,10 +485,32 @@ def closeout(state: State, runtime: Runtime[Context]) -> dict:
 
     planner.start(store, ws, "closeout")
     _revert_all(ctx)
+    if plan.profile:  # the profiler's evidence behind each decided verdict, before the close-out cites it
+        _profile_step(ctx)
     path = report.write_closeout(store, plan, state, ctx)
     planner.finish(store, ws, "closeout", "completed", f"close-out at {path}")
     ctx.say("closeout", message=f"close-out written to {path}")
     return {"report": str(path), "decision": "closed out"}
+
+
+def _profile_step(ctx) -> None:
+    """Profile the baseline and the decided config variants (a source patch is reverted by now: it is not)."""
+    from kinv.agent.tools import profile
+
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    decided = []
+    for e in store.experiments(ws):
+        if e["kind"] != "ab" or e["verdict"] not in MEASURED_VERDICTS or int(e.get("version") or 1) != ctx.version:
+            continue
+        v = plan.variant(e["variant"]) if e["variant"] in {x.id for x in plan.variants} else None
+        if v is None or v.source_patch:
+            continue
+        decided.append((e["id"], v.id, plan.variant_config(v)))
+    notes = profile.step(store, ws, ctx.backend, ctx.adapter, plan.environment, _baseline_config(ctx), decided,
+                         ctx.levels())  # fmt: skip
+    for line in notes:
+        store.event(ws, "profile.skipped", line, {})
+        ctx.say("profile", message=line)
 
 
 NODES = {

@@ -520,3 +520,39 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[
     return ExitCode.OK, (f"wrote the measurement baseline of {plan.ws} into {path} ({describe(base)}, config hash "
                      f"{config_hash(base)}, file sha {configs.sha(path)}); this is not the shipped file: kinv "
                      f"revert --to-plan {plan_path} restores that")  # fmt: skip
+
+
+def profile_command(exp_id, backend, state_dir, as_json, console):
+    """``kinv profile EXP``: the profile step, after the fact, for one decided A/B of a config variant: the baseline
+    and the variant under Nsight Compute at the level of the largest effect, stored, and the sentence that explains
+    the verdict."""
+    import json
+
+    from kinv.agent.report import _profile_lines
+    from kinv.agent.tools import profile
+    from kinv.agent.views import resolve_experiment
+
+    store = Store(state_dir)
+    row = resolve_experiment(store, exp_id)
+    if row["kind"] != "ab" or not row.get("verdict"):
+        raise BadInput(f"experiment {row['id']} is a {row['kind']} experiment ({row.get('verdict') or row['status']}); "
+                       "kinv profile takes a decided A/B of a variant (kinv experiments WS lists them)")  # fmt: skip
+    wsrow = store.workstream(row["workstream"]) or {}
+    plan, be, said = _plan_and_backend(wsrow.get("plan_path"), backend, as_json)
+    v = next((x for x in plan.variants if x.id == row["variant"]), None)
+    if v is None or v.source_patch:
+        raise BadInput(f"experiment {row['id']} ({row['variant']}) is not a config variant of {wsrow.get('plan_path')}; "
+                       "a source patch is profiled by its plan's profile step while it is applied")  # fmt: skip
+    _banner(be, as_json, said)
+    notes = profile.step(store, plan.ws, be, plan.adapter, plan.environment, {**plan.baseline, "kernel": plan.adapter.name},
+                         [(row["id"], v.id, plan.variant_config(v))], plan.levels())  # fmt: skip
+    profs = store.profiles(exp_id=row["id"])
+    if as_json:
+        print(json.dumps({"experiment": row["id"], "profiles": profs, "skipped": notes}, indent=2, default=str))
+    else:
+        for line in notes:
+            console.print(line, markup=False)
+        for line in _profile_lines(profs, {lv.key: lv.label for lv in plan.levels()}):
+            if line:
+                console.print(line, markup=False)
+    return ExitCode.OK, "" if as_json else f"{len(profs)} profile(s) stored with experiment {row['id']} in {store.path}"

@@ -201,6 +201,9 @@ class Plan(Strict):
     stats: StatsSettings = Field(default_factory=StatsSettings, description="noise and decision settings")
     budget: Budget = Field(default_factory=Budget, description="GPU and wall-time budget")
     backlog: list[BacklogItem] = Field(default_factory=list, description="next candidates with their rationale")
+    profile: Literal["ncu"] | None = Field(None, description="'ncu': before the close-out, profile the baseline and "
+                                           "each decided variant with Nsight Compute at the level of its largest "
+                                           "effect, and explain each verdict with the profiler's figures")
     expect: Literal["improvement", "no_change"] = Field(
         "improvement", description="what the hypothesis predicts: 'improvement' (a variant beats the baseline) or "
         "'no_change' (a null drill: every variant is equivalent, at expect_levels or at every level)")

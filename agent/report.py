@@ -468,6 +468,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
         res = v["resources"]
         if res:
             out += _resource_lines(res, {x.key: x.label for x in levels})
+        out += _profile_lines(store.profiles(exp_id=e["id"]), {x.key: x.label for x in levels})
         corr = v["correctness"]
         if corr:
             lv_rows = corr.get("levels") or []
@@ -520,6 +521,15 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     if follow:
         out += ["Proposed follow-ups:"] + follow + [""]
 
+    base_prof = next((p for p in store.profiles(ws) if p["arm"] == "base"), None)
+    if base_prof:  # what the profiler says bounds the baseline points the next step one way or the other
+        from kinv.agent.tools.profile import bound_of, next_step
+
+        f = base_prof["figures"]
+        where = next((x.label for x in levels if x.key == base_prof["level"]), base_prof["level"])
+        out += [f"Profiled baseline at {where}: {bound_of(f)}; "
+                f"{next_step(f)}.", ""]
+
     # ---- ledger --------------------------------------------------------------------
     gpu = sum(e["gpu_s"] or 0 for e in data["experiments"])
     rounds = sum(e["rounds"] or 0 for e in data["experiments"])
@@ -528,6 +538,11 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             f"rounds: {rounds}; samples stored: {n_samples}; budget {plan.budget.gpu_seconds:.0f} GPU s"
             f"{' — spent, close-out written anyway' if state.get('budget_exhausted') else ''}.",
             f"- Plan: `{ctx.plan_path}` (sha {ctx.plan_hash}); written {stamp(time.time())}.", ""]  # fmt: skip
+    profs = store.profiles(ws)
+    if profs:
+        live = sum(p["seconds"] or 0 for p in profs)
+        how = "recorded, served by replay" if be.name == "replay" else f"{live:.1f} s of Nsight Compute on the GPU"
+        out.insert(-1, f"- Profile step: {len(profs)} profiles ({how}).")
     places = store.places([e["id"] for e in data["experiments"] if e["kind"] != "screen"])
     screened_on = store.places([e["id"] for e in data["experiments"] if e["kind"] == "screen"])
     label = {lv.key: lv.label for lv in levels}
@@ -543,6 +558,22 @@ def render(store: Store, plan, state: dict, ctx) -> str:
         if lost:
             out.insert(-1, f"- Lost during the workstream: {'; '.join(lost)}.")
     return "\n".join(out)
+
+
+def _profile_lines(profs: list[dict], label: dict) -> list[str]:
+    """A decided variant's profile, as the sentence that explains its verdict (figures of the baseline beside)."""
+    from kinv.agent.tools.profile import explain
+
+    by = {(p["arm"], p["level"]): p for p in profs}
+    out = []
+    for (arm, lv), p in by.items():
+        base = by.get(("base", lv))
+        if arm != "variant" or base is None:
+            continue
+        src = "recorded Nsight Compute profile" if p["source"] == "replay" else "Nsight Compute"
+        out += [f"Why, by the profiler ({src}, {label.get(lv, lv)}, the level of the largest effect): "
+                f"{explain(base['figures'], p['figures'])}.", ""]
+    return out
 
 
 def compiled_table(compiled: dict, label: dict | None = None, where: str = "as the GPU's compiler built them") -> list[str]:

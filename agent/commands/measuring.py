@@ -56,6 +56,25 @@ def bench(
 
 
 @app.command()
+def profile(
+    exp_id: int = typer.Argument(..., help="a decided A/B experiment of a config variant (kinv experiments WS)"),
+    backend: BackendName = typer.Option(BackendName.AUTO, help=BACKEND_HELP),
+    state_dir: str = StateOpt,
+    as_json: bool = JsonOpt,
+):
+    """Profile a decided variant and its baseline with Nsight Compute at the level of its largest effect, store the
+    figures (registers, block limits, waves, DRAM throughput, occupancy, stalls) and say why the verdict went as
+    it did.  Without ncu (or on replay without a recorded profile) it says so in one line.
+
+    Example: kinv profile 7 --backend cuda
+    """
+    from kinv.agent.investigation import profile_command
+
+    _state_dir(state_dir)
+    raise Exit(*profile_command(exp_id, backend.value, state_dir, as_json, _console()))
+
+
+@app.command()
 def noise(
     plan: Path = PlanOpt,
     rounds: int = typer.Option(16, min=3, max=1000, help="A/A rounds (every worker in every round)"),

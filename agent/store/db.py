@@ -356,6 +356,18 @@ class Store(ScreenedRows):
             self.db["verdicts"].insert_all([{**r, "experiment": exp_id, "t": now()} for r in rows])
         faults.point("store.verdicts.after")
 
+    def add_profile(self, ws_id: str | None, exp_id: int, arm: str, config_hash: str, level: str, figures: dict,
+                    source: str, seconds: float) -> None:  # fmt: skip
+        with self.db.conn:
+            self.db.execute("delete from profiles where experiment = ? and arm = ? and level = ?", [exp_id, arm, level])
+            self.db["profiles"].insert({"workstream": ws_id, "experiment": exp_id, "arm": arm, "config_hash": config_hash,
+                                        "level": level, "figures": json.dumps(figures), "source": source,
+                                        "seconds": seconds, "t": now()})  # fmt: skip
+
+    def profiles(self, ws_id: str | None = None, exp_id: int | None = None) -> list[dict]:
+        rows = self._filtered("profiles", "id", workstream=ws_id, experiment=exp_id)
+        return [{**r, "figures": json.loads(r["figures"] or "{}")} for r in rows]
+
     def verdicts(self, exp_id: int) -> list[dict]:
         return self._rows("verdicts", "experiment = ?", [exp_id], order_by="id")
 

@@ -175,6 +175,17 @@ def m009_screened(db: sqlite_utils.Database) -> None:
     )  # fmt: skip
 
 
+@migration
+def m010_profiles(db: sqlite_utils.Database) -> None:
+    """The profile step's evidence: one row per profiled (experiment, arm, level) with the parsed figures, where
+    they came from (ncu live, or a recording) and the seconds it took."""
+    db["profiles"].create(
+        {"id": int, "workstream": str, "experiment": int, "arm": str, "config_hash": str, "level": str,
+         "figures": str, "source": str, "seconds": float, "t": float},
+        pk="id",
+    )  # fmt: skip
+
+
 def _throughput_unit(kernel: str | None) -> str | None:
     if not kernel:
         return None

@@ -138,6 +138,11 @@ class Backend(ABC):
         by level key), compiled without timing; ``None`` where this backend has no compiler (or no record of one)."""
         return None
 
+    def profile(self, adapter, config: dict, level: Level, env: dict) -> tuple[dict | None, str, float]:
+        """Profile ``config`` at ``level`` (:mod:`kinv.agent.tools.profile`): ``(figures or None, why not, GPU
+        seconds)``.  Here: no profiler."""
+        return None, f"the {self.name} backend has no profiler; the profile step was skipped", 0.0
+
     def close(self) -> None:
         """Stop what the backend keeps between measurements (kept check processes; the cuda backend's workers)."""
         from kinv.agent.tools import worker_pool

@@ -136,6 +136,11 @@ class CudaBackend(Backend):
             self.pool.close()
         super().close()
 
+    def profile(self, adapter, config: dict, level: Level, env: dict) -> tuple[dict | None, str, float]:
+        from kinv.agent.tools import profile
+
+        return profile.run(adapter, config, level, env)
+
     def compiled(self, kernel: str, config: dict, env: dict, levels: list[Level]) -> dict | None:
         from kinv.agent.tools.resources import compiled_figures
 

@@ -14,13 +14,15 @@ from kinv.kernels.launch_config import config_hash, describe
 
 
 COMPILED = "compiled.json"  # beside the recordings: {kernel: {config hash: {level key: compiled figures}}}
+PROFILES = "profiles.json"  # beside the recordings: {kernel: {config hash: {level key: profile figures}}}
 
 
-def compiled_record(directory: Path, kernel: str) -> dict:
-    """The compiled figures recorded with the samples (benchmarks/record_compiled.py), ``{}`` without them."""
+def compiled_record(directory: Path, kernel: str, name: str = COMPILED) -> dict:
+    """The compiled figures (or, ``name=PROFILES``, the profiles) recorded with the samples
+    (benchmarks/record_compiled.py), ``{}`` without them."""
     import json
 
-    f = Path(directory) / COMPILED
+    f = Path(directory) / name
     if not f.is_file():
         return {}
     return json.loads(f.read_text()).get(get_adapter(kernel).name, {})
@@ -148,6 +150,12 @@ class ReplayBackend(Backend):
 
     def copy_bandwidth(self) -> float | None:
         return self.header.get("copy_gbps")
+
+    def profile(self, adapter, config: dict, level: Level, env: dict) -> tuple[dict | None, str, float]:
+        got = compiled_record(self.files[0].parent, adapter.name, PROFILES).get(config_hash(config), {}).get(level.key)
+        if not got:
+            return None, f"replay has no recorded profile of {describe(config)} at {level.key}", 0.0
+        return got, "", 0.0
 
     def compiled(self, kernel: str, config: dict, env: dict, levels: list[Level]) -> dict | None:
         got = compiled_record(self.files[0].parent, kernel).get(config_hash(config), {})
