@@ -542,7 +542,7 @@ def profile_command(exp_id, backend, state_dir, as_json, console):
     v = next((x for x in plan.variants if x.id == row["variant"]), None)
     if v is None or v.source_patch:
         raise BadInput(f"experiment {row['id']} ({row['variant']}) is not a config variant of {wsrow.get('plan_path')}; "
-                       "a source patch is profiled by its plan's profile step while it is applied")  # fmt: skip
+                       "kinv profile takes config variants (a source patch is reverted once it is decided)")  # fmt: skip
     _banner(be, as_json, said)
     notes = profile.step(store, plan.ws, be, plan.adapter, plan.environment, {**plan.baseline, "kernel": plan.adapter.name},
                          [(row["id"], v.id, plan.variant_config(v))], plan.levels())  # fmt: skip

@@ -539,6 +539,9 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             f"{' — spent, close-out written anyway' if state.get('budget_exhausted') else ''}.",
             f"- Plan: `{ctx.plan_path}` (sha {ctx.plan_hash}); written {stamp(time.time())}.", ""]  # fmt: skip
     profs = store.profiles(ws)
+    skipped = [e["message"] for e in store.events(ws) if e["kind"] == "profile.skipped"]
+    if skipped and not profs:
+        out.insert(-1, f"- Profile step: skipped — {skipped[-1]}.")
     if profs:
         live = sum(p["seconds"] or 0 for p in profs)
         how = "recorded, served by replay" if be.name == "replay" else f"{live:.1f} s of Nsight Compute on the GPU"

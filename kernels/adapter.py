@@ -128,6 +128,9 @@ class KernelAdapter(ABC):
     #: a plan of this kernel, relative to :meth:`root`, that ``kinv bench``, ``kinv noise`` and ``kinv env`` use
     #: without ``--plan`` (the first registered kernel's that names one); empty: none
     example_plan: str = ""
+    #: a regular expression of the kernel names the profile step profiles (e.g. the main grid of a two-stage
+    #: kernel); empty: every launch of :meth:`launch`
+    profile_kernels: str = ""
 
     # ---- where things live -----------------------------------------------------------
     def root(self) -> Path:

@@ -162,6 +162,7 @@ class MLADecodeAdapter(KernelAdapter):
     throughput_unit = "tok/s"
     example_plan = "plans/3a-attention-occupancy.yaml"
     kernel_files = ("kernels/mla_decode.py",)
+    profile_kernels = "_mla_decode_stage1"  # the split-K grid; the merge is a tenth of the time
     reference_parts = (
         ("kernels/mla_decode_ref.py", "mla_decode_reference"),
         ("kernels/mla_decode_adapter.py", "MLADecodeAdapter.reference"),

@@ -74,6 +74,7 @@ class MoEExpertGemmAdapter(KernelAdapter):
     throughput_unit = "TFLOP/s"
     example_plan = "plans/4a-expert-gemm-tiles.yaml"
     kernel_files = ("kernels/moe_expert_gemm.py",)
+    profile_kernels = "_moe_expert_gemm_kernel"
     reference_parts = (
         ("kernels/moe_expert_gemm_ref.py", "moe_expert_gemm_reference"),
         ("kernels/moe_expert_gemm_adapter.py", "MoEExpertGemmAdapter.reference"),

@@ -40,6 +40,8 @@ METRICS = {
 STALL = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats", "MemoryWorkloadAnalysis")
 TIMEOUT_S = 300.0
+#: how a reason that skips the whole step ends (no profiler, or the profiler failed)
+SKIPPED = "the profile step was skipped"
 
 
 def _num(text: str) -> float | None:
@@ -158,9 +160,6 @@ def bound_of(p: dict) -> str:
     return f"latency-bound at {dram:.0f}% of DRAM peak (issue {p.get('issued_per_cycle', 0):.2f}/cycle){tail}"
 
 
-
-
-
 def step(store, ws: str, backend, adapter, env: dict, baseline: dict, decided: list[tuple[int, str, dict]],
          levels) -> list[str]:  # fmt: skip
     """Profile the baseline and each decided variant (``(experiment, variant id, config)``) at the level where its
@@ -182,9 +181,9 @@ def step(store, ws: str, backend, adapter, env: dict, baseline: dict, decided: l
         for arm, config, got in (("baseline", baseline, seen[lv.key]), (vid, cfg, None)):
             figures, why, secs = got or backend.profile(adapter, config, lv, env)
             if figures is None:
+                if why.endswith(SKIPPED):  # no profiler here, or it failed: one line for the whole step
+                    return [why[0].upper() + why[1:]]
                 notes.append(f"{vid} at {lv.label}: {arm} not profiled: {why}")
-                if "not installed" in why or "no profiler" in why:
-                    return notes  # one line, never a failed run
                 continue
             if arm == "baseline":
                 secs, _ = (0.0 if lv.key in charged else secs), charged.add(lv.key)
@@ -192,7 +191,6 @@ def step(store, ws: str, backend, adapter, env: dict, baseline: dict, decided: l
                               figures, backend.name, secs)  # fmt: skip
         store.event(ws, "profile", f"{vid} profiled at {lv.label}", {"experiment": exp, "level": lv.key})
     return notes
-
 
 
 def next_step(p: dict) -> str:
@@ -205,4 +203,6 @@ def next_step(p: dict) -> str:
                 "more memory in flight per SM (fewer registers per thread, deeper pipelining) is where time is, not "
                 "more CTAs that would need a second wave")  # fmt: skip
     return "neither memory nor issue slots are busy: more independent work per SM (occupancy, pipelining)"
+
+
 __all__ = ["METRICS", "available", "bound_of", "explain", "next_step", "parse_raw", "run", "step", "summarize"]

@@ -152,7 +152,10 @@ class ReplayBackend(Backend):
         return self.header.get("copy_gbps")
 
     def profile(self, adapter, config: dict, level: Level, env: dict) -> tuple[dict | None, str, float]:
-        got = compiled_record(self.files[0].parent, adapter.name, PROFILES).get(config_hash(config), {}).get(level.key)
+        rec = compiled_record(self.files[0].parent, adapter.name, PROFILES)
+        if not rec:
+            return None, f"replay has no recorded profiles of {adapter.name}; the profile step was skipped", 0.0
+        got = rec.get(config_hash(config), {}).get(level.key)
         if not got:
             return None, f"replay has no recorded profile of {describe(config)} at {level.key}", 0.0
         return got, "", 0.0
