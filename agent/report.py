@@ -46,8 +46,9 @@ def roofline(store: Store, ws: str, adapter, levels, copy_gbps: float | None, ma
 
     At each level the floor is ``max(bytes / copy bandwidth, FLOPs / matrix peak)``; the larger term names
     the bound (memory or compute: the level's arithmetic intensity against the ridge point).  A fraction above
-    100% of the bound, or a memory-bound level whose bytes fit in the L2 cache (``l2_bytes``: then repeated
-    calls need not reach device memory at all), is *implausible*: it is kept with the reason and never counted
+    100% of the bound, or a memory-bound level whose *timed* working set (all the input sets the workers rotated
+    through, from their set-ups) fits in the L2 cache (then repeated calls need not reach device memory at all),
+    is *implausible*: it is kept with the reason and never counted
     as headroom.  Returns ``{"levels": {key: {bound, intensity, fraction, implausible}}, "headroom": 1 - the
     best plausible fraction (None without one), "bound": text}``.
     """
@@ -63,6 +64,12 @@ def roofline(store: Store, ws: str, adapter, levels, copy_gbps: float | None, ma
                 best[row["level"]] = (row["variant_us"], v["exp"]["variant"])
     for k, us in base_us.items():
         best.setdefault(k, (us, "baseline"))
+    # what the timing read: the input sets the workers rotated through per level (their set-ups report it)
+    timed: dict[str, dict] = {}
+    for v in data["variants"]:
+        for k, t in (v["resources"].get("timed") or {}).items():
+            if t and t.get("working_set"):
+                timed.setdefault(k, t)
     out: dict = {"levels": {}, "headroom": None, "bound": "unknown"}
     ridge = matrix_tflops * 1e12 / (copy_gbps * 1e9) if copy_gbps and matrix_tflops else None
     for lv in levels:
@@ -77,9 +84,10 @@ def roofline(store: Store, ws: str, adapter, levels, copy_gbps: float | None, ma
         if fraction is not None and fraction > 1.0:
             odd = ("above 100% of the roofline, which no kernel reaches: the bytes or FLOPs it is charged, or the "
                    "bound, are wrong for this level")  # fmt: skip
-        elif bound == "memory" and l2_bytes and b <= l2_bytes:
-            odd = (f"its working set ({b / 2**20:.1f} MiB) fits in L2 ({l2_bytes / 2**20:.0f} MiB), so a fraction "
-                   "of device-memory bandwidth says nothing there")  # fmt: skip
+        elif bound == "memory" and (t := timed.get(lv.key)) and t["working_set"] <= (t.get("l2_bytes") or l2_bytes or 0):
+            odd = (f"its timed working set ({t['working_set'] / 2**20:.1f} MiB) fits in L2 "
+                   f"({(t.get('l2_bytes') or l2_bytes) / 2**20:.0f} MiB), so a fraction of device-memory bandwidth "
+                   "says nothing there")  # fmt: skip
         out["levels"][lv.key] = {"label": lv.label, "bound": bound, "intensity": f / b if b else None,
                                  "fraction": fraction, "config": who, "implausible": odd}  # fmt: skip
     fr = [x["fraction"] for x in out["levels"].values() if x["fraction"] and not x["implausible"]]
@@ -467,7 +475,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             out += ["", f"Rounds: {e['rounds']} (ABBA-paired), GPU time {e['gpu_s'] or 0:.2f} s.", ""]
         res = v["resources"]
         if res:
-            out += _resource_lines(res, {x.key: x.label for x in levels})
+            out += _resource_lines(res, {x.key: x.label for x in levels}, replayed=be.name == "replay")
         out += _profile_lines(store.profiles(exp_id=e["id"]), {x.key: x.label for x in levels})
         corr = v["correctness"]
         if corr:
@@ -594,7 +602,10 @@ def compiled_table(compiled: dict, label: dict | None = None, where: str = "as t
     return out
 
 
-def _resource_lines(res: dict, label: dict | None = None) -> list[str]:
+def _resource_lines(res: dict, label: dict | None = None, replayed: bool = False) -> list[str]:
+    """A variant's resources: the compiler's table where the arms reported it (the analytical model's CTAs/SM
+    and waves, which cannot see registers, are then left out: only the launch shape it derives is kept), else
+    the analytical model, labelled as such."""
     lines = []
     compiled = res.get("compiled") or {}
     per = res.get("levels") or res.get("per_level") or []
@@ -606,12 +617,16 @@ def _resource_lines(res: dict, label: dict | None = None) -> list[str]:
         r = first.get("resources", first)
         why = r.get("why", {})
         occ = r.get("occupancy", {})
-        explained = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in why.items())
-        lines.append(f"Resources (analytical model) at {first.get('label') or first.get('level')}: shared memory "
-                     f"{r.get('smem_estimate', 0) / 1024:.1f} KB per CTA, {occ.get('ctas_per_sm', '?')} CTAs/SM by "
-                     f"{occ.get('limited_by', '?')}" + (f"; {explained}" if explained else "") + ".")  # fmt: skip
+        explained = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in why.items() if not (compiled and k == "waves"))
+        if compiled and explained:
+            lines.append(f"Launch shape at {first.get('label') or first.get('level')}: {explained}.")
+        elif not compiled:
+            lines.append(f"Resources (analytical model) at {first.get('label') or first.get('level')}: shared memory "
+                         f"{r.get('smem_estimate', 0) / 1024:.1f} KB per CTA, {occ.get('ctas_per_sm', '?')} CTAs/SM by "
+                         f"{occ.get('limited_by', '?')}" + (f"; {explained}" if explained else "") + ".")  # fmt: skip
     if compiled:
-        lines += compiled_table(compiled, label)
+        lines += compiled_table(compiled, label, "recorded from the GPU's compiler with the samples" if replayed
+                                else "as the GPU's compiler built them")  # fmt: skip
     elif pred:
         lines += _predicted_table(pred, label)
     return lines + [""] if lines else []

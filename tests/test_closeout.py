@@ -111,16 +111,24 @@ def test_a_variant_rejected_by_a_person_was_never_measured_so_nothing_is_refuted
 
 def test_roofline_fractions_above_one_or_inside_l2_are_flagged_never_stated(tmp_path):
     """#4a at t1: 100 µs for a call that must move ~470 MB at 4.1 TB/s is above the roofline: implausible.  #3a at
-    b1: a 4.7 MB working set fits in the H200's 60 MB L2, so a DRAM roofline fraction says nothing there."""
+    b1 moves 4.7 MB a call: timed over input sets that fill 3x the H200's 60 MB L2 its fraction is stated; timed
+    over one set that fits in L2 it says nothing and is flagged."""
     eq = {lab: ("equivalent", 0.0, -0.004, 0.004) for lab in ("t1", "t8", "t32", "t64", "t96")}
     text = _render(tmp_path, plan_file="4a-expert-gemm-tiles.yaml", measured={"V1": ("reject", eq)})
     roof = text.split("## Roofline", 1)[1].split("\n## ", 1)[0]
     assert "t1 memory-bound at" not in roof and "implausible" in roof, roof
     assert "0% of its roofline" not in text and "0% of their roofline" not in text
-    (tmp_path / "mla").mkdir()
-    text = _render(tmp_path / "mla", measured={"V1": ("reject", _levels("equivalent", 0.0, -0.004, 0.004))})
-    roof = text.split("## Roofline", 1)[1].split("\n## ", 1)[0]
-    assert "b1 memory-bound at" not in roof and "fits in L2" in roof, roof
+    for name, per_set_sets in (("rotated", 3 * 60 * 2**20 + 2**20), ("one-set", 4 * 2**20)):
+        (tmp_path / name).mkdir()
+        store, plan, state, ctx = build(tmp_path / name, measured={"V1": ("reject", _levels("equivalent", 0.0, -0.004, 0.004))})
+        exp = next(e["id"] for e in store.experiments(plan.ws) if e["kind"] == "ab")
+        key = next(lv.key for lv in plan.levels() if lv.label == "b1")
+        store.merge_resources(exp, timed={key: {"working_set": per_set_sets, "l2_bytes": 60 * 2**20}})
+        roof = report.render(store, plan, state, ctx).split("## Roofline", 1)[1].split("\n## ", 1)[0]
+        if name == "rotated":
+            assert "b1 memory-bound at" in roof and "fits in L2" not in roof, roof
+        else:
+            assert "b1 memory-bound at" not in roof and "timed working set (4.0 MiB) fits in L2 (60 MiB)" in roof, roof
 
 
 def test_a_standalone_plan_never_calls_its_baseline_a_campaigns_incumbent(tmp_path, monkeypatch):

@@ -45,6 +45,7 @@ EXPECT: dict[str, tuple[int, str, str]] = {
     "kinv todos 3a --format claude": (0, SESSION, "the todos for Claude Code"),
     "kinv experiments 3a": (0, SESSION, "#3a's experiments"),
     "kinv show 3": (0, SESSION, "experiment 3: #3a's V1"),
+    "kinv profile 3": (0, SESSION, "V1's recorded profile and the sentence that explains its verdict"),
     "kinv report 3a": (0, SESSION, "#3a's close-out"),
     "kinv backups": (0, SESSION, "backups taken before each patch"),
     "kinv history 3a": (0, SESSION, "the graph nodes that ran"),
