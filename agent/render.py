@@ -213,8 +213,9 @@ def predicted_resources(console, resources: dict) -> None:
     model's, labelled as such."""
     compiled = (resources or {}).get("compiled") or {}
     if compiled:
-        console.print(f"  compiled resources ({resources.get('compiled_on') or 'GPU'}, compile only), baseline -> variant:",
-                      markup=False)  # fmt: skip
+        on = resources.get("compiled_on") or "GPU"
+        how = "recorded from the GPU's compiler, served by replay" if on == "replay" else f"{on}, compile only"
+        console.print(f"  compiled resources ({how}), baseline -> variant:", markup=False)
         for level, c in compiled.items():
             b, v = c.get("base") or {}, c.get("variant") or {}
             console.print(f"    {level}: registers/thread {b.get('registers')} -> {v.get('registers')}, spills "

@@ -70,7 +70,10 @@ def test_3a_closes_on_replay_with_data_decided_verdicts(closed_3a, env):
 def test_a_paused_run_lists_its_approval_and_a_person_decides_it(paused_3a, env):
     items = json.loads(kinv(env, "pending", "--json").stdout)
     table = kinv(env, "pending")
-    assert table.returncode == 0 and "predicted resources" in table.stdout and "kinv approve" in table.stdout
+    assert table.returncode == 0 and "kinv approve" in table.stdout
+    # the compiler's figures, recorded on the H200 with the samples: what the person approving reads
+    assert "compiled resources (recorded from the GPU's compiler, served by replay)" in table.stdout, table.stdout
+    assert "CTAs/SM 4 -> 2 (limited by registers -> registers), waves 0.97 -> 1.94" in table.stdout
     assert len(items) == 1 and items[0]["variant"] == "V1" and "+  \"num_warps\": 8" in items[0]["diff"]
     assert kinv(env, "reject", items[0]["id"], "--reason", "not on this fleet").returncode == 0
     assert json.loads(kinv(env, "pending", "--json").stdout) == []
@@ -87,7 +90,10 @@ def test_approval_round_trip_across_processes(env):
 
     items = json.loads(pend.stdout)
     table = kinv(env, "pending")
-    assert table.returncode == 0 and "predicted resources" in table.stdout and "kinv approve" in table.stdout
+    assert table.returncode == 0 and "kinv approve" in table.stdout
+    # the compiler's figures, recorded on the H200 with the samples: what the person approving reads
+    assert "compiled resources (recorded from the GPU's compiler, served by replay)" in table.stdout, table.stdout
+    assert "CTAs/SM 4 -> 2 (limited by registers -> registers), waves 0.97 -> 1.94" in table.stdout
     assert len(items) == 1 and items[0]["variant"] == "V1" and "+  \"num_warps\": 8" in items[0]["diff"]
     assert kinv(env, "approve", items[0]["id"]).returncode == 0
     r2 = kinv(env, "resume", "3a", "--backend", "replay", "--approval", "ask")
