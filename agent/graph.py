@@ -248,14 +248,14 @@ def pick(state: State, runtime: Runtime[Context]) -> Command[Literal["design", "
                                           "approval_id": None, "decision": f"next: {vid}"})
 
 
-def _compiled_for_approval(ctx, cfg: dict, source: bool, levels) -> dict:
+def _compiled_for_approval(ctx, cfg: dict, source: bool, levels, env: dict | None = None) -> dict:
     """What the person approving sees of the compiler: the baseline and the variant compiled (no timing) by the
     backend where it has a compiler (a GPU) or a record of one (replay); else a note that the figures shown are the
     analytical model's.  A source patch is compiled once it is applied, not before it is approved."""
     if source:
         return {"compiled_note": "a source patch is compiled when it is applied"}
     base = ctx.backend.compiled(ctx.plan.kernel, _baseline_config(ctx), ctx.plan.environment, levels)
-    var = ctx.backend.compiled(ctx.plan.kernel, cfg, ctx.plan.environment, levels)
+    var = ctx.backend.compiled(ctx.plan.kernel, cfg, env or ctx.plan.environment, levels)
     if not base or not var:
         return {"compiled_note": f"no compiler on the {ctx.backend.name} backend"}
     compiled = {lv.key: {"base": base.get(lv.key), "variant": var.get(lv.key)} for lv in levels}
@@ -279,6 +279,9 @@ def design(state: State, runtime: Runtime[Context]) -> Command[Literal["approval
     resources.record(store, ws, exp, var_a)
     edit = _config_edit(ctx, cfg)  # the live file's exact bytes -> the exact bytes written while patched
     diff = _baseline_note(ctx, vid, cfg) + edit.diff if edit.diff else ""
+    if v.env:  # what the variant changes outside any file: its processes' environment
+        diff = "".join(f"environment of {vid}'s processes: {k}={plan.environment.get(k, '(unset)')} -> {k}={val}\n"
+                       for k, val in v.env.items()) + diff
     store.update_experiment(exp, diff=diff)
     if not var_a["feasible"]:
         result = {"verdict": "infeasible", "reason": f"infeasible on {plan.device}: {var_a['reason']}",
@@ -293,7 +296,7 @@ def design(state: State, runtime: Runtime[Context]) -> Command[Literal["approval
         # what a person approves is pinned: the plan's hash and the exact edit; apply refuses anything else.
         # A decision already recorded (a re-run of this node after a kill) is never overwritten.
         shown = {"smem_max": var_a.get("smem_estimate_max"), "predicted": predicted,
-                 **_compiled_for_approval(ctx, cfg, bool(src), levels)}
+                 **_compiled_for_approval(ctx, cfg, bool(src), levels, plan.variant_env(v))}
         store.add_approval(id=aid, workstream=ws, todo=planner.todo_id(ws, vid), variant=vid,
                            kind="source" if src else "config", diff=full_diff,
                            resources=shown,
@@ -361,7 +364,8 @@ def apply(state: State, runtime: Runtime[Context]) -> Command[Literal["gate", "r
         ctx.say("failed", message=f"{vid}: {res['reason']}")
         return Command(goto="revert", update={"results": {vid: res},
                                               "decision": res["reason"][:200]})
-    what = describe(plan.variant_config(v)) + (f" + source patch {v.source_patch}" if v.source_patch else "")
+    what = describe(plan.variant_config(v)) + (f" + source patch {v.source_patch}" if v.source_patch else "") + \
+        (" with " + " ".join(f"{k}={val}" for k, val in v.env.items()) + " in its processes" if v.env else "")
     ctx.say("patch", message=f"{vid}: patched to {what} (backup kept)")
     return Command(goto="gate", update={"decision": f"patched {what}"})
 
@@ -374,7 +378,7 @@ def gate(state: State, runtime: Runtime[Context]) -> Command[Literal["measure", 
     live = configs.read_config(ctx.config_path, ctx.adapter.name)
     with ctx.heartbeat(f"{vid}: correctness check at {len(ctx.levels())} levels ({_corr_device(ctx)})"):
         result = ctx.backend.check(plan.kernel, live, ctx.levels(), seed=_seed(),
-                                   device=_corr_device(ctx), env=plan.environment)  # fmt: skip
+                                   device=_corr_device(ctx), env=plan.variant_env(plan.variant(vid)))  # fmt: skip
     correctness.record(store, ws, state["exp_id"], result)
     if not result["ok"]:
         kind, why = _failure_kind(result)
@@ -396,6 +400,7 @@ def measure(state: State, runtime: Runtime[Context]) -> dict:
     # while a source patch is live, the baseline arm runs the baseline source snapshot
     base_path = [state["baseline_hashes"]["snapshot"]] if variant.source_patch else None
     levels = ctx.levels()
+    var_env = plan.variant_env(variant)  # each arm's processes get their own environment, and are checked in it
     t0 = time.time()
     s = plan.stats
     seq = sequential_plan(plan)
@@ -403,8 +408,9 @@ def measure(state: State, runtime: Runtime[Context]) -> dict:
         seq_res, gpu_s = bench.run_ab(
             store, exp, ctx.backend, plan.kernel, _baseline_config(ctx), live, plan.environment, levels,
             state["thresholds"], seq, offset_sd=state.get("offsets", {}), n_variants=len(plan.variants),
-            base_pythonpath=base_path, on_open=lambda a: envcheck.check_worker(store, ws, exp, plan.environment,
-                                                                               a.env_seen),
+            base_pythonpath=base_path, var_env=var_env,
+            on_open=lambda a: envcheck.check_worker(store, ws, exp, var_env if a.name == vid else plan.environment,
+                                                    a.env_seen),
             on_round=lambda r: ctx.say("round", phase=vid, round=r + 1, total=s.max_rounds),
             names=("baseline", vid))  # fmt: skip
     except (bench.VariantFailed, bench.NoRecording) as exc:
@@ -505,7 +511,7 @@ def _profile_step(ctx) -> None:
         v = plan.variant(e["variant"]) if e["variant"] in {x.id for x in plan.variants} else None
         if v is None or v.source_patch:
             continue
-        decided.append((e["id"], v.id, plan.variant_config(v)))
+        decided.append((e["id"], v.id, plan.variant_config(v), plan.variant_env(v)))
     notes = profile.step(store, ws, ctx.backend, ctx.adapter, plan.environment, _baseline_config(ctx), decided,
                          ctx.levels())  # fmt: skip
     for line in notes:

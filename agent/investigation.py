@@ -545,7 +545,7 @@ def profile_command(exp_id, backend, state_dir, as_json, console):
                        "kinv profile takes config variants (a source patch is reverted once it is decided)")  # fmt: skip
     _banner(be, as_json, said)
     notes = profile.step(store, plan.ws, be, plan.adapter, plan.environment, {**plan.baseline, "kernel": plan.adapter.name},
-                         [(row["id"], v.id, plan.variant_config(v))], plan.levels())  # fmt: skip
+                         [(row["id"], v.id, plan.variant_config(v), plan.variant_env(v))], plan.levels())  # fmt: skip
     profs = store.profiles(exp_id=row["id"])
     if as_json:
         print(json.dumps({"experiment": row["id"], "profiles": profs, "skipped": notes}, indent=2, default=str))

@@ -81,6 +81,9 @@ class Variant(Strict):
     rationale: str = Field("", max_length=2000, description="why it might help")
     patch: dict = Field(default_factory=dict, description="config keys to change relative to the baseline")
     source_patch: str | None = Field(None, description="path of a unified diff to apply to the kernel source")
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables this variant's processes "
+                                "get on top of the plan's environment (e.g. {TARGET_CTAS: '1024'}); the env check "
+                                "confirms them in every one of its workers")
     requires: Requires | None = Field(None, description="a premise: the variant is moot unless it holds")
     targets: Literal["roofline_gap", "occupancy", "tile_shape", "elsewhere"] | None = Field(
         None, description="the lever the variant pulls (occupancy, tile shape, ...): what its verdict is evidence about")
@@ -235,21 +238,7 @@ class Plan(Strict):
     @field_validator("environment")
     @classmethod
     def _env(cls, v, info):  # info.data: the fields validated before (the kernel)
-        for k, val in v.items():
-            if not ENV_NAME.fullmatch(k):
-                raise ValueError(f"{brief_repr(k)} is not an environment variable name (A-Z, 0-9, _)")
-            if len(val) > 256:
-                raise ValueError(f"value of {k} is longer than 256 characters")
-            if "\x00" in val:
-                raise ValueError(f"value of {k} contains a NUL character")
-        if "kernel" not in info.data:  # the kernel was refused: its rule for the environment is unknown
-            return v
-        from kinv.kernels.adapter import get_adapter
-
-        bad = get_adapter(info.data["kernel"]).invalid_env(v)
-        if bad:
-            raise ValueError(bad[0].replace(", which must", " must"))
-        return v
+        return check_env(v, info.data.get("kernel"))
 
     @model_validator(mode="after")
     def _cross(self):
@@ -291,6 +280,10 @@ class Plan(Strict):
                 raise ValueError(f"bounds.{key}: {brief_repr(bad[0])} is invalid: must be {t.says()}")
         for v in self.variants:
             self._within_bounds(v)
+            try:
+                check_env(self.variant_env(v), self.kernel)
+            except ValueError as exc:
+                raise ValueError(f"variants.{v.id}.env: {exc}") from None
             if v.source_patch:
                 try:
                     source_patch_text(adapter, v.source_patch)
@@ -387,11 +380,35 @@ class Plan(Strict):
         cfg["kernel"] = adapter.name
         return adapter.validate_config(cfg)
 
+    def variant_env(self, variant: Variant) -> dict[str, str]:
+        """The environment the variant's processes get: the plan's, with the variant's own values on top."""
+        return {**self.environment, **variant.env}
+
     def variant(self, vid: str) -> Variant:
         for v in self.variants:
             if v.id == vid:
                 return v
         raise KeyError(f"unknown variant {vid!r}; valid: {', '.join(v.id for v in self.variants)}")
+
+
+def check_env(v: dict[str, str], kernel: str | None) -> dict[str, str]:
+    """Environment variables as a plan gives them: names A-Z/0-9/_, string values, and the kernel's own rule for
+    them (``KernelAdapter.invalid_env``) where the kernel is known."""
+    for k, val in v.items():
+        if not ENV_NAME.fullmatch(k):
+            raise ValueError(f"{brief_repr(k)} is not an environment variable name (A-Z, 0-9, _)")
+        if len(val) > 256:
+            raise ValueError(f"value of {k} is longer than 256 characters")
+        if "\x00" in val:
+            raise ValueError(f"value of {k} contains a NUL character")
+    if kernel is None:  # the kernel was refused: its rule for the environment is unknown
+        return v
+    from kinv.kernels.adapter import get_adapter
+
+    bad = get_adapter(kernel).invalid_env(v)
+    if bad:
+        raise ValueError(bad[0].replace(", which must", " must"))
+    return v
 
 
 def _validate_sub(model: type[BaseModel], data, where: str):

@@ -458,7 +458,9 @@ def render(store: Store, plan, state: dict, ctx) -> str:
         if e["variant"] in [x.id for x in plan.variants]:
             var = plan.variant(e["variant"])
             src = f" + source patch `{var.source_patch}`" if var.source_patch else ""
-            out += [f"Config: `{describe(plan.variant_config(var))}`{src} against the baseline `{describe(plan.baseline)}`.", ""]
+            envs = "".join(f", {k}={val} in its processes (the baseline's: {plan.environment.get(k, 'unset')})"
+                           for k, val in var.env.items())  # fmt: skip
+            out += [f"Config: `{describe(plan.variant_config(var))}`{src}{envs} against the baseline `{describe(plan.baseline)}`.", ""]
         if e["void_reason"]:
             out += [f"**Void:** {e['void_reason']}", ""]
         if v["verdicts"] and (e["verdict"] or "") in _MEASURED:

@@ -236,10 +236,12 @@ def run_aa(store, exp_id: int, backend: Backend, kernel: str, config: dict, env:
 def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_cfg: dict, env: dict,
            levels: list[Level], thresholds: dict[str, float], plan, offset_sd: dict[str, float] | None = None,
            n_variants: int = 1, base_pythonpath: list[str] | None = None, on_open: Callable | None = None,
-           on_round: Callable | None = None, names: tuple[str, str] = ("baseline", "variant")):  # fmt: skip
+           on_round: Callable | None = None, names: tuple[str, str] = ("baseline", "variant"),
+           var_env: dict | None = None):  # fmt: skip
     """The sequential A/B of ``var_cfg`` against ``base_cfg`` (agent.stats.run_sequential over paired ABBA
-    rounds; committed rounds of ``exp_id`` are reused).  ``on_open(arm)`` sees every arm once it has started
-    (the env check).  Returns ``(SequentialResult, GPU s spent in this call)``.  The graph's measure node
+    rounds; committed rounds of ``exp_id`` are reused).  The baseline arm runs in ``env``, the variant's in
+    ``var_env`` (default ``env``: a variant over environment variables gives its own).  ``on_open(arm)`` sees
+    every arm once it has started (the env check).  Returns ``(SequentialResult, GPU s spent in this call)``.  The graph's measure node
     and ``kinv bench --variant`` both run this."""
     done = {r: {lv: tuple(v) for lv, v in lvs.items()} for r, lvs in stored_rounds(store, exp_id, ["A", "B"]).items()}
     arms: list[Arm] = []
@@ -248,7 +250,7 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
     def start() -> None:
         arms.extend(open_arms(backend, [
             ((names[0], kernel, base_cfg, env), {"pythonpath": base_pythonpath, "partner": var_cfg, "role": "base"}),
-            ((names[1], kernel, var_cfg, env), {"partner": base_cfg})]))  # fmt: skip
+            ((names[1], kernel, var_cfg, env if var_env is None else var_env), {"partner": base_cfg})]))  # fmt: skip
         for a in arms:
             if on_open:
                 on_open(a)
