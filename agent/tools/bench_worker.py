@@ -50,7 +50,7 @@ import time
 import traceback
 from pathlib import Path
 
-from kinv.agent.tools.correctness import judge, timers_replaced
+from kinv.agent.tools.correctness import _clone, _poison, judge, timers_replaced
 
 MIN_REPLAYS = 20
 TARGET_REPLAY_US = 400.0  # a replay should run long enough to dwarf event jitter
@@ -201,13 +201,13 @@ class Worker:
 
         from kinv.kernels.adapter import get_adapter
         from kinv.kernels.devices import detect
-        from kinv.kernels.launch_config import config_hash, validate_config
+        from kinv.kernels.launch_config import config_hash
 
         adapter = get_adapter(req["kernel"])
         self.adapter = adapter
         # the source this process imported: a worker kept for a later arm reports that, not what is on disk now
         imported = self.imported.setdefault(req["kernel"], kernel_source_hash(adapter))
-        config = validate_config(req["config"], adapter.name)
+        config = adapter.validate_config(req["config"])  # the adapter's own rules, as everywhere else
         level = adapter.level(req["level"])
         params = adapter.params_for(config, level)
         device = detect()
@@ -220,7 +220,7 @@ class Worker:
         out, compiled = adapter.launch(check_inputs, params)
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
-        out.fill_(float("nan"))  # a launch that writes nothing leaves NaN, never an earlier result
+        _poison(out)  # a launch that writes nothing leaves NaN, never an earlier result (every output of a tuple)
         out, compiled2 = adapter.launch(check_inputs, params, out=out)
         compiled = compiled or compiled2
         torch.cuda.synchronize()
@@ -325,7 +325,7 @@ class Worker:
         base = st["seed"] if seed is None else int(seed)
         sets = [adapter.make_inputs(level, seed=base + i) for i in range(st["n_sets"])]
         first_out, _ = adapter.launch(sets[0], params)
-        outs = [first_out] + [torch.empty_like(first_out) for _ in sets[1:]]
+        outs = [first_out] + [_empty_like(first_out) for _ in sets[1:]]
         scratch = [adapter.make_scratch(s, params) for s in sets]
         st.update(sets=sets, outs=outs, scratch=scratch)
 
@@ -371,9 +371,9 @@ class Worker:
 
         adapter, level, sets, outs = st["adapter"], st["level"], st["sets"], st["outs"]
         for o in outs:
-            o.fill_(float("nan"))
+            _poison(o)
         st["graph"].replay()
-        seen = outs[0].clone()  # ordered after the replay on this stream, and only after it
+        seen = _clone(outs[0])  # ordered after the replay on this stream, and only after it
         torch.cuda.synchronize()
         verdict = judge(adapter, level, seen, adapter.reference(sets[0]))
         if verdict["ok"]:
@@ -452,10 +452,9 @@ class Worker:
 
         from kinv.kernels.adapter import get_adapter
         from kinv.kernels.devices import detect
-        from kinv.kernels.launch_config import validate_config
 
         adapter = get_adapter(req["kernel"])
-        config = validate_config(req["config"], adapter.name)
+        config = adapter.validate_config(req["config"])  # the adapter's own rules, as everywhere else
         level = adapter.level(req["level"])
         params = adapter.params_for(config, level)
         inputs = adapter.make_inputs(level, seed=0)
@@ -470,6 +469,15 @@ class Worker:
         self.levels.pop(req["key"], None)
         torch.cuda.empty_cache()
         return {"dropped": req["key"]}
+
+
+def _empty_like(out):
+    """An empty output shaped like one launch's (a tensor, or a list/tuple of them: every output is timed and checked)."""
+    import torch
+
+    if isinstance(out, list | tuple):
+        return type(out)(_empty_like(o) for o in out)
+    return torch.empty_like(out)
 
 
 def main() -> int:
