@@ -102,8 +102,12 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         if started_on and backend not in ("auto", started_on):
             raise BadInput(_other_backend(backend, plan.ws, started_on))
         backend = started_on or backend  # a resume checks and builds the backend it continues on
+        if backend == "auto" and plan.kernel == "command":  # a command plan is measured by running it
+            backend = "command"
         be = bench.get_backend(backend)  # NoDevice, NoRecording: bad input, exit 2 in main
         be.preflight(plan.kernel, dict(plan.environment), plan.levels())
+    if hasattr(be, "log_dir"):  # the command backend keeps every run's output in this run's state dir
+        be.log_dir = state_path(state_dir) / "commands"
     if not (state_path(state_dir) / "kinv.db").exists():
         configs.read_config(plan.adapter.config_path(), plan.adapter.name)  # ConfigError: exit 2 in main
     store = Store(state_dir)

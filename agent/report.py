@@ -476,7 +476,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
                            f"{r['verdict']} |")  # fmt: skip
             out += ["", f"Rounds: {e['rounds']} (ABBA-paired), GPU time {e['gpu_s'] or 0:.2f} s.", ""]
         res = v["resources"]
-        if res:
+        if res and ctx.adapter.resource_model:
             out += _resource_lines(res, {x.key: x.label for x in levels}, replayed=be.name == "replay")
         out += _profile_lines(store.profiles(exp_id=e["id"]), {x.key: x.label for x in levels})
         corr = v["correctness"]

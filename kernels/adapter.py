@@ -30,6 +30,7 @@ ENTRY_POINT_GROUP = "kinv.kernels"
 BUILTIN: dict[str, str] = {
     "mla_decode": "kinv.kernels.mla_decode_adapter:MLADecodeAdapter",
     "moe_expert_gemm": "kinv.kernels.moe_expert_gemm_adapter:MoEExpertGemmAdapter",
+    "command": "kinv.kernels.command_adapter:CommandAdapter",  # any command that prints a metric (--backend command)
 }
 REF = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -131,6 +132,9 @@ class KernelAdapter(ABC):
     #: a regular expression of the kernel names the profile step profiles (e.g. the main grid of a two-stage
     #: kernel); empty: every launch of :meth:`launch`
     profile_kernels: str = ""
+    #: whether the adapter models launch resources (shared memory, registers, CTAs/SM) worth showing; False for a
+    #: workload measured as a whole (a plan's own command)
+    resource_model: bool = True
 
     # ---- where things live -----------------------------------------------------------
     def root(self) -> Path:

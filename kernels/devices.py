@@ -40,6 +40,8 @@ DEVICES: dict[str, DeviceSpec] = {
     # Blackwell workstation (RTX PRO 6000): 99 KB per block (Triton's "Hardware
     # limit: 101376"), 100 KB per SM, 1536 threads per SM, 188 SMs.
     "sm_120": DeviceSpec("NVIDIA RTX PRO 6000 Blackwell", "sm_120", 188, 101376, 102400, 1024, 65536, 255, 1536, 32),
+    # whatever machine runs a plan's own command (kernel: command): no GPU limits apply
+    "host": DeviceSpec("the machine that runs the command", "host", 0, 0, 0, 0, 0, 0, 0, 0),
 }
 ALIASES = {"h100": "sm_90", "h200": "sm_90", "hopper": "sm_90", "b200": "sm_100", "rtx6000": "sm_120",
            "rtx-pro-6000": "sm_120", "blackwell-workstation": "sm_120"}  # fmt: skip

@@ -2,6 +2,7 @@
 
 * ``cuda`` (:mod:`.cuda`): live on this machine's GPU, a worker subprocess per arm;
 * ``replay`` (:mod:`.replay`): samples recorded on a real GPU, served without one;
+* ``command`` (:mod:`.command`): a plan's own command, one run per sample (``kernel: command`` plans);
 * ``auto``: cuda when a GPU is visible, replay otherwise;
 * ``ray`` (:mod:`.ray`): the arms of any of them hosted on Ray actors, one per GPU (built by the Ray
   executor around the backend it wraps, not by name).
@@ -64,3 +65,4 @@ def get_backend(name: str) -> Backend:
 
 register_backend("cuda", "kinv.agent.tools.backends.cuda:CudaBackend")
 register_backend("replay", "kinv.agent.tools.backends.replay:ReplayBackend")
+register_backend("command", "kinv.agent.tools.backends.command:CommandBackend")

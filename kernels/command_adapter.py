@@ -1,0 +1,163 @@
+"""Any command as the thing under investigation: a benchmark script, a serving benchmark's client, anything that
+prints a metric.  ``kernel: command`` in a plan; measured by the command backend (agent/tools/backends/command.py).
+
+The plan's ``workload`` says how to run it and what it prints::
+
+    workload:
+      command: ["{python}", "benchmarks/cpu_matmul.py", "--n", "{n}"]   # argv; {dim} from the level, {python}
+      metric: {json_key: gflops, unit: GFLOP/s, higher_is_better: true}   # or regex: 'tokens/s: ([0-9.]+)'
+      timeout_s: 60
+      levels: [{n: 256}, {n: 512}]
+
+A variant changes what the command's process sees: ``env: {OMP_NUM_THREADS: "1"}``.  The command has no tunables
+of kinv's: its config file holds only ``{"kernel": "command"}``.  The "correctness check" is that the command
+exits 0 and prints its metric at every level; checking its results is the command's own business.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from kinv.kernels.adapter import KernelAdapter, Level, Resources
+from kinv.kernels.errors import BadInput
+from kinv.kernels.launch_config import TunableSpec
+
+
+class _CommandSpec(TunableSpec):
+    def label(self, values: Mapping[str, int]) -> str:
+        return "the command"
+
+
+SPEC = _CommandSpec(kernel="command", tunables=())
+RUN = "_run"  # the level's dimension that carries how to run it (never part of its key or label)
+
+
+def _workload_model():
+    from typing import Literal
+
+    from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+    class Metric(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        json_key: str | None = Field(None, description="the key of the metric in the JSON object the command "
+                                     "prints last (dots for nesting: 'result.tokens_per_s')")
+        regex: str | None = Field(None, description="a regular expression whose first group is the metric")
+        unit: str = Field("units", max_length=32, description="what the metric is in, e.g. 'tok/s' or 'ms'")
+        higher_is_better: bool = True
+        scale: Literal["s", "ms", "us"] | None = Field(None, description="a time metric's unit (lower is better)")
+
+        @model_validator(mode="after")
+        def _one(self):
+            if (self.json_key is None) == (self.regex is None):
+                raise ValueError("give exactly one of json_key and regex")
+            if self.regex is not None:
+                import re
+
+                try:
+                    if re.compile(self.regex).groups < 1:
+                        raise ValueError(f"regex {self.regex!r} has no group: put the metric in (...)")
+                except re.error as exc:
+                    raise ValueError(f"regex {self.regex!r} is invalid: {exc}") from None
+            return self
+
+    class CommandWorkload(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        command: list[str] = Field(min_length=1, description="argv; '{dim}' is replaced by the level's value, "
+                                   "'{python}' by this Python, '{{' and '}}' are literal braces")
+        metric: Metric
+        timeout_s: float = Field(120.0, gt=0, le=3600)
+        warmup: int = Field(1, ge=0, le=10, description="unrecorded runs of each arm at each level first")
+        levels: list[dict[str, int | str]] = Field(min_length=1, max_length=16)
+
+        @model_validator(mode="after")
+        def _levels(self):
+            keys = {tuple(sorted(lv)) for lv in self.levels}
+            if len(keys) != 1:
+                raise ValueError("every level must name the same dimensions")
+            if len({tuple(sorted(lv.items())) for lv in self.levels}) != len(self.levels):
+                raise ValueError("levels must be distinct")
+            for part in self.command:
+                for lv in self.levels:
+                    try:
+                        part.format(python="python", **lv)
+                    except (KeyError, IndexError, ValueError) as exc:
+                        raise ValueError(f"command part {part!r}: {exc!r} is not a level dimension "
+                                         f"(dimensions: {', '.join(sorted(lv))})") from None  # fmt: skip
+            return self
+
+    return CommandWorkload
+
+
+class CommandAdapter(KernelAdapter):
+    name = "command"
+    spec = SPEC
+    throughput_unit = "units"
+    resource_model = False
+
+    def config_path(self) -> Path:
+        """``command.json`` in the live config dir: only ``{"kernel": "command"}`` (kinv's bookkeeping for a
+        workload without kinv tunables), written there when missing."""
+        d = os.environ.get("KINV_CONFIG_DIR")
+        path = Path(d) / "command.json" if d else Path(__file__).resolve().parent / "configs" / "command.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text('{\n  "kernel": "command"\n}\n')
+        return path
+
+    def workload_model(self):
+        return _workload_model()
+
+    def levels(self, workload) -> list[Level]:
+        run = {"command": list(workload.command), "metric": workload.metric.model_dump(),
+               "timeout_s": workload.timeout_s, "warmup": workload.warmup}  # fmt: skip
+        self.throughput_unit = workload.metric.unit
+        return [self.level({**lv, RUN: run}) for lv in workload.levels]
+
+    def level(self, dims: Mapping) -> Level:
+        if not isinstance(dims, Mapping) or RUN not in dims:
+            raise ValueError(f"a command level carries how to run it ({RUN}); got {sorted(dims or {})}")
+        return Level(dims, self.level_key(dims), self.level_label(dims))
+
+    def level_key(self, dims: Mapping) -> str:
+        return "/".join(f"{k}{v}" for k, v in dims.items() if k != RUN)
+
+    def level_label(self, dims: Mapping) -> str:
+        return self.level_key(dims)
+
+    # ---- what the command backend runs and reads ---------------------------------------
+    @staticmethod
+    def argv(level: Level) -> list[str]:
+        import sys
+
+        dims = {k: v for k, v in level.dims.items() if k != RUN}
+        return [p.format(python=sys.executable, **dims) for p in level.dims[RUN]["command"]]
+
+    def throughput(self, level: Level, us: float) -> float:
+        m = level.dims[RUN]["metric"]
+        if m.get("scale"):
+            return us / {"s": 1e6, "ms": 1e3, "us": 1.0}[m["scale"]]
+        return 1e6 / us if m.get("higher_is_better", True) else us
+
+    # ---- an in-process launch does not exist ----------------------------------------
+    def make_inputs(self, level: Level, seed: int, device: str = "cuda", dtype=None, vary_lengths: bool = False):
+        raise BadInput("a command is measured by running it: use --backend command")
+
+    def launch(self, inputs: dict, params, out=None, scratch=None, **mode):
+        raise BadInput("a command is measured by running it: use --backend command")
+
+    def reference(self, inputs: dict):
+        raise BadInput("a command is measured by running it: use --backend command")
+
+    def bytes_moved(self, level: Level) -> int:
+        return 0
+
+    def flops(self, level: Level) -> int:
+        return 0
+
+    def roofline(self, level, copy_gbps, matrix_tflops):
+        return None  # a command's floor is its own business
+
+    def resources(self, params, level: Level, device, compiled=None) -> Resources:
+        return Resources(smem_estimate=0, occupancy={"ctas_per_sm": 0, "warps_per_sm": 0, "limited_by": "n/a"})

@@ -1,0 +1,97 @@
+"""Bring your own benchmark: a plan of ``kernel: command`` runs the user's command once per sample, in each arm's own
+environment, with kinv's statistics unchanged.  The example is real: torch's CPU matmul under OMP_NUM_THREADS=2
+against 1 (benchmarks/examples/cpu_matmul.py, plans/cpu-matmul-threads.yaml)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kinv.agent.models import load_plan
+from kinv.agent.tools.backends import VariantFailed, get_backend
+from kinv.agent.tools.backends.command import metric_of
+from tests.utils import kinv_in_process, replay_env, run_kinv
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = ROOT / "plans" / "cpu-matmul-threads.yaml"
+
+
+def test_the_metric_is_read_from_the_last_json_line_or_a_regex():
+    out = 'warming up\n{"gflops": 1.0}\nnoise {not json}\n{"gflops": 61.5, "n": 512}\n'
+    assert metric_of(out, {"json_key": "gflops"}) == 61.5
+    assert metric_of('{"result": {"tok_s": 845}}', {"json_key": "result.tok_s"}) == 845.0
+    assert metric_of("throughput: 801.2 tok/s\nthroughput: 845.0 tok/s\n", {"regex": r"throughput: ([0-9.]+)"}) == 845.0
+    assert metric_of("no number here", {"regex": r"tok/s ([0-9.]+)"}) is None
+    assert metric_of('{"gflops": "fast"}', {"json_key": "gflops"}) is None
+
+
+def _plan_with(tmp_path, **workload):
+    data = yaml.safe_load(PLAN.read_text())
+    data["workload"].update(workload)
+    p = tmp_path / "plan.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _arm_at(plan_path, tmp_path):
+    plan, _ = load_plan(plan_path)
+    be = get_backend("command")
+    be.log_dir = tmp_path / "commands"
+    arm = be.open("baseline", "command", {"kernel": "command"}, plan.environment)
+    return arm, plan.levels()[0]
+
+
+@pytest.mark.parametrize("command, says", [
+    (["{python}", "-c", "import sys; print('boom'); sys.exit(3)"], "exited 3 (boom)"),
+    (["{python}", "-c", "print('{{\"other\": 1}}')  # n={n}"], "printed no positive metric (gflops)"),
+    (["{python}", "-c", "import time; time.sleep(30)  # n={n}"], "ran past its 1 s timeout"),
+])  # fmt: skip
+def test_a_run_that_fails_hangs_or_prints_no_metric_is_one_line_and_its_output_is_kept(tmp_path, command, says):
+    arm, level = _arm_at(_plan_with(tmp_path, command=command, timeout_s=1), tmp_path)
+    with pytest.raises(VariantFailed) as exc:
+        arm.sample(level, 0)
+    assert says in str(exc.value) and "\n" not in str(exc.value)
+    assert list((tmp_path / "commands").glob("baseline-n128-r0.log"))
+
+
+def test_the_env_check_reads_the_measured_process_itself(tmp_path):
+    probe = ["{python}", "-c", "import os, json, time; time.sleep(0.3); "
+             "print(json.dumps({{'gflops': 1.0, 'seen': os.environ['OMP_NUM_THREADS']}}))  # {n}"]  # fmt: skip
+    plan, _ = load_plan(_plan_with(tmp_path, command=probe))
+    be = get_backend("command")
+    be.log_dir = tmp_path / "commands"
+    be.preflight("command", plan.environment, plan.levels())
+    arm = be.open("T1", "command", {"kernel": "command"}, plan.variant_env(plan.variants[0]))
+    assert arm.env_seen == {"OMP_NUM_THREADS": "1"}  # read from /proc/<pid>/environ of that run
+    log = (tmp_path / "commands" / "T1-n128-env.log").read_text()
+    assert json.loads(log)["seen"] == "1"
+
+
+def test_a_command_plan_with_a_bad_metric_is_refused_with_one_line(tmp_path):
+    bad = _plan_with(tmp_path, metric={"regex": "no group", "unit": "x"})
+    r = kinv_in_process(replay_env(tmp_path, tmp_path / "state"), "run", str(bad))
+    assert r.returncode == 2 and "has no group" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "state" / "kinv.db").exists()
+
+
+@pytest.mark.slow
+def test_the_cpu_matmul_threads_investigation_closes_out_on_this_machine(tmp_path):
+    """One thread against two, measured here: a real effect far beyond the ±5% margin on a 2-core machine."""
+    env = replay_env(tmp_path, tmp_path / "state")
+    run = run_kinv(env, "run", PLAN, "--approval", "auto", timeout=900)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "COMMAND backend" in run.stdout and "with OMP_NUM_THREADS=1 in its processes" in run.stdout
+    rep = json.loads(run_kinv(env, "report", "11a", "--json").stdout)
+    t1 = next(e for e in rep["experiments"] if e["experiment"]["variant"] == "T1")
+    assert t1["experiment"]["verdict"] == "reject"  # regressed, and improved nowhere
+    n512 = next(v for v in t1["effects"] if v["level"] == "n512")
+    assert n512["verdict"] == "regressed" and n512["effect"] < -0.2  # half the cores: far less throughput
+    text = (tmp_path / "state" / "reports" / "11a-closeout.md").read_text()
+    assert "OMP_NUM_THREADS=1 in its processes (the baseline's: 2)" in text and "GFLOP/s" in text
+    assert "Predicted change" not in text  # no launch resources for a whole command
+    checks = kinv_in_process(env, "experiments", "11a", "--json")
+    assert checks.returncode == 0
+    assert list((tmp_path / "state" / "commands").glob("T1-n512-r*.log"))  # every run's output kept
