@@ -90,7 +90,7 @@ def test_a_backend_is_one_class_and_one_registration(monkeypatch):
     monkeypatch.setattr(bench, "BACKENDS", backends.BACKENDS)
     backends.register_backend("lone", Lone)
     assert "lone" in bench.BACKENDS and isinstance(bench.get_backend("lone"), Lone)
-    with pytest.raises(bench.BackendError, match="unknown backend 'nope'; valid: auto, cuda, replay, lone"):
+    with pytest.raises(bench.BackendError, match="unknown backend 'nope'; valid: auto, cuda, replay, command, lone"):
         bench.get_backend("nope")
     with pytest.raises(ValueError):
         backends.register_backend("auto", Lone)

@@ -77,6 +77,9 @@ EXPECT: dict[str, tuple[int, str, str]] = {
         -1, SESSION, "skipped: HOST:6379 stands for the user's own Ray cluster"),
     "kinv campaign plans/7-decode-ceiling.yaml --backend replay --executor ray --ray-actors 2 --approval auto-config": (
         0, SESSION, "the campaign on 2 CPU Ray actors"),
+    # ## Your own benchmark (one session)
+    "kinv run plans/cpu-matmul-threads.yaml --approval auto": (0, SESSION, "the CPU matmul's threads, measured here"),
+    "kinv report 11a": (0, SESSION, "its close-out"),
     # ### Coding agents
     "kinv mcp --print-config claude > .mcp.json": (0, QUICK, "writes .mcp.json"),
     "kinv mcp --print-config opencode": (0, QUICK, "prints opencode's registration"),
@@ -242,6 +245,7 @@ SLOW_BLOCKS = {
     "test_the_using_it_block_runs_as_a_session_on_a_fresh_clone": "Using it",
     "test_the_campaign_block_runs_as_a_session_on_a_fresh_clone": "Campaigns",
     "test_the_ray_block_runs_on_cpu_actors": "Many GPUs",
+    "test_the_own_benchmark_block_runs_a_real_command_on_a_fresh_clone": "Your own benchmark",
 }
 
 
@@ -287,6 +291,14 @@ def test_the_campaign_block_runs_as_a_session_on_a_fresh_clone(blocks):
     # the campaign's config was measured against the shipped file, lost everywhere, and nothing was written
     assert "nothing to adopt" in said and "improves on the live file" in said, said[-2000:]
     assert (block.root / "kernels" / "configs" / "mla_decode.json").read_bytes() == block.shipped
+
+
+@pytest.mark.slow
+def test_the_own_benchmark_block_runs_a_real_command_on_a_fresh_clone(blocks):
+    block = blocks["Your own benchmark"]
+    problems, said = block.outcome()
+    assert not problems, "\n".join(problems)
+    assert "COMMAND backend" in said and "T1: reject" in said, said[-2000:]
 
 
 def _levels(block: _Block) -> dict:
