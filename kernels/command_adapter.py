@@ -93,8 +93,9 @@ def _workload_model():
 class CommandAdapter(KernelAdapter):
     name = "command"
     spec = SPEC
-    throughput_unit = "units"
+    throughput_unit = "the plan's metric"
     resource_model = False
+    example_plan = "plans/cpu-matmul-threads.yaml"
 
     def config_path(self) -> Path:
         """``command.json`` in the live config dir: only ``{"kernel": "command"}`` (kinv's bookkeeping for a

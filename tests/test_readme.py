@@ -146,6 +146,7 @@ def _project(tmp_path: Path) -> tuple[Path, dict]:
     shutil.copytree(ROOT / "kernels", root / "kernels", ignore=skip)
     shutil.copytree(ROOT / "kinv", root / "kinv", ignore=skip)
     shutil.copytree(ROOT / "plans", root / "plans", ignore=shutil.ignore_patterns("closeouts", "campaigns"))
+    shutil.copytree(ROOT / "benchmarks" / "examples", root / "benchmarks" / "examples", ignore=skip)  # own commands
     (root / "state").mkdir()  # a clone has the repository's empty state/ (state/.gitkeep)
     (root / "state" / ".gitkeep").touch()
     git = ["git", "-c", "user.name=kinv test", "-c", "user.email=test@kinv", "-c", "commit.gpgsign=false"]
