@@ -299,7 +299,8 @@ def test_the_own_benchmark_block_runs_a_real_command_on_a_fresh_clone(blocks):
     block = blocks["Your own benchmark"]
     problems, said = block.outcome()
     assert not problems, "\n".join(problems)
-    assert "COMMAND backend" in said and "T1: reject" in said, said[-2000:]
+    # which thread count wins depends on the machine's load (tests/test_command_backend.py); that T1 was decided does not
+    assert "COMMAND backend" in said and "T1: " in said and "close-out written" in said, said[-2000:]
 
 
 def _levels(block: _Block) -> dict:
