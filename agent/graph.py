@@ -19,7 +19,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
 from kinv.agent import faults, planner
-from kinv.agent.enums import Approval
+from kinv.agent.enums import MEASURED_VERDICTS, Approval
 from kinv.agent.graph_support import (  # noqa: F401 - re-exported: callers import these from agent.graph
     RECURSION_LIMIT,
     Context,
@@ -47,7 +47,6 @@ from kinv.agent.graph_support import (  # noqa: F401 - re-exported: callers impo
     todo_reason,
 )
 from kinv.agent.models import Plan
-from kinv.agent.enums import MEASURED_VERDICTS
 from kinv.agent.tools import bench, configs, correctness, envcheck, plausibility, protocol, resources
 from kinv.kernels.devices import get_device
 from kinv.kernels.errors import KinvError

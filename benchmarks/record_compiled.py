@@ -86,7 +86,7 @@ def record_profiles(spec: str) -> dict:
         for arm, cfg in arms:
             figs, why, secs = profile.run(adapter, cfg, lv, plan.environment)
             print(f"# profile {arm} ({describe(cfg)}) at {lv.label}: "
-                  f"{'%.1f s' % secs if figs else why}")  # fmt: skip
+                  f"{f'{secs:.1f} s' if figs else why}")  # fmt: skip
             if figs:
                 got.setdefault(adapter.name, {}).setdefault(config_hash(cfg), {})[lv.key] = {**figs, "seconds": round(secs, 1)}
     return got

@@ -12,7 +12,6 @@ from kinv.agent.tools.backends.replay_index import Recording
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.launch_config import config_hash, describe
 
-
 COMPILED = "compiled.json"  # beside the recordings: {kernel: {config hash: {level key: compiled figures}}}
 PROFILES = "profiles.json"  # beside the recordings: {kernel: {config hash: {level key: profile figures}}}
 
