@@ -531,7 +531,8 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     if follow:
         out += ["Proposed follow-ups:"] + follow + [""]
 
-    base_prof = next((p for p in store.profiles(ws) if p["arm"] == "base"), None)
+    profs = store.profiles(ws)
+    base_prof = next((p for p in profs if p["arm"] == "base"), None)
     if base_prof:  # what the profiler says bounds the baseline points the next step one way or the other
         from kinv.agent.tools.profile import bound_of, next_step
 
@@ -548,7 +549,6 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             f"rounds: {rounds}; samples stored: {n_samples}; budget {plan.budget.gpu_seconds:.0f} GPU s"
             f"{' — spent, close-out written anyway' if state.get('budget_exhausted') else ''}.",
             f"- Plan: `{ctx.plan_path}` (sha {ctx.plan_hash}); written {stamp(time.time())}.", ""]  # fmt: skip
-    profs = store.profiles(ws)
     skipped = [e["message"] for e in store.events(ws) if e["kind"] == "profile.skipped"]
     if skipped and not profs:
         out.insert(-1, f"- Profile step: skipped — {skipped[-1]}.")

@@ -31,6 +31,7 @@ class _CommandSpec(TunableSpec):
 
 
 SPEC = _CommandSpec(kernel="command", tunables=())
+SCALE_US = {"s": 1e6, "ms": 1e3, "us": 1.0}
 RUN = "_run"  # the level's dimension that carries how to run it (never part of its key or label)
 
 
@@ -135,10 +136,19 @@ class CommandAdapter(KernelAdapter):
         dims = {k: v for k, v in level.dims.items() if k != RUN}
         return [p.format(python=sys.executable, **dims) for p in level.dims[RUN]["command"]]
 
-    def throughput(self, level: Level, us: float) -> float:
+    def time_us(self, level: Level, metric: float) -> float:
+        """The time kinv's statistics compare for one run's metric: the metric itself for a time (``scale``), its
+        reciprocal for a higher-is-better rate (so a throughput change is ``expm1(effect)``), else the metric."""
         m = level.dims[RUN]["metric"]
         if m.get("scale"):
-            return us / {"s": 1e6, "ms": 1e3, "us": 1.0}[m["scale"]]
+            return metric * SCALE_US[m["scale"]]
+        return 1e6 / metric if m.get("higher_is_better", True) else metric
+
+    def throughput(self, level: Level, us: float) -> float:
+        """The metric back from :meth:`time_us`'s time (its inverse)."""
+        m = level.dims[RUN]["metric"]
+        if m.get("scale"):
+            return us / SCALE_US[m["scale"]]
         return 1e6 / us if m.get("higher_is_better", True) else us
 
     # ---- an in-process launch does not exist ----------------------------------------

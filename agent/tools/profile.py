@@ -160,9 +160,9 @@ def bound_of(p: dict) -> str:
     return f"latency-bound at {dram:.0f}% of DRAM peak (issue {p.get('issued_per_cycle', 0):.2f}/cycle){tail}"
 
 
-def step(store, ws: str, backend, adapter, env: dict, baseline: dict, decided: list[tuple[int, str, dict]],
+def step(store, ws: str, backend, adapter, env: dict, baseline: dict, decided: list[tuple[int, str, dict, dict]],
          levels) -> list[str]:  # fmt: skip
-    """Profile the baseline and each decided variant (``(experiment, variant id, config[, its environment])``) at the level where its
+    """Profile the baseline (in ``env``) and each decided variant (``(experiment, variant id, config, its environment)``) at the level where its
     verdict's effect is largest, and store the figures; returns one line per skip or failure (never raises for a
     profiler's failure).  The baseline is profiled once per level."""
     from kinv.kernels.launch_config import config_hash
@@ -171,7 +171,7 @@ def step(store, ws: str, backend, adapter, env: dict, baseline: dict, decided: l
     notes: list[str] = []
     seen: dict[str, tuple[dict | None, str, float]] = {}
     charged: set[str] = set()  # levels whose baseline profile's seconds are already in the ledger
-    for exp, vid, cfg, *var_env in decided:
+    for exp, vid, cfg, var_env in decided:
         rows = [r for r in store.verdicts(exp) if r.get("effect") is not None and r["level"] in by_key]
         if not rows:
             continue
@@ -179,7 +179,7 @@ def step(store, ws: str, backend, adapter, env: dict, baseline: dict, decided: l
         if lv.key not in seen:
             seen[lv.key] = backend.profile(adapter, baseline, lv, env)
         for arm, config, got in (("baseline", baseline, seen[lv.key]), (vid, cfg, None)):
-            figures, why, secs = got or backend.profile(adapter, config, lv, var_env[0] if var_env else env)
+            figures, why, secs = got or backend.profile(adapter, config, lv, var_env)
             if figures is None:
                 if why.endswith(SKIPPED):  # no profiler here, or it failed: one line for the whole step
                     return [why[0].upper() + why[1:]]

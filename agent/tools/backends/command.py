@@ -18,7 +18,6 @@ import os
 import platform
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -62,25 +61,17 @@ def metric_of(text: str, metric: dict) -> float | None:
         return None
 
 
-def _environ_of(proc: subprocess.Popen, argv0: str, names: list[str]) -> dict | None:
-    """The listed variables of ``proc``'s environment once it has exec'd ``argv0`` (before that, /proc shows this
-    process's copy), or None when it ended first."""
+def _environ_of(proc: subprocess.Popen, names: list[str]) -> dict | None:
+    """The listed variables of ``proc``'s environment, read from ``/proc``.  ``Popen`` returns only once the child
+    has exec'd the command, so this is the measured process's own environment; None when it could not be read
+    (it ended first: a reaped process has none)."""
     from kinv.agent.tools import envcheck
 
-    deadline = time.monotonic() + 5.0
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            return None
-        if Path(cmdline).name == Path(argv0).name and cmdline != sys.argv[0]:
-            try:
-                seen = envcheck.proc_environ(proc.pid)
-            except Exception:  # noqa: BLE001 - it ended meanwhile: unseen
-                return None
-            return {k: seen.get(k) for k in names}
-        time.sleep(0.005)
-    return None
+    try:
+        seen = envcheck.proc_environ(proc.pid)
+    except Exception:  # noqa: BLE001 - it ended meanwhile: unseen
+        return None
+    return {k: seen.get(k) for k in names} if seen else None
 
 
 class CommandArm(Arm):
@@ -99,7 +90,7 @@ class CommandArm(Arm):
         except OSError as exc:
             raise VariantFailed(f"{self.name} at {level.key}: cannot start {argv[0]}: {exc.strerror}") from None
         if watch_env:
-            seen = _environ_of(proc, argv[0], sorted(self.env))
+            seen = _environ_of(proc, sorted(self.env))
         try:
             out, _ = proc.communicate(timeout=run["timeout_s"])
         except subprocess.TimeoutExpired:
@@ -124,12 +115,6 @@ class CommandArm(Arm):
         f.write_text(out or "")
         return f
 
-    def _us(self, level: Level, value: float) -> float:
-        m = level.dims["_run"]["metric"]
-        if m.get("scale"):
-            return value * {"s": 1e6, "ms": 1e3, "us": 1.0}[m["scale"]]
-        return 1e6 / value if m.get("higher_is_better", True) else value
-
     def setup(self, level: Level) -> dict:
         for i in range(int(level.dims["_run"].get("warmup", 0))):
             self.run(level, f"warmup{i}")
@@ -139,7 +124,9 @@ class CommandArm(Arm):
 
     def sample(self, level: Level, round_index: int) -> dict:
         value, wall, _ = self.run(level, f"r{round_index}")
-        return {"us": self._us(level, value), "replays": 1, "gpu_s": wall, "metric": value}
+        from kinv.kernels.adapter import get_adapter
+
+        return {"us": get_adapter("command").time_us(level, value), "replays": 1, "gpu_s": wall, "metric": value}
 
 
 class CommandBackend(Backend):

@@ -16,15 +16,23 @@ COMPILED = "compiled.json"  # beside the recordings: {kernel: {config hash: {lev
 PROFILES = "profiles.json"  # beside the recordings: {kernel: {config hash: {level key: profile figures}}}
 
 
-def compiled_record(directory: Path, kernel: str, name: str = COMPILED) -> dict:
-    """The compiled figures (or, ``name=PROFILES``, the profiles) recorded with the samples
-    (benchmarks/record_compiled.py), ``{}`` without them."""
+_SIDECARS: dict[tuple, dict] = {}  # (file, size, mtime) -> its parsed content: arms set up at every level read it
+
+
+def sidecar(directory: Path, kernel: str, name: str = COMPILED) -> dict:
+    """What was recorded beside the samples (benchmarks/record_compiled.py) for ``kernel``: the compiled figures
+    (``name=COMPILED``) or the profiles (``PROFILES``), by config hash and level key; ``{}`` without them.  Parsed
+    once per process while the file is unchanged."""
     import json
 
     f = Path(directory) / name
     if not f.is_file():
         return {}
-    return json.loads(f.read_text()).get(get_adapter(kernel).name, {})
+    st = f.stat()
+    key = (str(f), st.st_size, st.st_mtime_ns)
+    if key not in _SIDECARS:
+        _SIDECARS[key] = json.loads(f.read_text())
+    return _SIDECARS[key].get(get_adapter(kernel).name, {})
 
 
 class ReplayArm(Arm):
@@ -42,7 +50,7 @@ class ReplayArm(Arm):
         first = cell[min(cell)]
         s = {"level": level.key, "derived_env": first.get("derived_env", {}), "rounds_recorded": len(cell),
              "correct": True, "replayed": True}  # fmt: skip
-        figs = compiled_record(self.rec.files[0].parent, self.kernel).get(config_hash(self.config), {}).get(level.key)
+        figs = sidecar(self.rec.files[0].parent, self.kernel).get(config_hash(self.config), {}).get(level.key)
         if figs:
             s["compiled"] = figs
         self.setups[level.key] = s
@@ -151,7 +159,7 @@ class ReplayBackend(Backend):
         return self.header.get("copy_gbps")
 
     def profile(self, adapter, config: dict, level: Level, env: dict) -> tuple[dict | None, str, float]:
-        rec = compiled_record(self.files[0].parent, adapter.name, PROFILES)
+        rec = sidecar(self.files[0].parent, adapter.name, PROFILES)
         if not rec:
             return None, f"replay has no recorded profiles of {adapter.name}; the profile step was skipped", 0.0
         got = rec.get(config_hash(config), {}).get(level.key)
@@ -160,6 +168,6 @@ class ReplayBackend(Backend):
         return got, "", 0.0
 
     def compiled(self, kernel: str, config: dict, env: dict, levels: list[Level]) -> dict | None:
-        got = compiled_record(self.files[0].parent, kernel).get(config_hash(config), {})
+        got = sidecar(self.files[0].parent, kernel).get(config_hash(config), {})
         out = {lv.key: got[lv.key] for lv in levels if lv.key in got}
         return out or None
