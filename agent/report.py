@@ -423,10 +423,13 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     out += [f"- Environment expected and confirmed in every worker: {env}", ""]
 
     # ---- noise -------------------------------------------------------------------
+    lost: dict[int, list[str]] = {}  # experiment -> its lost samples' lines (a command that failed, hung, printed none)
+    for ev in store.events(ws, limit=100_000):
+        if ev["kind"] == "sample.lost":
+            lost.setdefault(json.loads(ev["data"] or "{}").get("experiment"), []).append(ev["message"])
     s = plan.stats
     out += ["## Noise (A/A of the baseline)", "",
-            f"{s.aa_arms} baseline workers timed in every one of {s.aa_rounds} rounds; every sample re-sets its "
-            "worker (fresh inputs, outputs and scratch at a new memory placement, the graph captured again).", "",
+            f"{s.aa_arms} baseline workers timed in every one of {s.aa_rounds} rounds; {be.each_sample}.", "",
             "| level | round band (95% of single rounds) | between-arm offset SD | widest A/A pair [95% CI] | "
             "outliers | threshold (plan) |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     label = {x.key: x.label for x in levels}
@@ -440,6 +443,10 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     out += ["", "The threshold at each level is the plan's, fixed before any data were seen; the A/A never "
             "widens it. The between-arm offset enters every A/B interval as a variance component."]  # fmt: skip
     out += [f"- Warning: {w}" for w in warnings] + [""]
+    aa_lost = [m for e in data["experiments"] if e["kind"] == "noise" for m in lost.get(e["id"], [])]
+    if aa_lost:
+        out += [f"Lost A/A samples: {len(aa_lost)}, each dropped with its round at that level for every worker; the "
+                f"last: {aa_lost[-1]}.", ""]  # fmt: skip
     look = results_conf(store, data)
     if look:
         out += [f"Decision rule: a level is improved when its interval excludes 0 and the estimate reaches the "
@@ -469,12 +476,17 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             unit = ctx.adapter.throughput_unit
             out += [f"| level | baseline {unit} | variant {unit} | throughput change [{label}] | threshold | verdict |",
                     "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+            us = (lambda x: f" ({x:.1f} µs)") if ctx.adapter.shows_time else (lambda x: "")
             for lv, r in _ordered(v["verdicts"], levels):
-                out.append(f"| {lv.label} | {_num(ctx.adapter.throughput(lv, r['base_us']))} ({r['base_us']:.1f} µs) | "
-                           f"{_num(ctx.adapter.throughput(lv, r['variant_us']))} ({r['variant_us']:.1f} µs) | "
+                out.append(f"| {lv.label} | {_num(ctx.adapter.throughput(lv, r['base_us']))}{us(r['base_us'])} | "
+                           f"{_num(ctx.adapter.throughput(lv, r['variant_us']))}{us(r['variant_us'])} | "
                            f"{_chg(r['effect'])} [{_chg(r['ci_low'])}, {_chg(r['ci_high'])}] | {r['threshold']:.1%} | "
                            f"{r['verdict']} |")  # fmt: skip
-            out += ["", f"Rounds: {e['rounds']} (ABBA-paired), GPU time {e['gpu_s'] or 0:.2f} s.", ""]
+            out += ["", f"Rounds: {e['rounds']} (ABBA-paired), {be.time_word} {e['gpu_s'] or 0:.2f} s.", ""]
+        gone = lost.get(e["id"], [])
+        if gone:
+            out += [f"Lost samples: {len(gone)}, each dropped with its round at that level; the last: "
+                    f"{gone[-1]}.", ""]  # fmt: skip
         res = v["resources"]
         if res and ctx.adapter.resource_model:
             out += _resource_lines(res, {x.key: x.label for x in levels}, replayed=be.name == "replay")
@@ -485,6 +497,9 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             ran = sum(1 for e in lv_rows if not e.get("same_as"))
             shared = (f"; {len(lv_rows)} levels in {ran} launches, levels with one stand-in and one set of parameters "
                       "sharing one") if ran < len(lv_rows) else ""  # fmt: skip
+            if corr.get("what"):  # a backend's own check (a command: it ran and printed its metric)
+                out += [f"Check before timing: {'passed' if corr.get('ok') else 'FAILED'} — {corr['what']}.", ""]
+                continue
             out += [f"Correctness before timing: {'passed' if corr.get('ok') else 'FAILED'} on fresh random inputs "
                     f"({corr.get('device')}, {corr.get('dtype')}{shared}){': ' + corr.get('reason', '') if not corr.get('ok') else ''}.", ""]  # fmt: skip
 
@@ -545,8 +560,10 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     gpu = sum(e["gpu_s"] or 0 for e in data["experiments"])
     rounds = sum(e["rounds"] or 0 for e in data["experiments"])
     n_samples = sum(store.sample_count(e["id"]) for e in data["experiments"])
-    out += ["## Ledger", "", f"- GPU time in samples: {gpu:.2f} s ({'recorded' if be.name == 'replay' else 'measured'}); "
-            f"rounds: {rounds}; samples stored: {n_samples}; budget {plan.budget.gpu_seconds:.0f} GPU s"
+    n_lost = sum(len(x) for x in lost.values())
+    out += ["## Ledger", "", f"- {be.time_word[0].upper() + be.time_word[1:]} in samples: {gpu:.2f} s "
+            f"({'recorded' if be.name == 'replay' else 'measured'}); rounds: {rounds}; samples stored: {n_samples}"
+            f"{f'; samples lost: {n_lost} (events sample.lost)' if n_lost else ''}; budget {plan.budget.gpu_seconds:.0f} s"
             f"{' — spent, close-out written anyway' if state.get('budget_exhausted') else ''}.",
             f"- Plan: `{ctx.plan_path}` (sha {ctx.plan_hash}); written {stamp(time.time())}.", ""]  # fmt: skip
     skipped = [e["message"] for e in store.events(ws) if e["kind"] == "profile.skipped"]
@@ -567,9 +584,9 @@ def render(store: Store, plan, state: dict, ctx) -> str:
                        "their paired effects): " + "; ".join(f"{p}: {', '.join(label.get(k, k) for k in lvs)}"
                                                               for p, lvs in places.items())
                    + ".")  # fmt: skip
-        lost = [e["message"] for e in store.events(ws) if e["kind"] == "executor-loss"]
-        if lost:
-            out.insert(-1, f"- Lost during the workstream: {'; '.join(lost)}.")
+        gone_gpus = [e["message"] for e in store.events(ws) if e["kind"] == "executor-loss"]
+        if gone_gpus:
+            out.insert(-1, f"- Lost during the workstream: {'; '.join(gone_gpus)}.")
     return "\n".join(out)
 
 

@@ -540,7 +540,7 @@ def run_sequential(
     """Run a sequential A/B to a verdict.
 
     ``sample_fn(round_index)`` measures ONE round and returns ``{level: (base_us, variant_us)}`` for every
-    level (the caller times the two arms in :func:`abba_order`).  The loop runs ``plan.quick_rounds`` rounds,
+    level (the caller times the two arms in :func:`abba_order`); a level left out lost its sample that round.  The loop runs ``plan.quick_rounds`` rounds,
     looks (every level classified by :func:`paired_effect` at :func:`look_confidence`), and then keeps adding
     ``plan.step_rounds`` rounds and looking while :func:`sequential_decision` says ``"continue"``.  The
     verdict is :func:`variant_verdict` of the last look.
@@ -561,6 +561,8 @@ def run_sequential(
         while rounds < target:
             got = sample_fn(rounds)
             for lv in levels:
+                if lv not in got:  # a lost sample: this round has no pair at lv
+                    continue
                 b, v = got[lv]
                 base[lv].append(float(b))
                 variant[lv].append(float(v))

@@ -135,6 +135,9 @@ class KernelAdapter(ABC):
     #: whether the adapter models launch resources (shared memory, registers, CTAs/SM) worth showing; False for a
     #: workload measured as a whole (a plan's own command)
     resource_model: bool = True
+    #: whether the time kinv compares is worth showing beside the throughput (False where it is only the reciprocal
+    #: of a command's own metric)
+    shows_time: bool = True
 
     # ---- where things live -----------------------------------------------------------
     def root(self) -> Path:

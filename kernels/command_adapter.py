@@ -96,6 +96,7 @@ class CommandAdapter(KernelAdapter):
     spec = SPEC
     throughput_unit = "the plan's metric"
     resource_model = False
+    shows_time = False
     example_plan = "plans/cpu-matmul-threads.yaml"
 
     def config_path(self) -> Path:

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from kinv.agent.models import load_plan
 from kinv.agent.store import Store
+from kinv.agent.tools.backends.base import Backend
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,6 +19,8 @@ class FakeReplay:
     """The parts of the replay backend a close-out reads, with recordings' headers as given."""
 
     name = "replay"
+    time_word = Backend.time_word
+    each_sample = Backend.each_sample
 
     def __init__(self, headers: list[dict] | None = None, copy_gbps: float = 4100.0):
         self.headers = headers or [{"fingerprint": {"gpu": "NVIDIA H200", "sms": 132, "l2_bytes": 62914560}}]

@@ -52,9 +52,54 @@ def _arm_at(plan_path, tmp_path):
 def test_a_run_that_fails_hangs_or_prints_no_metric_is_one_line_and_its_output_is_kept(tmp_path, command, says):
     arm, level = _arm_at(_plan_with(tmp_path, command=command, timeout_s=1), tmp_path)
     with pytest.raises(VariantFailed) as exc:
-        arm.sample(level, 0)
+        arm.run(level, "check")
     assert says in str(exc.value) and "\n" not in str(exc.value)
+    lost = arm.sample(level, 0)  # a timed run's failure is a lost sample, not the arm's end
+    assert lost["us"] is None and says in lost["lost"] and "\n" not in lost["lost"]
     assert list((tmp_path / "commands").glob("baseline-n128-r0.log"))
+
+
+# One counter file per arm (argv[1] + the arm's FLAKY): mode 1 fails every fifth timed run, mode 2 every run after
+# the correctness check and the env check.
+FLAKY = ("import sys, os, json, random; mode = os.environ['FLAKY']; p = sys.argv[1] + mode; "
+         "f = open(p, 'a'); f.write('x'); f.close(); n = os.path.getsize(p) - 1; "
+         "bad = (mode == '1' and n > 4 and n % 5 == 0) or (mode == '2' and n >= 3); "
+         "print('{{\"rate\": %f}}' % (100.0 * (1 + random.gauss(0, 0.005)))) if not bad else sys.exit(4)")
+
+
+def _flaky_plan(tmp_path, mode: str):
+    data = yaml.safe_load(PLAN.read_text())
+    data["workload"] = {"command": ["{python}", "-c", FLAKY, str(tmp_path / "count"), "{n}"],
+                        "metric": {"json_key": "rate", "unit": "runs/s"}, "timeout_s": 30, "warmup": 0,
+                        "levels": [{"n": 1}, {"n": 2}]}  # fmt: skip
+    data["environment"] = {"FLAKY": "0"}
+    data["variants"] = [{**data["variants"][0], "env": {"FLAKY": mode}}]
+    data["stats"].update(aa_rounds=8, quick_rounds=8, step_rounds=4, max_rounds=12)
+    p = tmp_path / "flaky.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_a_command_that_fails_now_and_then_loses_those_samples_and_the_investigation_closes(tmp_path):
+    env = replay_env(tmp_path, tmp_path / "state")
+    r = kinv_in_process(env, "run", str(_flaky_plan(tmp_path, "1")), "--approval", "auto")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rep = json.loads(kinv_in_process(env, "report", "11a", "--json").stdout)
+    t1 = next(e for e in rep["experiments"] if e["experiment"]["variant"] == "T1")
+    assert t1["experiment"]["verdict"] in ("accept", "reject", "mixed", "inconclusive", "equivalent")
+    rounds = t1["experiment"]["rounds"]
+    assert any(v["n"] < rounds for v in t1["effects"])  # a lost round has no pair at its level
+    text = (tmp_path / "state" / "reports" / "11a-closeout.md").read_text()
+    assert "Lost samples: " in text and "the command exited 4" in text and "samples lost: " in text
+    assert "(100.0 µs)" not in text and "time in the command's runs" in text  # the metric, not its reciprocal
+
+
+def test_a_command_that_keeps_failing_fails_its_variant_not_the_investigation(tmp_path):
+    env = replay_env(tmp_path, tmp_path / "state")
+    r = kinv_in_process(env, "run", str(_flaky_plan(tmp_path, "2")), "--approval", "auto")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    text = (tmp_path / "state" / "reports" / "11a-closeout.md").read_text()
+    assert "T1 lost 3 of 3 samples at n1 (more than 25%)" in text, text
 
 
 def test_the_env_check_reads_the_measured_process_itself(tmp_path):

@@ -13,7 +13,10 @@ statistics a live one does:
   screening's estimate (:func:`screen_effect`) use one estimator, agent.stats.paired_effect;
 * **outliers**: an A/A's outlier samples are winsorized by agent.stats.aa_noise, and the paired
   estimator is robust to the rest (Hodges-Lehmann from 12 rounds on);
-* **the GPU-second ledger**: every sample carries ``gpu_s``; :func:`gpu_seconds` is the one sum of them.
+* **the GPU-second ledger**: every sample carries ``gpu_s``; :func:`gpu_seconds` is the one sum of them;
+* **lost samples**: a sample a backend could not take (``lost``: a command that failed, hung or printed no
+  metric) drops that level of that round for every arm, with one recorded event; an arm that loses more than
+  :data:`LOST_SHARE` of a level's rounds (and at least :data:`LOST_MIN`) fails (:func:`check_lost`).
 
 Every loop here stores each round's samples together (a killed run resumes from the committed rounds).
 """
@@ -32,6 +35,12 @@ from kinv.kernels.adapter import Level
 ROUND_SEED0 = 1000
 """Round r of every arm draws its inputs from seed ROUND_SEED0 + r: the data are common to a round's arms
 (and cancel in its paired log-ratio); the memory placement is each arm's own, re-drawn every round."""
+
+
+LOST_SHARE = 0.25
+"""The share of a level's rounds an arm may lose (a command that failed, hung or printed no metric) before it fails."""
+LOST_MIN = 3
+"""An arm fails for lost samples only once it has lost at least this many at a level."""
 
 
 def round_seed(round_index: int) -> int:
@@ -105,14 +114,42 @@ def sample_row(exp_id, arm, level: Level, round_index: int, tag: str, s: dict, b
     }  # fmt: skip
 
 
+def record_lost(store, exp_id, level: Level, round_index: int, samples: list[tuple[Arm, dict]],
+                lost: dict[str, int]) -> bool:  # fmt: skip
+    """Record the lost samples of one level of one round (one event each) and count them in ``lost``; True when
+    the level has any (its round is dropped for every arm).  Raises VariantFailed once :func:`check_lost` says."""
+    gone = [(arm, s) for arm, s in samples if s.get("lost")]
+    if not gone:
+        return False
+    exp = store.experiment(exp_id) if exp_id is not None else None
+    for arm, s in gone:
+        store.event(exp["workstream"] if exp else None, "sample.lost", f"round {round_index}: {s['lost']}",
+                    {"experiment": exp_id, "arm": arm.name, "level": level.key, "round": round_index})  # fmt: skip
+    lost[level.key] = lost.get(level.key, 0) + 1
+    check_lost(gone[0][0], level, lost[level.key], round_index + 1, gone[0][1]["lost"])
+    return True
+
+
+def check_lost(arm: Arm, level: Level, n_lost: int, rounds: int, last: str) -> None:
+    """Fail the arm once it has lost more than :data:`LOST_SHARE` of ``level``'s rounds (and at least
+    :data:`LOST_MIN`): its numbers no longer describe it."""
+    from kinv.agent.tools.backends.base import VariantFailed
+
+    if n_lost >= LOST_MIN and n_lost > LOST_SHARE * rounds:
+        raise VariantFailed(f"{arm.name} lost {n_lost} of {rounds} samples at {level.key} (more than "
+                            f"{LOST_SHARE:.0%}); the last: {last}")  # fmt: skip
+
+
 @dataclass
 class PairedRounds:
-    """Samples of two arms, paired by round: level -> (a_us list, b_us list)."""
+    """Samples of two arms, paired by round: level -> (a_us list, b_us list).  A level of a round with a lost
+    sample has no pair (``lost`` counts them per level)."""
 
     a: dict[str, list[float]] = field(default_factory=dict)
     b: dict[str, list[float]] = field(default_factory=dict)
     gpu_s: float = 0.0
     rounds: int = 0
+    lost: dict[str, int] = field(default_factory=dict)
 
     def add(self, level: str, a_us: float, b_us: float) -> None:
         self.a.setdefault(level, []).append(a_us)
@@ -125,16 +162,19 @@ def paired_round(store, exp_id, backend: Backend, arm_a: Arm, arm_b: Arm, levels
 
     Every sample carries the harness and reference hashes as they are on disk during the round
     (a variant that changes either is caught).  Returns ``{level: (a_us, b_us)}`` of this round,
-    the shape agent.stats.run_sequential wants.
+    the shape agent.stats.run_sequential wants; a level with a lost sample is left out.
     """
     hashes = (harness_hash(), reference_hash(arm_a.kernel))
     rows, pairs = [], {}
     order = round_order(2, round_index, abba=True)
     got = backend.sample_round([arm_a, arm_b], levels, round_index, {lv.key: order for lv in levels})
     for level in levels:
+        acc.gpu_s += sum(got[level.key][j].get("gpu_s") or 0.0 for j in order)
+        if record_lost(store, exp_id, level, round_index, [((arm_a, arm_b)[j], got[level.key][j]) for j in order],
+                       acc.lost):  # fmt: skip
+            continue
         for j in order:
             s = got[level.key][j]
-            acc.gpu_s += s.get("gpu_s") or 0.0
             rows.append(sample_row(exp_id, (arm_a, arm_b)[j], level, round_index, tags[j], s, backend.name, hashes,
                                     device_of(store, s, device)))  # fmt: skip
         a_us, b_us = got[level.key][0]["us"], got[level.key][1]["us"]
@@ -146,18 +186,22 @@ def paired_round(store, exp_id, backend: Backend, arm_a: Arm, arm_b: Arm, levels
 
 
 def aa_round(store, exp_id, backend: Backend, arms: list[Arm], levels: list[Level], round_index: int,
-             acc: dict[str, list[list[float]]], device: str | None) -> float:  # fmt: skip
+             acc: dict[str, list[list[float]]], device: str | None, lost: dict[str, int] | None = None) -> float:  # fmt: skip
     """One A/A round: every arm at every level, in an order rotated by the round.  Arm j is stored as
-    ``A<j>``; ``acc[level][j]`` collects its times.  Returns the GPU seconds spent."""
+    ``A<j>``; ``acc[level][j]`` collects its times (a level with a lost sample is dropped from the round, counted
+    in ``lost``).  Returns the GPU seconds spent."""
+    lost = {} if lost is None else lost
     hashes = (harness_hash(), reference_hash(arms[0].kernel))
     rows, gpu_s = [], 0.0
     order = round_order(len(arms), round_index)
     got = backend.sample_round(arms, levels, round_index, {lv.key: order for lv in levels})
     for level in levels:
         per = acc.setdefault(level.key, [[] for _ in arms])
+        gpu_s += sum(got[level.key][j].get("gpu_s") or 0.0 for j in order)
+        if record_lost(store, exp_id, level, round_index, [(arms[j], got[level.key][j]) for j in order], lost):
+            continue  # the A/A's rounds stay whole: the level's round is dropped for every arm
         for j in order:
             s = got[level.key][j]
-            gpu_s += s.get("gpu_s") or 0.0
             per[j].append(s["us"])
             rows.append(sample_row(exp_id, arms[j], level, round_index, f"A{j}", s, backend.name, hashes,
                                     device_of(store, s, device)))  # fmt: skip
@@ -213,7 +257,7 @@ def run_aa(store, exp_id: int, backend: Backend, kernel: str, config: dict, env:
     done = stored_rounds(store, exp_id, [f"A{j}" for j in range(n_arms)])
     acc: dict[str, list[list[float]]] = {lv.key: [[] for _ in range(n_arms)] for lv in levels}
     arms: list[Arm] = []
-    gpu_s = 0.0
+    gpu_s, lost = 0.0, {}
     try:
         for r in range(rounds):
             if r in done:
@@ -224,7 +268,7 @@ def run_aa(store, exp_id: int, backend: Backend, kernel: str, config: dict, env:
             if not arms:
                 arms = open_arms(backend, [((f"A{j}", kernel, config, env), {"replica": j}) for j in range(n_arms)])
                 backend.prepare(arms, levels)
-            gpu_s += aa_round(store, exp_id, backend, arms, levels, r, acc, store.device(arms[0].fingerprint))
+            gpu_s += aa_round(store, exp_id, backend, arms, levels, r, acc, store.device(arms[0].fingerprint), lost)
             if on_round:
                 on_round(r)
     finally:

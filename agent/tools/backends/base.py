@@ -120,6 +120,11 @@ class Arm(ABC):
 class Backend(ABC):
     name: str = ""
     loud: str = ""
+    #: what a sample's ``gpu_s`` is, in the close-out's words ("GPU time"; a command's: its runs' wall time)
+    time_word: str = "GPU time"
+    #: what one sample is, as the close-out's noise section says it
+    each_sample: str = ("every sample re-sets its worker (fresh inputs, outputs and scratch at a new memory "
+                        "placement, the graph captured again)")
 
     @abstractmethod
     def open(self, name: str, kernel: str, config: dict, env: dict, replica: int | None = None,

@@ -7,8 +7,9 @@ and reads ``/proc/<pid>/environ`` of that very process while it runs: the env ch
 measured.  The rounds, ABBA order, A/A and decisions are the protocol's, unchanged; a sample is one run, its time
 the reciprocal of a higher-is-better metric (so a throughput change is ``expm1(effect)``) or the metric itself.
 
-A run that fails, times out or prints no metric fails its arm with one line naming the level and what it printed
-last; its whole output is kept under ``<state>/commands/``.
+A timed run that fails, times out or prints no metric loses that sample with one recorded line naming the level and
+what it printed last (agent/tools/protocol.py drops it; an arm that loses too many fails); a warm-up or the
+correctness check that fails fails its arm.  Every run's whole output is kept under ``<state>/commands/``.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class CommandArm(Arm):
         wall = time.perf_counter() - t0
         log = self._keep(level, tag, out)
         if proc.returncode != 0:
-            last = next((ln for ln in reversed(out.splitlines()) if ln.strip()), "")
+            last = next((ln for ln in reversed(out.splitlines()) if ln.strip()), "no output")
             raise VariantFailed(f"{self.name} at {level.key}: the command exited {proc.returncode} ({last[:160]}); "
                                 f"output kept at {log}")  # fmt: skip
         value = metric_of(out, run["metric"])
@@ -123,14 +124,22 @@ class CommandArm(Arm):
         return s
 
     def sample(self, level: Level, round_index: int) -> dict:
-        value, wall, _ = self.run(level, f"r{round_index}")
+        """One run's sample; a run that fails, hangs or prints no metric is a lost sample (``lost``: its one
+        line), which the protocol records and drops, never the investigation."""
         from kinv.kernels.adapter import get_adapter
 
+        t0 = time.perf_counter()
+        try:
+            value, wall, _ = self.run(level, f"r{round_index}")
+        except VariantFailed as exc:
+            return {"us": None, "lost": str(exc), "replays": 0, "gpu_s": time.perf_counter() - t0}
         return {"us": get_adapter("command").time_us(level, value), "replays": 1, "gpu_s": wall, "metric": value}
 
 
 class CommandBackend(Backend):
     name = "command"
+    time_word = "time in the command's runs"
+    each_sample = "every sample is one fresh run of the command in the arm's environment"
     loud = "COMMAND backend: each sample is one run of the plan's command; its metric is what it prints"
 
     def __init__(self):
@@ -167,9 +176,11 @@ class CommandBackend(Backend):
             except VariantFailed as exc:
                 rows.append({"level": lv.key, "ok": False})
                 return {"ok": False, "levels": rows, "seed": seed, "device": "command", "dtype": "n/a",
-                        "reason": f"launch failed: {exc}"}  # fmt: skip
+                        "reason": f"launch failed: {exc}", "what": f"the command failed: {exc}"}  # fmt: skip
             rows.append({"level": lv.key, "ran": lv.key, "ok": True, "metric": value, "wall_s": round(wall, 3)})
-        return {"ok": True, "levels": rows, "seed": seed, "device": "command", "dtype": "n/a", "reason": ""}
+        return {"ok": True, "levels": rows, "seed": seed, "device": "command", "dtype": "n/a", "reason": "",
+                "what": f"the command exited 0 and printed its metric at {len(rows)} level(s); checking its results "
+                        "is the command's own business"}  # fmt: skip
 
     def describe(self) -> str:
         return "command"
