@@ -233,6 +233,8 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
     finally:
         restore_signals()
         configs.recover(store)  # never leave a kernel file patched, whatever happened
+        if hasattr(be, "servers"):  # a command plan's servers stop with the run
+            be.servers.close()
         file_lock.__exit__(None, None, None)
         store.release_lock(kernel_lock, os.getpid())
         store.release_lock(ws, os.getpid())

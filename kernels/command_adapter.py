@@ -9,6 +9,10 @@ The plan's ``workload`` says how to run it and what it prints::
       timeout_s: 60
       levels: [{n: 256}, {n: 512}]
 
+With ``server:`` (its ``command``, a ``ready_url`` polled until it answers 200, ``restart: never | round``) each arm
+has a long-lived server started in the arm's environment, and ``command`` is the client, run once per sample with
+the server's ``{port}``.
+
 A variant changes what the command's process sees: ``env: {OMP_NUM_THREADS: "1"}``.  The command has no tunables
 of kinv's: its config file holds only ``{"kernel": "command"}``.  The "correctness check" is that the command
 exits 0 and prints its metric at every level; checking its results is the command's own business.
@@ -63,10 +67,33 @@ def _workload_model():
                     raise ValueError(f"regex {self.regex!r} is invalid: {exc}") from None
             return self
 
+    class Server(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        command: list[str] = Field(min_length=1, description="argv of the long-lived server of an arm, started "
+                                   "in the arm's environment; '{port}' is a free port kinv picks, '{python}' this "
+                                   "Python")
+        ready_url: str = Field("http://127.0.0.1:{port}/ready", description="polled until it answers 200")
+        ready_timeout_s: float = Field(300.0, gt=0, le=3600)
+        restart: Literal["never", "round"] = Field("never", description="'round': a fresh server before each round")
+
+        @model_validator(mode="after")
+        def _parts(self):
+            for part in [*self.command, self.ready_url]:
+                try:
+                    part.format(python="python", port=0)
+                except (KeyError, IndexError, ValueError) as exc:
+                    raise ValueError(f"server part {part!r}: {exc!r} is not one of {{python}}, {{port}}") from None
+            if not self.ready_url.startswith(("http://", "https://")):
+                raise ValueError(f"ready_url {self.ready_url!r} must be an http:// URL")
+            return self
+
     class CommandWorkload(BaseModel):
         model_config = ConfigDict(extra="forbid")
         command: list[str] = Field(min_length=1, description="argv; '{dim}' is replaced by the level's value, "
-                                   "'{python}' by this Python, '{{' and '}}' are literal braces")
+                                   "'{python}' by this Python, '{port}' by the arm's server's port (with "
+                                   "'server'), '{{' and '}}' are literal braces")
+        server: Server | None = Field(None, description="a long-lived server per arm; 'command' is then the "
+                                      "client run once per sample")
         metric: Metric
         timeout_s: float = Field(120.0, gt=0, le=3600)
         warmup: int = Field(1, ge=0, le=10, description="unrecorded runs of each arm at each level first")
@@ -82,7 +109,7 @@ def _workload_model():
             for part in self.command:
                 for lv in self.levels:
                     try:
-                        part.format(python="python", **lv)
+                        part.format(python="python", **({"port": 0} if self.server else {}), **lv)
                     except (KeyError, IndexError, ValueError) as exc:
                         raise ValueError(f"command part {part!r}: {exc!r} is not a level dimension "
                                          f"(dimensions: {', '.join(sorted(lv))})") from None  # fmt: skip
@@ -114,7 +141,8 @@ class CommandAdapter(KernelAdapter):
 
     def levels(self, workload) -> list[Level]:
         run = {"command": list(workload.command), "metric": workload.metric.model_dump(),
-               "timeout_s": workload.timeout_s, "warmup": workload.warmup}  # fmt: skip
+               "timeout_s": workload.timeout_s, "warmup": workload.warmup,
+               "server": workload.server.model_dump() if workload.server else None}  # fmt: skip
         self.throughput_unit = workload.metric.unit
         return [self.level({**lv, RUN: run}) for lv in workload.levels]
 
@@ -131,11 +159,18 @@ class CommandAdapter(KernelAdapter):
 
     # ---- what the command backend runs and reads ---------------------------------------
     @staticmethod
-    def argv(level: Level) -> list[str]:
+    def argv(level: Level, port: int | None = None) -> list[str]:
+        """The argv of one run at ``level`` (the client's, with the arm's server's ``port``)."""
         import sys
 
         dims = {k: v for k, v in level.dims.items() if k != RUN}
-        return [p.format(python=sys.executable, **dims) for p in level.dims[RUN]["command"]]
+        extra = {"port": port} if port is not None else {}
+        return [p.format(python=sys.executable, **extra, **dims) for p in level.dims[RUN]["command"]]
+
+    @staticmethod
+    def server(level: Level) -> dict | None:
+        """The plan's server (its argv and readiness probe still holding ``{port}``), or None."""
+        return level.dims[RUN].get("server")
 
     def time_us(self, level: Level, metric: float) -> float:
         """The time kinv's statistics compare for one run's metric: the metric itself for a time (``scale``), its

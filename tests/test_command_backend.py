@@ -141,3 +141,97 @@ def test_the_cpu_matmul_threads_investigation_closes_out_on_this_machine(tmp_pat
     assert "Environment expected and confirmed in every worker: OMP_NUM_THREADS=2" in text
     assert "Predicted change" not in text  # no launch resources for a whole command
     assert list((tmp_path / "state" / "commands").glob("T1-n512-r*.log"))  # every run's output kept
+
+
+SERVER = '''
+import http.server, json, os, sys, time, urllib.parse
+work = int(os.environ["WORK"])
+print("pid", os.getpid(), flush=True)
+time.sleep(0.3)  # start-up: the probe must wait for it
+
+
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        url = urllib.parse.urlparse(self.path)
+        if url.path == "/ready":
+            body = b"ok"
+        else:
+            n = int(urllib.parse.parse_qs(url.query)["n"][0])
+            t0 = time.perf_counter()
+            sum(i * i for i in range(n * work * 2000))
+            body = json.dumps({"rate": n / (time.perf_counter() - t0)}).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+'''
+CLIENT = ("import sys, urllib.request; "
+          "print(urllib.request.urlopen('http://127.0.0.1:%s/step?n=%s' % (sys.argv[1], sys.argv[2])).read().decode())")
+
+
+def _server_plan(tmp_path, restart="never"):
+    (tmp_path / "server.py").write_text(SERVER)
+    data = yaml.safe_load(PLAN.read_text())
+    data["workload"] = {"command": ["{python}", "-c", CLIENT, "{port}", "{n}"],
+                        "server": {"command": ["{python}", str(tmp_path / "server.py"), "{port}"],
+                                   "ready_timeout_s": 30, "restart": restart},
+                        "metric": {"json_key": "rate", "unit": "items/s"}, "timeout_s": 30, "warmup": 1,
+                        "levels": [{"n": 1}, {"n": 2}]}  # fmt: skip
+    data["environment"] = {"WORK": "1"}
+    data["variants"] = [{**data["variants"][0], "title": "twice the work", "env": {"WORK": "2"}}]
+    data["stats"].update(aa_rounds=8, quick_rounds=4, step_rounds=2, max_rounds=8)
+    p = tmp_path / "server.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _pids(state):
+    return [int(f.read_text().split()[1]) for f in sorted((state / "commands").glob("server-*.log"))]
+
+
+def test_a_server_per_arm_is_started_in_its_environment_probed_kept_and_stopped(tmp_path):
+    """The long-lived form: each arm's server starts in the arm's environment and answers a client per sample.  The
+    check's server serves its arm's samples, the baseline's serves the A/A and the A/B, and none outlives the run."""
+    import os
+
+    env = replay_env(tmp_path, tmp_path / "state")
+    r = kinv_in_process(env, "run", str(_server_plan(tmp_path)), "--approval", "auto")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rep = json.loads(kinv_in_process(env, "report", "11a", "--json").stdout)
+    t1 = next(e for e in rep["experiments"] if e["experiment"]["variant"] == "T1")
+    assert t1["experiment"]["verdict"] == "reject"  # twice the work halves the rate
+    assert all(v["effect"] < -0.4 for v in t1["effects"])
+    pids = _pids(tmp_path / "state")
+    assert len(pids) == 3  # two A/A replicas of the baseline (one of them the check's) and the variant's
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    text = (tmp_path / "state" / "reports" / "11a-closeout.md").read_text()
+    assert "WORK=2 in its processes (the baseline's: 1)" in text
+    assert "Environment expected and confirmed in every worker: WORK=1" in text
+
+
+def test_a_server_that_never_gets_ready_fails_its_arm_with_one_line(tmp_path):
+    plan = yaml.safe_load(_server_plan(tmp_path).read_text())
+    plan["workload"]["server"].update(command=["{python}", "-c", "import time; time.sleep(60)  # {port}"],
+                                      ready_timeout_s=1)  # fmt: skip
+    (tmp_path / "never.yaml").write_text(yaml.safe_dump(plan))
+    env = replay_env(tmp_path, tmp_path / "state")
+    r = kinv_in_process(env, "run", str(tmp_path / "never.yaml"), "--approval", "auto")
+    assert r.returncode != 0
+    assert "the server was not ready at http://127.0.0.1:" in r.stderr and "within 1 s" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_a_plan_may_restart_each_arms_server_before_every_round(tmp_path):
+    env = replay_env(tmp_path, tmp_path / "state")
+    r = kinv_in_process(env, "run", str(_server_plan(tmp_path, restart="round")), "--approval", "auto")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rep = json.loads(kinv_in_process(env, "report", "11a", "--json").stdout)
+    rounds = sum(e["experiment"]["rounds"] or 0 for e in rep["experiments"])
+    assert len(_pids(tmp_path / "state")) >= rounds  # a fresh server per arm per round (at least one per round)

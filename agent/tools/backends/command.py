@@ -75,6 +75,97 @@ def _environ_of(proc: subprocess.Popen, names: list[str]) -> dict | None:
     return {k: seen.get(k) for k in names} if seen else None
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """One arm's long-lived server: started in the arm's environment, ready once its probe answers 200."""
+
+    def __init__(self, spec: dict, env: dict, log: Path, name: str):
+        import sys
+        import urllib.request
+
+        self.spec, self.env, self.name, self.port = spec, env, name, _free_port()
+        argv = [p.format(python=sys.executable, port=self.port) for p in spec["command"]]
+        self.log = log
+        self._out = open(log, "w")  # noqa: SIM115 - the server's output, for its life
+        try:
+            self.proc = subprocess.Popen(argv, env={**os.environ, **{k: str(v) for k, v in env.items()}},
+                                         stdout=self._out, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        except OSError as exc:
+            self._out.close()
+            raise VariantFailed(f"{name}: cannot start the server {argv[0]}: {exc.strerror}") from None
+        url = spec["ready_url"].format(python=sys.executable, port=self.port)
+        deadline = time.monotonic() + spec["ready_timeout_s"]
+        while True:
+            if self.proc.poll() is not None:
+                self._out.close()
+                raise VariantFailed(f"{name}: the server exited {self.proc.returncode} before it was ready; "
+                                    f"output kept at {log}")  # fmt: skip
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - the plan's own local probe
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise VariantFailed(f"{name}: the server was not ready at {url} within {spec['ready_timeout_s']:g} s; "
+                                    f"output kept at {log}")  # fmt: skip
+            time.sleep(0.2)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._out.close()
+
+
+class ServerPool:
+    """Servers kept between arms of one run, by environment: the check's server serves its variant's arm, the
+    baseline's serves every A/B, and an A/A's replicas are separate servers.  ``close`` stops them all."""
+
+    def __init__(self):
+        self.idle: dict[tuple, list[Server]] = {}
+        self.started = 0
+
+    def take(self, spec: dict, env: dict, log_dir: Path, name: str) -> Server:
+        key = (json.dumps(spec, sort_keys=True), tuple(sorted((k, str(v)) for k, v in env.items())))
+        while self.idle.get(key):
+            srv = self.idle[key].pop()
+            if srv.alive():
+                return srv
+            srv.stop()
+        self.started += 1
+        srv = Server(spec, env, log_dir / f"server-{name}-{self.started}.log", name)
+        srv.key = key
+        return srv
+
+    def give(self, srv: Server) -> None:
+        if srv.alive():
+            self.idle.setdefault(srv.key, []).append(srv)
+        else:
+            srv.stop()
+
+    def close(self) -> None:
+        for servers in self.idle.values():
+            for srv in servers:
+                srv.stop()
+        self.idle.clear()
+
+
 class CommandArm(Arm):
     def run(self, level: Level, tag: str, watch_env: bool = False) -> tuple[float, float, dict | None]:
         """One run at ``level``: ``(metric, wall seconds, environment seen or None)``; VariantFailed with one line
@@ -82,7 +173,8 @@ class CommandArm(Arm):
         from kinv.kernels.adapter import get_adapter
 
         run = level.dims["_run"]
-        argv = get_adapter("command").argv(level)
+        srv = self.serve(level) if run.get("server") else None
+        argv = get_adapter("command").argv(level, port=srv.port if srv else None)
         env = {**os.environ, **{k: str(v) for k, v in self.env.items()}}
         t0 = time.perf_counter()
         seen = None
@@ -90,8 +182,8 @@ class CommandArm(Arm):
             proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         except OSError as exc:
             raise VariantFailed(f"{self.name} at {level.key}: cannot start {argv[0]}: {exc.strerror}") from None
-        if watch_env:
-            seen = _environ_of(proc, sorted(self.env))
+        if watch_env:  # the process that measures: the server where there is one, else this run
+            seen = _environ_of(srv.proc if srv else proc, sorted(self.env))
         try:
             out, _ = proc.communicate(timeout=run["timeout_s"])
         except subprocess.TimeoutExpired:
@@ -111,6 +203,28 @@ class CommandArm(Arm):
                                 f"({run['metric'].get('json_key') or run['metric'].get('regex')}); output kept at {log}")  # fmt: skip
         return value, wall, seen
 
+    server_obj: Server | None = None
+    pool: ServerPool | None = None
+    _round: int = -1
+
+    def serve(self, level: Level) -> Server:
+        """This arm's server, started (or taken from the pool) on first use; a server that died is started again
+        (the sample that found it dead is lost)."""
+        if self.server_obj is not None and not self.server_obj.alive():
+            self.server_obj.stop()
+            self.server_obj = None
+        if self.server_obj is None:
+            pool = self.pool or ServerPool()
+            self.pool = pool
+            self.server_obj = pool.take(level.dims["_run"]["server"], self.env, _logs(getattr(self, "log_dir", None)),
+                                        self.name)  # fmt: skip
+        return self.server_obj
+
+    def close(self) -> None:
+        if self.server_obj is not None:
+            self.pool.give(self.server_obj)
+            self.server_obj = None
+
     def _keep(self, level: Level, tag: str, out: str) -> Path:
         f = _logs(getattr(self, "log_dir", None)) / f"{self.name}-{level.key.replace('/', '_')}-{tag}.log"
         f.write_text(out or "")
@@ -129,6 +243,11 @@ class CommandArm(Arm):
         from kinv.kernels.adapter import get_adapter
 
         t0 = time.perf_counter()
+        srv = level.dims["_run"].get("server")
+        if srv and srv["restart"] == "round" and self.server_obj is not None and round_index != self._round:
+            self.server_obj.stop()  # a fresh server for every round, as the plan says
+            self.server_obj = None
+        self._round = round_index
         try:
             value, wall, _ = self.run(level, f"r{round_index}")
         except VariantFailed as exc:
@@ -145,10 +264,18 @@ class CommandBackend(Backend):
     def __init__(self):
         self.first_levels: list[Level] = []
         self.log_dir: Path | None = None  # the run's <state>/commands (agent/investigation.py sets it)
+        self.servers = ServerPool()
+        import atexit
+
+        atexit.register(self.servers.close)  # whatever ends the process, no server outlives it
+
+    def _arm(self, name: str, kernel: str, config: dict, env: dict) -> CommandArm:
+        arm = CommandArm(name=name, kernel=kernel, config=config, env=dict(env))
+        arm.log_dir, arm.pool = self.log_dir, self.servers
+        return arm
 
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
-        arm = CommandArm(name=name, kernel=kernel, config=config, env=dict(env))
-        arm.log_dir = self.log_dir
+        arm = self._arm(name, kernel, config, env)
         arm.fingerprint = {"gpu": f"command on {platform.node()}", "arch": platform.machine(),
                            "cpus": os.cpu_count(), "python": platform.python_version()}  # fmt: skip
         if self.first_levels:  # the env check reads the environment of a real run of the command
@@ -167,20 +294,26 @@ class CommandBackend(Backend):
               pythonpath=None) -> dict:  # fmt: skip
         """The command's own gate: it exits 0 and prints its metric at every level, in the arm's environment."""
         self.first_levels = self.first_levels or list(levels[:1])
-        arm = CommandArm(name="check", kernel=kernel, config=config, env=dict(env))
-        arm.log_dir = self.log_dir
+        arm = self._arm("check", kernel, config, env)
         rows = []
-        for lv in levels:
-            try:
-                value, wall, _ = arm.run(lv, f"check-{seed}")
-            except VariantFailed as exc:
-                rows.append({"level": lv.key, "ok": False})
-                return {"ok": False, "levels": rows, "seed": seed, "device": "command", "dtype": "n/a",
-                        "reason": f"launch failed: {exc}", "what": f"the command failed: {exc}"}  # fmt: skip
-            rows.append({"level": lv.key, "ran": lv.key, "ok": True, "metric": value, "wall_s": round(wall, 3)})
+        try:
+            for lv in levels:
+                try:
+                    value, wall, _ = arm.run(lv, f"check-{seed}")
+                except VariantFailed as exc:
+                    rows.append({"level": lv.key, "ok": False})
+                    return {"ok": False, "levels": rows, "seed": seed, "device": "command", "dtype": "n/a",
+                            "reason": f"launch failed: {exc}", "what": f"the command failed: {exc}"}  # fmt: skip
+                rows.append({"level": lv.key, "ran": lv.key, "ok": True, "metric": value, "wall_s": round(wall, 3)})
+        finally:
+            arm.close()  # its server, if any, serves the arm of this environment next
         return {"ok": True, "levels": rows, "seed": seed, "device": "command", "dtype": "n/a", "reason": "",
                 "what": f"the command exited 0 and printed its metric at {len(rows)} level(s); checking its results "
                         "is the command's own business"}  # fmt: skip
+
+    def close(self) -> None:
+        self.servers.close()
+        super().close()
 
     def describe(self) -> str:
         return "command"
