@@ -11,11 +11,13 @@ from enum import StrEnum
 
 
 class BackendName(StrEnum):
-    """Where samples come from: ``auto`` picks cuda when a GPU is visible, else replay."""
+    """Where samples come from: ``auto`` picks cuda when a GPU is visible, else replay (a plan of ``kernel:
+    command``: the command backend, which runs the plan's own command)."""
 
     AUTO = "auto"
     CUDA = "cuda"
     REPLAY = "replay"
+    COMMAND = "command"
 
 
 class Approval(StrEnum):

@@ -294,8 +294,9 @@ def design(state: State, runtime: Runtime[Context]) -> Command[Literal["approval
         full_diff = diff + (("\n" if diff else "") + src[1] if src else "")
         # what a person approves is pinned: the plan's hash and the exact edit; apply refuses anything else.
         # A decision already recorded (a re-run of this node after a kill) is never overwritten.
-        shown = {"smem_max": var_a.get("smem_estimate_max"), "predicted": predicted,
-                 **_compiled_for_approval(ctx, cfg, bool(src), levels, plan.variant_env(v))}
+        shown = ({"smem_max": var_a.get("smem_estimate_max"), "predicted": predicted,
+                  **_compiled_for_approval(ctx, cfg, bool(src), levels, plan.variant_env(v))}
+                 if ctx.adapter.resource_model else {})  # a whole command has no launch resources to show
         store.add_approval(id=aid, workstream=ws, todo=planner.todo_id(ws, vid), variant=vid,
                            kind="source" if src else "config", diff=full_diff,
                            resources=shown,

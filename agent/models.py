@@ -110,6 +110,15 @@ class BacklogItem(Strict):
     prior: float = Field(0.5, ge=0, le=1, description="prior plausibility from 0 to 1")
     tunables: list[str] = Field(default_factory=list, description="the kernel tunables this item varies "
                                 "(names the kernel's adapter declares): a campaign can run it as a search; empty: out of a campaign's reach")
+    env: dict[str, list[str]] = Field(default_factory=dict, description="environment variables this item varies, "
+                                      "each with the values to try (e.g. {TARGET_CTAS: ['256', '1024']}): a campaign "
+                                      "screens them around the incumbent config; a deployment, not a config file, "
+                                      "adopts what it finds")
+
+    @property
+    def searchable(self) -> bool:
+        """Whether a campaign can run this item as a search (it varies tunables or environment variables)."""
+        return bool(self.tunables or self.env)
 
     _id = field_validator("id")(classmethod(lambda cls, v: check_item_id(v)))
     _title = field_validator("title")(classmethod(lambda cls, v: check_text(v)))
@@ -294,6 +303,17 @@ class Plan(Strict):
             if bad:
                 raise ValueError(f"backlog.{item.id}.tunables: unknown tunable {brief_repr(bad[0])}; valid: "
                                  f"{', '.join(spec.names)}")  # fmt: skip
+            if item.tunables and item.env:
+                raise ValueError(f"backlog.{item.id}: give tunables or env, not both (a config file cannot carry an "
+                                 "environment variable, so the two are screened in their own items)")
+            for name, values in item.env.items():
+                if not values or len(set(values)) != len(values):
+                    raise ValueError(f"backlog.{item.id}.env.{name}: give distinct values to try")
+                for val in values:
+                    try:
+                        check_env({name: str(val)}, self.kernel)
+                    except ValueError as exc:
+                        raise ValueError(f"backlog.{item.id}.env: {exc}") from None
         if self.campaign is not None:
             self._check_campaign(spec)
         if self.stats.quick_rounds > self.stats.max_rounds:
@@ -336,16 +356,17 @@ class Plan(Strict):
             bad = [x for x in values if x not in t.values]
             if bad:
                 raise ValueError(f"campaign.space.{key}: {brief_repr(bad[0])} is invalid: must be {t.says()}")
-        if not self.search_space():
+        if not self.search_space() and not any(i.env for i in self.backlog):
             raise ValueError("campaign.space: empty; give the tunables to search (or the plan's bounds)")
         labels = [lv.label for lv in self._levels]
         bad = [x for x in c.goal.levels if x not in labels]
         if bad:
             raise ValueError(f"campaign.goal.levels: {brief_repr(bad[0])} is not a level of this workload; its "
                              f"levels: {', '.join(labels)}")  # fmt: skip
-        if not any(set(i.tunables) & set(self.search_space()) for i in self.backlog):
+        if not any(set(i.tunables) & set(self.search_space()) or i.env for i in self.backlog):
             raise ValueError("backlog: a campaign needs at least one item with tunables inside campaign.space "
-                             "(tunables: [NAME, ...]) to turn into a workstream")
+                             "(tunables: [NAME, ...]) or environment values (env: {NAME: [...]}) to turn into a "
+                             "workstream")
 
     def search_space(self) -> dict[str, list[int]]:
         """A campaign's space: campaign.space, else the plan's bounds; each tunable's values as listed."""

@@ -211,7 +211,9 @@ def pending(console, items) -> None:
 def predicted_resources(console, resources: dict) -> None:
     """Baseline -> variant resources per level: the compiler's where a GPU compiled them, else the analytical
     model's, labelled as such."""
-    compiled = (resources or {}).get("compiled") or {}
+    if not resources:  # nothing to show (a command measured as a whole)
+        return
+    compiled = resources.get("compiled") or {}
     if compiled:
         on = resources.get("compiled_on") or "GPU"
         how = "recorded from the GPU's compiler, served by replay" if on == "replay" else f"{on}, compile only"

@@ -381,7 +381,12 @@ def config_hash(config: dict) -> str:
 
 
 def describe(config: dict) -> str:
-    """Human label of a config in its kernel's own tunable names (``BT16/BH16/w4/s2 [b>=9: w8]``)."""
+    """Human label of a config in its kernel's own tunable names (``BT16/BH16/w4/s2 [b>=9: w8]``); a campaign's
+    candidate over environment variables (``"env"``) is labelled with them too (``... with TARGET_CTAS=1024``)."""
+    env = config.get("env") if isinstance(config, dict) else None
+    if env:
+        rest = describe({k: v for k, v in config.items() if k != "env"})
+        return f"{rest} with " + " ".join(f"{k}={v}" for k, v in sorted(env.items()))
     name = config.get("kernel") if isinstance(config, dict) else None
     if name:
         try:

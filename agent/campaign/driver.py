@@ -288,9 +288,12 @@ class Campaign(Screening, Confirmation, Ending):
 
     # ---- choosing the next item -------------------------------------------------------------
     def expressible(self) -> list:
+        """The backlog items a search can run: tunables inside the space with a choice among them, or environment
+        variables with values to try."""
         space = self.plan.search_space()
-        return [i for i in self.plan.backlog if i.tunables and set(i.tunables) <= set(space)
-                and any(len(space[t]) > 1 for t in i.tunables)]  # fmt: skip
+        return [i for i in self.plan.backlog
+                if (i.tunables and set(i.tunables) <= set(space) and any(len(space[t]) > 1 for t in i.tunables))
+                or i.env]  # fmt: skip
 
     def next_item(self):
         from kinv.agent import planner
@@ -320,6 +323,8 @@ class Campaign(Screening, Confirmation, Ending):
         import itertools
 
         plan = self.plan
+        if item.env:  # an environment is screened in its own item: no other step tried it
+            return None
         seen, by = set(), []
         for st in self.row["steps"]:
             if not st.get("exhaustive"):
@@ -363,13 +368,17 @@ class Campaign(Screening, Confirmation, Ending):
         steps.append({"item": item.id, "title": item.title, "ws": ws, "phase": "screen",
                       "incumbent_before": self.row["incumbent"], "started": time.time()})  # fmt: skip
         self.save(steps=steps)
-        self.say(f"{ws}: {item.id} ({item.title}): screening {', '.join(item.tunables)}")
+        self.say(f"{ws}: {item.id} ({item.title}): screening {', '.join(item.tunables or item.env)}")
 
     def begin_final(self) -> None:
         steps = self.row["steps"]
         start, inc = self.row["start_config"], self.row["incumbent"]
         if config_hash(start) == config_hash(inc):
-            steps.append({"item": FINAL, "ws": None, "phase": "done", "note": "no confirmed win: nothing to adopt"})
+            found = "; ".join(f"{lv} with {' '.join(f'{k}={v}' for k, v in x['env'].items())} ({st['ws']})"
+                              for st in steps if st.get("env_found") for lv, x in st["env_found"].items())  # fmt: skip
+            note = ("no confirmed config win: nothing to adopt in the config file; the environment improved "
+                    f"{found}: set it where the kernel runs" if found else "no confirmed win: nothing to adopt")
+            steps.append({"item": FINAL, "ws": None, "phase": "done", "note": note})
             self.save(steps=steps)
             return
         ws = ws_id(self.plan, len([s for s in steps if s.get("ws")]))

@@ -141,5 +141,6 @@ class Ending:
             "roofline": self.goal_bound(),
             "recommendation": (self.store.workstream(final["ws"]) or {}).get("recommendation") if final else None,
             "beyond_reach": [{"id": i.id, "title": i.title, "targets": i.targets} for i in plan.backlog
-                             if not i.tunables],  # fmt: skip
+                             if not i.searchable],  # fmt: skip
+            "environment_found": {s["ws"]: s["env_found"] for s in row["steps"] if s.get("env_found")},
         }

@@ -22,7 +22,9 @@ class Screening:
         self.losses = []  # this screening's lost actors (its step records them)
         plan, c = self.plan, self.plan.campaign
         item = next(i for i in plan.backlog if i.id == step["item"])
-        space = {k: plan.search_space()[k] for k in item.tunables}
+        # an item over environment variables screens their values around the incumbent config: each candidate is
+        # the incumbent with the values under "env" (screen_shard opens its arm in the plan's environment plus them)
+        space = {k: list(item.env[k]) for k in item.env} if item.env else {k: plan.search_space()[k] for k in item.tunables}
         incumbent, ws = step["incumbent_before"], step["ws"]
         self._ensure_ws_row(ws, item.title)
         be = self.backend
@@ -48,12 +50,20 @@ class Screening:
             asked, todo = [], []
             for _ in range(search.batch(first)):
                 t = search.ask()
-                cand = with_params(plan, incumbent, dict(t.params))
+                cand = ({**incumbent, "env": dict(t.params)} if item.env
+                        else with_params(plan, incumbent, dict(t.params)))  # fmt: skip
                 h = config_hash(cand)
                 self.store.screen_asked(exp, h, t.number, describe(cand), json.dumps(cand))
                 asked.append((t, h))
                 if h in known or h in {x[2] for x in todo}:
                     continue  # a duplicate: told what its first ask measured
+                if item.env:
+                    if all(plan.environment.get(k) == v for k, v in cand["env"].items()):
+                        self.store.screen_result(exp, h, "incumbent", gains={lv.key: 0.0 for lv in levels})
+                        known[h] = [0.0] * search.n_objectives
+                    else:
+                        todo.append((t, cand, h))
+                    continue
                 ok, why = feasibility(plan, cand)
                 if not ok:
                     self.store.screen_result(exp, h, "pruned", reason=f"infeasible: {why}")
@@ -88,6 +98,14 @@ class Screening:
                     finalists=[f.config_json for f in finalists], sampler=search.label,
                     trials=len(search.study.trials), screen_exp=exp, exhaustive=search.exhaustive,
                     executor=self.executor.name, places=list(self.executor.places), losses=list(self.losses))  # fmt: skip
+        failed = [r["reason"] for r in rows if r["status"] == "failed"]
+        if not finalists and failed and len(screened) <= 1:  # only the incumbent was timed: nothing was compared
+            step.update(phase="done", levels={}, note=f"{len(failed)} candidates could not be measured here (the "
+                        f"first: {failed[0]}): no workstream to confirm")  # fmt: skip
+            self.say(f"{ws}: {item.id}: {step['note']}")
+            self._update_step(step)
+            self.store.update_workstream(ws, status="closed", closed=time.time(), recommendation=step["note"])
+            return
         if not finalists:
             step.update(phase="done", note=f"no screened candidate beat the incumbent by {c.screen.min_gain:+.1%} "
                         "at any level: no workstream to confirm", levels={})  # fmt: skip

@@ -40,11 +40,13 @@ class Confirmation:
             s = screened.get(config_hash(cfg))
             where = (", ".join(f"{labels[k]} {g:+.1%}{_interval((s.gain_ci or {}).get(k))}"
                                for k, g in s.gains.items()) if s else "")  # fmt: skip
+            env = cfg.get("env") or {}  # a candidate over environment variables: the incumbent config in its env
             variants.append({"id": f"V{n}", "title": describe(cfg)[:200],
                              "rationale": (f"screened against the incumbent in {c.screen.rounds} paired rounds: "
                                            f"{where}" if s else "the campaign's composed config: every level's "
                                            "confirmed winner"),
-                             "patch": patch_of(adapter, cfg), "targets": self._targets(step)})  # fmt: skip
+                             **({"env": dict(env)} if env else {"patch": patch_of(adapter, cfg)}),
+                             "targets": self._targets(step)})  # fmt: skip
             ids.append(f"V{n}")
         if final:
             hyp = (f"The configs campaign {self.cid} confirmed step by step ({describe(step['finalists'][0])}) beat "
@@ -53,7 +55,7 @@ class Confirmation:
             title = f"Campaign {self.cid}: its config against the starting baseline"
         else:
             item = next(i for i in plan.backlog if i.id == step["item"])
-            hyp = (f"{item.rationale} Screening {', '.join(item.tunables)} around the incumbent "
+            hyp = (f"{item.rationale} Screening {', '.join(item.tunables or item.env)} around the incumbent "
                    f"{describe(step['incumbent_before'])} ({len(screened)} candidates, "
                    f"{c.screen.rounds} paired rounds each) ranked {', '.join(ids)} first; the full paired A/B "
                    "decides whether each improves on the incumbent.")  # fmt: skip
@@ -68,7 +70,8 @@ class Confirmation:
             "bounds": {k: list(v) for k, v in plan.bounds.items()},
             "stats": plan.stats.model_dump(), "budget": {"gpu_seconds": round(min(plan.budget.gpu_seconds, left_gpu), 1),
                                                         "wall_seconds": plan.budget.wall_seconds},
-            "backlog": [i.model_dump() for i in plan.backlog if i.id not in done_items or not i.tunables],
+            "backlog": [i.model_dump() for i in plan.backlog
+                        if i.id not in done_items or not i.searchable],
         }  # fmt: skip
         path = self.dir / f"{step['ws'].lstrip('#')}.yaml"
         text = (f"# Written by kinv campaign {self.cid} (from {Path(self.s.plan_path).name}), step "
@@ -117,8 +120,13 @@ class Confirmation:
         def config_of(vid: str) -> dict:
             return ws_plan.variant_config(ws_plan.variant(vid))
 
+        item = next((i for i in self.plan.backlog if i.id == step["item"]), None)
         if final:
             new = step["finalists"][0]
+        elif item is not None and item.env:  # the config stays; what the environment did is the step's finding
+            new = step["incumbent_before"]
+            step["env_found"] = {lv: {"variant": vid, "env": ws_plan.variant(vid).env}
+                                 for lv, vid in res.winners.items()}  # fmt: skip
         elif self.plan.campaign.per_level:
             by_level = per_level(self.plan, step["incumbent_before"])
             for lv, vid in res.winners.items():
@@ -141,4 +149,8 @@ class Confirmation:
             self.save(incumbent=new)
             self.say(f"{ws} closed: " + ", ".join(f"{k} {v}" for k, v in res.verdicts.items()) +
                      (f"; incumbent now {describe(new)}" if changed else "; the incumbent stays"))  # fmt: skip
+            if step.get("env_found"):
+                self.say(f"{ws}: the environment improved " + "; ".join(
+                    f"{lv} with {' '.join(f'{k}={v}' for k, v in x['env'].items())}" for lv, x in step["env_found"].items())
+                    + ": a deployment's setting, not the config file's (the campaign's config is unchanged)")  # fmt: skip
         return ExitCode.OK, line

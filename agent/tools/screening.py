@@ -39,12 +39,12 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
 
     def start(args):
         name, cfg = args
-        try:
-            arm = be.open(name, kernel, cfg, env)
+        try:  # a candidate over environment variables carries them under "env" (agent/campaign/screen.py)
+            arm = be.open(name, kernel, {k: v for k, v in cfg.items() if k != "env"}, {**env, **cfg.get("env", {})})
             for lv in lvs:
                 arm.setup(lv)
             return arm, None
-        except bench.VariantFailed as exc:
+        except (bench.VariantFailed, bench.NoRecording) as exc:  # replay has no recording of it: not measured
             return None, str(exc)
 
     names = [("incumbent", incumbent)] + [(f"C:{h}", cfg) for h, cfg in candidates.items()]
@@ -67,7 +67,7 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
         for r in range(rounds):
             ri = round0 + r
             for lv in lvs:
-                got = {}
+                got, lost = {}, set()
                 order = [("incumbent", "I", inc)] + [(h, f"C{h[:6]}", a) for h, a in arms.items()]
                 for key, tag, a in protocol.rotated(order, r):
                     try:
@@ -77,16 +77,20 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
                             raise IncumbentFailed(f"the incumbent's worker failed on {where}: {exc}") from None
                         failed[key] = str(exc)
                         continue
+                    if smp.get("lost"):  # a command's failed run: this round has no pair for it at this level
+                        lost.add(key)
+                        gpu += smp.get("gpu_s") or 0.0
+                        continue
                     got[key] = smp
                     place = None if where == "local" else where  # which GPU timed it (a Ray actor's)
                     rows.append(protocol.sample_row(exp, a, lv, ri, tag, {**smp, "place": place}, be.name, hashes,
                                                     None))  # fmt: skip
                 gpu += protocol.gpu_seconds(got.values())
                 for h in list(arms):
-                    if h in got:
+                    if h in got and "incumbent" in got:
                         times[h][lv.key][0].append(got["incumbent"]["us"])
                         times[h][lv.key][1].append(got[h]["us"])
-                    else:
+                    elif h not in got and h not in lost:
                         arms.pop(h).close()
         est = {h: {k: protocol.screen_effect(a, b, k) for k, (a, b) in times[h].items()} for h in arms}
         gains = {h: {k: e["gain"] for k, e in by.items()} for h, by in est.items()}
