@@ -124,15 +124,35 @@ def level_conditional(plan: Plan, variant: Variant, levels: dict[str, str]) -> d
     if not improved or not (dims or choices):
         return None
     cfg, base = plan.variant_config(variant), plan.baseline
-    overrides = []
-    for lv in improved:
+    levels_all = plan.levels()
+    # a dimension that tells every level apart orders them: a run of neighbouring improved levels with one change
+    # becomes one override over a range that covers the values between levels too (b9-64 for b32 and b64 after b8;
+    # open-ended past the last level), as a person would write it
+    span = next((d for d in dims if len({lv.dims.get(d) for lv in levels_all}) == len(levels_all)), None)
+    order = sorted(levels_all, key=lambda lv: lv.dims[span]) if span else list(levels_all)
+    overrides, run = [], None  # run: [first index, last index, changed, choice values] of the override being built
+    for i, lv in enumerate(order):
         want, have = spec.resolve(cfg, lv.dims), spec.resolve(base, lv.dims)
         changed = {k: want[k] for k in spec.names if want[k] != base[k] or want[k] != have[k]}
-        if dict(want) == dict(have):
+        chosen = {d: lv.dims[d] for d in choices if d in lv.dims}
+        if lv not in improved or dict(want) == dict(have):
+            run = None
             continue
-        where = {f"{d}_{m}": lv.dims[d] for d in dims for m in ("min", "max")}
-        where.update({d: lv.dims[d] for d in choices if d in lv.dims})
-        overrides.append({**where, **changed})
+        if span and run is not None and run[1] == i - 1 and run[2] == changed and run[3] == chosen:
+            run[1] = i
+            if i < len(order) - 1:
+                overrides[-1][f"{span}_max"] = lv.dims[span]
+            else:
+                overrides[-1].pop(f"{span}_max", None)
+            continue
+        if span:
+            where = {f"{span}_min": order[i - 1].dims[span] + 1} if i > 0 else {}
+            if i < len(order) - 1:
+                where[f"{span}_max"] = lv.dims[span]
+        else:
+            where = {f"{d}_{m}": lv.dims[d] for d in dims for m in ("min", "max")}
+        run = [i, i, changed, chosen]
+        overrides.append({**where, **chosen, **changed})
     if not overrides:
         return None
     try:

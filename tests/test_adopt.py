@@ -49,6 +49,23 @@ def test_adopt_refuses_what_was_not_a_win_and_names_what_was_measured(tmp_path, 
     assert cfg.read_bytes() == before
 
 
+def test_a_level_conditional_proposal_covers_neighbouring_winning_levels_with_one_range():
+    from kinv.agent import planner
+    from kinv.agent.models import load_plan
+    from kinv.kernels.launch_config import describe
+
+    plan, _ = load_plan("plans/3b-tile-shape.yaml")
+    key = {lv.dims["batch"]: lv.key for lv in plan.levels()}
+    won = {key[1]: "regressed", key[8]: "equivalent", key[32]: "improved", key[64]: "improved", key[96]: "improved"}
+    cond = planner.level_conditional(plan, plan.variant("V1"), won)
+    assert describe(cond) == "BT16/BH16/w4/s2 [v4flash b>=9: BT32]"  # one override, open past the largest level
+    cond = planner.level_conditional(plan, plan.variant("V1"), {**won, key[64]: "regressed"})
+    assert describe(cond) == "BT16/BH16/w4/s2 [v4flash b9-32: BT32; v4flash b>=65: BT32]"
+    a = plan.adapter
+    for b, want in ((8, "BT16"), (20, "BT32"), (48, "BT16"), (80, "BT32"), (512, "BT32")):
+        assert a.params_for(cond, a.level({**plan.levels()[0].dims, "batch": b})).short().startswith(want)
+
+
 def test_a_mixed_variant_whose_change_is_an_override_is_adopted_only_where_it_won():
     # #9c on the H200: V1 adds {shape: v3, batch_min: 96, ...}; improved at b96, regressed at b128. Adopting it
     # where it won must put the b96 change first (the first matching override wins) and only for V3, the shape
@@ -61,7 +78,8 @@ def test_a_mixed_variant_whose_change_is_an_override_is_adopted_only_where_it_wo
     key = {lv.dims["batch"]: lv.key for lv in plan.levels()}
     cond = planner.level_conditional(plan, plan.variant("V1"), {key[64]: "equivalent", key[96]: "improved",
                                                                 key[128]: "regressed"})  # fmt: skip
-    assert describe(cond) == "BT64/BH16/w4/s2/cps2 [v3 b96-96: BT32,cps3,mrg1; b<=1: w8,tma1; b>=64: mrg1]"
+    # the range covers the batches between the measured neighbours (b65-96), as a person would write it
+    assert describe(cond) == "BT64/BH16/w4/s2/cps2 [v3 b65-96: BT32,cps3,mrg1; b<=1: w8,tma1; b>=64: mrg1]"
     a = plan.adapter
     for shape, b, want in (("v3", 96, "BT32/BH16/w4/s2/cps3/mrg1"), ("v3", 128, "BT64/BH16/w4/s2/cps2/mrg1"),
                            ("v4flash", 96, "BT64/BH16/w4/s2/cps2/mrg1"), ("v3", 1, "BT64/BH16/w8/s2/cps2/tma1")):
