@@ -488,7 +488,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             out += [f"Lost samples: {len(gone)}, each dropped with its round at that level; the last: "
                     f"{gone[-1]}.", ""]  # fmt: skip
         res = v["resources"]
-        if res and ctx.adapter.resource_model:
+        if res and (ctx.adapter.resource_model or res.get("compiled")):
             out += _resource_lines(res, {x.key: x.label for x in levels}, replayed=be.name == "replay")
         out += _profile_lines(store.profiles(exp_id=e["id"]), {x.key: x.label for x in levels})
         corr = v["correctness"]

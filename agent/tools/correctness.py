@@ -269,11 +269,9 @@ def check(adapter: KernelAdapter, config: dict, levels: list[Level], *, seed: in
     "device", "dtype", "reason"}``.  After a launch failure the remaining levels are not run.  A level whose
     stand-in and resolved parameters equal an earlier level's shares that level's check (``same_as``).
     """
-    import torch
-
     _take_first_snapshot()  # before this call launches anything (a caller that imports kernels takes it earlier)
     device = device or default_device()
-    dtype = torch.float16 if device == "cpu" else torch.bfloat16
+    dtype = adapter.check_dtype(device)  # bf16 on a GPU, fp16 on CPU, unless the kernel runs in one dtype
     result = {"ok": False, "levels": [], "seed": seed, "device": device, "dtype": str(dtype).removeprefix("torch."),
               "reason": ""}  # fmt: skip
     if not levels:

@@ -1,13 +1,17 @@
 """The replay backend: serves samples that the cuda backend recorded on a real GPU
 (``kernels/recordings/<gpu>/*.jsonl.gz``), selected by kernel, config hash, level and workload, so a whole
-investigation runs without a GPU.  It says so loudly, and refuses a config or level it has no recording of."""
+investigation runs without a GPU.  It says so loudly, and refuses a config or level it has no recording of.
+
+A kernel with no recording there is looked for in its adapter's own package (``<package>/recordings/<gpu>/
+*.jsonl.gz``): a plugin ships its recordings beside its configs.  The banner, the copy bandwidth and the sidecars
+are then that kernel's recordings' own."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, NoRecording, kernel_hash
+from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, BackendError, NoRecording, kernel_hash
 from kinv.agent.tools.backends.replay_index import Recording
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.launch_config import config_hash, describe
@@ -75,6 +79,7 @@ class ReplayBackend(Backend):
 
     def __init__(self, directory: Path | None = None):
         directory = Path(directory or os.environ.get("KINV_RECORDINGS") or RECORDINGS)
+        self.directory = directory.resolve()
         files = sorted(directory.rglob("*.jsonl.gz"))
         if not files:
             raise NoRecording(f"replay backend: no recordings under {directory}"
@@ -82,19 +87,37 @@ class ReplayBackend(Backend):
                               + "; point KINV_RECORDINGS at a directory of *.jsonl.gz recordings, or record them "
                               "with benchmarks/record.py")
         self.files = files
-        self.header = Recording.first_header(files)  # the samples are read per kernel (for_kernel)
         self._by_kernel: dict[str, Recording] = {}
-        fp = self.header["fingerprint"]
+        self._use(Recording.first_header(files))  # the samples are read per kernel (for_kernel)
+
+    def _use(self, header: dict, where: Path | None = None) -> None:
+        """The banner and the copy bandwidth of the recordings being served: ``header``'s (a kernel's first, once
+        one is asked for; ``where``: its own recordings directory, when they come from there)."""
+        self.header = header
+        fp = header["fingerprint"]
         self.loud = (
             f"REPLAY backend: no GPU is measured; serving samples recorded on {fp.get('gpu')} "
             f"({fp.get('sms')} SMs, torch {fp.get('torch')}, triton {fp.get('triton')})"
+            + (f" from the kernel's own recordings ({where})" if where else "")
         )
 
     def for_kernel(self, kernel: str) -> Recording:
-        name = get_adapter(kernel).name
+        adapter = get_adapter(kernel)
+        name = adapter.name
         if name not in self._by_kernel:
-            self._by_kernel[name] = Recording.load(self.files, name)
-        return self._by_kernel[name]
+            try:
+                self._by_kernel[name] = Recording.load(self.files, name)
+            except NoRecording as exc:
+                own = adapter.package_dir() / "recordings"
+                files = sorted(own.rglob("*.jsonl.gz")) if own.is_dir() and own.resolve() != self.directory else []
+                try:
+                    self._by_kernel[name] = Recording.load(files, name)
+                except BackendError:  # NoRecording (other kernels' recordings there) or none at all
+                    raise NoRecording(f"{exc}; nor are there any in the kernel's own {own}") from None
+        rec = self._by_kernel[name]
+        own = rec.files[0].parent if rec.files[0] not in self.files else None
+        self._use(rec.headers[0], own)
+        return rec
 
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
         rec = self.for_kernel(kernel)
@@ -159,7 +182,7 @@ class ReplayBackend(Backend):
         return self.header.get("copy_gbps")
 
     def profile(self, adapter, config: dict, level: Level, env: dict) -> tuple[dict | None, str, float]:
-        rec = sidecar(self.files[0].parent, adapter.name, PROFILES)
+        rec = sidecar(self.for_kernel(adapter.name).files[0].parent, adapter.name, PROFILES)
         if not rec:
             return None, f"replay has no recorded profiles of {adapter.name}; the profile step was skipped", 0.0
         got = rec.get(config_hash(config), {}).get(level.key)
@@ -168,6 +191,6 @@ class ReplayBackend(Backend):
         return got, "", 0.0
 
     def compiled(self, kernel: str, config: dict, env: dict, levels: list[Level]) -> dict | None:
-        got = sidecar(self.files[0].parent, kernel).get(config_hash(config), {})
+        got = sidecar(self.for_kernel(kernel).files[0].parent, kernel).get(config_hash(config), {})
         out = {lv.key: got[lv.key] for lv in levels if lv.key in got}
         return out or None
