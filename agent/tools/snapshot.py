@@ -32,14 +32,50 @@ def package_files(src: Path) -> dict[str, bytes]:
     return out
 
 
+PARENT_SHIM = """# kinv snapshot: package {name!r} as installed, with this copy's sub-package first on its path.
+# A copy of a sub-package must shadow the live one, and an ``__init__``-less folder never shadows a regular
+# package: this file runs the live package's own __init__ and puts the live folder after this one.
+__path__.append({live!r})
+__file__ = {init!r}
+exec(compile(open({init!r}, "rb").read(), {init!r}, "exec"))
+"""
+
+
+def parent_shims(package_name: str) -> dict[str, bytes]:
+    """The ``__init__.py`` of each parent package of a plugin in a sub-package (``mypkg`` of ``mypkg.kernels``):
+    a shim that runs the live parent's own ``__init__`` and keeps its other modules importable, so that the copy
+    of the sub-package is what ``import mypkg.kernels`` finds.  None for kinv's own kernels (kinv/__init__.py
+    builds its search path from every portion) or a top-level package."""
+    import importlib
+
+    parts = package_name.split(".")
+    if parts[0] == "kinv" or len(parts) == 1:
+        return {}
+    out = {}
+    for i in range(1, len(parts)):
+        name = ".".join(parts[:i])
+        mod = importlib.import_module(name)
+        init = getattr(mod, "__file__", None)
+        if not init:  # a namespace package: an __init__-less copy joins it as a portion, first on the path
+            continue
+        live = os.path.dirname(os.path.abspath(init))
+        out["/".join(parts[:i]) + "/__init__.py"] = PARENT_SHIM.format(name=name, live=live, init=init).encode()
+    return out
+
+
 def materialize(files: dict[str, bytes], root: Path, package_name: str) -> Path:
     """Write ``files`` as package ``package_name`` under ``root`` (atomically: a half-written copy is never
-    used); an existing complete copy is kept.  Returns ``root`` (what goes first on PYTHONPATH)."""
+    used), with :func:`parent_shims` for a sub-package; an existing complete copy is kept.  Returns ``root``
+    (what goes first on PYTHONPATH)."""
     pkg = Path(*package_name.split("."))
     if (root / pkg / "__init__.py").exists():
         return root
     tmp = root.with_name(f"{root.name}.tmp{os.getpid()}-{threading.get_ident()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    for rel, data in parent_shims(package_name).items():
+        dest = tmp / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
     for rel, data in files.items():
         dest = tmp / pkg / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
