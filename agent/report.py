@@ -483,6 +483,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
                            f"{_chg(r['effect'])} [{_chg(r['ci_low'])}, {_chg(r['ci_high'])}] | {r['threshold']:.1%} | "
                            f"{r['verdict']} |")  # fmt: skip
             out += ["", f"Rounds: {e['rounds']} (ABBA-paired), {be.time_word} {e['gpu_s'] or 0:.2f} s.", ""]
+        out += _also_lines(v["resources"].get("also"), v["verdicts"], levels)
         gone = lost.get(e["id"], [])
         if gone:
             out += [f"Lost samples: {len(gone)}, each dropped with its round at that level; the last: "
@@ -588,6 +589,31 @@ def render(store: Store, plan, state: dict, ctx) -> str:
         if gone_gpus:
             out.insert(-1, f"- Lost during the workstream: {'; '.join(gone_gpus)}.")
     return "\n".join(out)
+
+
+def _also_lines(also: dict | None, verdicts: list[dict], levels) -> list[str]:
+    """What a command printed besides its metric (``metric.also``), the mean of each arm's samples per level,
+    beside the metric's own change: how much of a part's change reached the whole."""
+    if not also or not (also.get("base") or also.get("variant")):
+        return []
+    base, var = also.get("base") or {}, also.get("variant") or {}
+    keys = sorted({k for by in (*base.values(), *var.values()) for k in by})
+    effect = {r["level"]: r["effect"] for r in verdicts}
+    rows = ["Also printed by the command (mean of each arm's samples in this run; never decided on):", "",
+            "| level | " + " | ".join(f"{k}: baseline → variant" for k in keys) + " | metric change |",
+            "| --- | " + " | ".join("---" for _ in keys) + " | --- |"]  # fmt: skip
+    for lv in levels:
+        b, v = base.get(lv.key) or {}, var.get(lv.key) or {}
+        if not b and not v:
+            continue
+        cells = []
+        for k in keys:
+            mb = sum(b[k]) / len(b[k]) if b.get(k) else None
+            mv = sum(v[k]) / len(v[k]) if v.get(k) else None
+            chg = f" ({mv / mb - 1:+.1%})" if mb and mv else ""
+            cells.append(f"{_num(mb)} → {_num(mv)}{chg}")
+        rows.append(f"| {lv.label} | " + " | ".join(cells) + f" | {_chg(effect.get(lv.key))} |")
+    return rows + [""]
 
 
 def _profile_lines(profs: list[dict], label: dict) -> list[str]:

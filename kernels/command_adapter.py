@@ -52,11 +52,16 @@ def _workload_model():
         unit: str = Field("units", max_length=32, description="what the metric is in, e.g. 'tok/s' or 'ms'")
         higher_is_better: bool = True
         scale: Literal["s", "ms", "us"] | None = Field(None, description="a time metric's unit (lower is better)")
+        also: list[str] = Field(default_factory=list, max_length=8, description="other keys of the same JSON "
+                                "object to keep per sample and show per arm in the close-out (e.g. a part's time "
+                                "or its share of the whole); never decided on")
 
         @model_validator(mode="after")
         def _one(self):
             if (self.json_key is None) == (self.regex is None):
                 raise ValueError("give exactly one of json_key and regex")
+            if self.also and self.json_key is None:
+                raise ValueError("also: needs json_key (the other keys are read from the same JSON object)")
             if self.regex is not None:
                 import re
 

@@ -162,7 +162,8 @@ class H(http.server.BaseHTTPRequestHandler):
             n = int(urllib.parse.parse_qs(url.query)["n"][0])
             t0 = time.perf_counter()
             sum(i * i for i in range(n * work * 2000))
-            body = json.dumps({"rate": n / (time.perf_counter() - t0)}).encode()
+            dt = time.perf_counter() - t0
+            body = json.dumps({"rate": n / dt, "work_us": dt * 1e6, "share": 0.5}).encode()
         self.send_response(200)
         self.end_headers()
         self.wfile.write(body)
@@ -180,8 +181,8 @@ def _server_plan(tmp_path, restart="never"):
     data["workload"] = {"command": ["{python}", "-c", CLIENT, "{port}", "{n}"],
                         "server": {"command": ["{python}", str(tmp_path / "server.py"), "{port}"],
                                    "ready_timeout_s": 30, "restart": restart},
-                        "metric": {"json_key": "rate", "unit": "items/s"}, "timeout_s": 30, "warmup": 1,
-                        "levels": [{"n": 1}, {"n": 2}]}  # fmt: skip
+                        "metric": {"json_key": "rate", "unit": "items/s", "also": ["work_us", "share"]},
+                        "timeout_s": 30, "warmup": 1, "levels": [{"n": 1}, {"n": 2}]}  # fmt: skip
     data["environment"] = {"WORK": "1"}
     data["variants"] = [{**data["variants"][0], "title": "twice the work", "env": {"WORK": "2"}}]
     data["stats"].update(aa_rounds=8, quick_rounds=4, step_rounds=2, max_rounds=8)
@@ -213,6 +214,10 @@ def test_a_server_per_arm_is_started_in_its_environment_probed_kept_and_stopped(
             os.kill(pid, 0)
     text = (tmp_path / "state" / "reports" / "11a-closeout.md").read_text()
     assert "WORK=2 in its processes (the baseline's: 1)" in text
+    # what the server printed besides its metric, per arm: twice the work takes about twice the time
+    row = next(ln for ln in text.splitlines() if ln.startswith("| n2 |") and "→" in ln)
+    work = float(row.split("|")[3].split("(")[1].rstrip("%) "))  # columns: share, work_us (sorted)
+    assert 60 < work < 140 and "0.5 → 0.5 (+0.0%)" in row, row
     assert "Environment expected and confirmed in every worker: WORK=1" in text
 
 

@@ -321,6 +321,9 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
             timed = {lv: {k: s[k] for k in ("working_set", "l2_bytes") if s.get(k)} for lv, s in arms[1].setups.items()}
             if compiled or any(timed.values()):
                 store.merge_resources(exp_id, compiled=compiled, timed=timed)
+            also = {"base": getattr(arms[0], "also", None), "variant": getattr(arms[1], "also", None)}
+            if also["base"] or also["variant"]:  # what a command printed besides its metric (its samples here)
+                store.merge_resources(exp_id, also=also)
         for a in arms:
             a.close()
     return res, acc.gpu_s

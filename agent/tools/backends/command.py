@@ -36,22 +36,39 @@ def _logs(where: Path | None) -> Path:
     return d
 
 
+def _last_json(text: str) -> dict | None:
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if not (line.startswith("{") and line.endswith("}")):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return None
+
+
+def _key(obj, dotted: str) -> float | None:
+    for part in dotted.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return float(obj) if isinstance(obj, int | float) and not isinstance(obj, bool) else None
+
+
+def also_of(text: str, metric: dict) -> dict[str, float]:
+    """The ``also`` keys of the metric's JSON object (those it printed as numbers)."""
+    obj = _last_json(text) if metric.get("also") else None
+    got = {k: _key(obj, k) for k in metric.get("also") or ()} if obj else {}
+    return {k: v for k, v in got.items() if v is not None}
+
+
 def metric_of(text: str, metric: dict) -> float | None:
     """The metric in a run's output: the JSON key of the last line that is a JSON object, or the regex's first
     group (its last match)."""
     if metric.get("json_key"):
-        for line in reversed(text.splitlines()):
-            line = line.strip()
-            if not (line.startswith("{") and line.endswith("}")):
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            for part in metric["json_key"].split("."):
-                obj = obj.get(part) if isinstance(obj, dict) else None
-            return float(obj) if isinstance(obj, int | float) and not isinstance(obj, bool) else None
-        return None
+        obj = _last_json(text)
+        return _key(obj, metric["json_key"]) if obj is not None else None
     found = re.findall(metric["regex"], text)
     if not found:
         return None
@@ -201,11 +218,13 @@ class CommandArm(Arm):
         if value is None or value <= 0:
             raise VariantFailed(f"{self.name} at {level.key}: the command printed no positive metric "
                                 f"({run['metric'].get('json_key') or run['metric'].get('regex')}); output kept at {log}")  # fmt: skip
+        self._also = also_of(out, run["metric"])
         return value, wall, seen
 
     server_obj: Server | None = None
     pool: ServerPool | None = None
     _round: int = -1
+    _also: dict = {}
 
     def serve(self, level: Level) -> Server:
         """This arm's server, started (or taken from the pool) on first use; a server that died is started again
@@ -252,6 +271,9 @@ class CommandArm(Arm):
             value, wall, _ = self.run(level, f"r{round_index}")
         except VariantFailed as exc:
             return {"us": None, "lost": str(exc), "replays": 0, "gpu_s": time.perf_counter() - t0}
+        also = self.__dict__.setdefault("also", {})  # level -> key -> this arm's values (for the close-out)
+        for k, v in self._also.items():
+            also.setdefault(level.key, {}).setdefault(k, []).append(v)
         return {"us": get_adapter("command").time_us(level, value), "replays": 1, "gpu_s": wall, "metric": value}
 
 
