@@ -101,6 +101,8 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
         for arm, _err in started:
             if arm is not None:
                 arm.close()
+        if hasattr(be, "servers"):  # a command's servers live as long as the shard
+            be.servers.close()
 
 
 def _fault(point: str, where: str) -> None:
