@@ -26,6 +26,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.utils import run_kinv
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "benchmarks" / "examples" / "quick_matmul"
 PKG = "kinv_quick_matmul"
@@ -494,8 +496,7 @@ def _env(root: Path, target: Path) -> dict:
 
 
 def _kinv(env, *args, cwd):
-    return subprocess.run([sys.executable, "-m", "kinv.agent.cli", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    return run_kinv(env, *args, cwd=cwd, timeout=600)
 
 
 def test_the_installed_example_is_listed_by_its_entry_points(installed):

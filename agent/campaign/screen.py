@@ -91,14 +91,14 @@ class Screening:
         screened = [Screened.of(r) for r in rows if r["status"] in ("measured", "incumbent")]
         finalists = self._finalists(screened)
         pruned = [r for r in rows if r["status"] == "pruned"]
+        failed = [r["reason"] for r in rows if r["status"] == "failed"]
         n_pruned = sum(r["asked"] for r in pruned)
         step.update(screened=len(screened), pruned=n_pruned,
                     pruned_why=sorted({r["reason"] for r in pruned if r["reason"]})[:4],
-                    failed=[r["reason"] for r in rows if r["status"] == "failed"][:4],
+                    failed=failed[:4],
                     finalists=[f.config_json for f in finalists], sampler=search.label,
                     trials=len(search.study.trials), screen_exp=exp, exhaustive=search.exhaustive,
                     executor=self.executor.name, places=list(self.executor.places), losses=list(self.losses))  # fmt: skip
-        failed = [r["reason"] for r in rows if r["status"] == "failed"]
         if not finalists and failed and len(screened) <= 1:  # only the incumbent was timed: nothing was compared
             step.update(phase="done", levels={}, note=f"{len(failed)} candidates could not be measured here (the "
                         f"first: {failed[0]}): no workstream to confirm")  # fmt: skip
