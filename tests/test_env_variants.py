@@ -20,7 +20,7 @@ def test_a_variant_gets_the_plans_environment_with_its_own_values_on_top():
     plan, _ = load_plan(PLAN)
     assert plan.environment == {"TARGET_CTAS": "512"}
     assert {v.id: plan.variant_env(v)["TARGET_CTAS"] for v in plan.variants} == {
-        "S256": "256", "S1024": "1024", "S2048": "2048"}  # fmt: skip
+        "S128": "128", "S256": "256", "S1024": "1024", "S2048": "2048"}  # fmt: skip
     assert all(plan.variant_config(v) == {**plan.baseline, "kernel": "mla_decode"} for v in plan.variants)
 
 
@@ -34,7 +34,7 @@ def test_a_bad_variant_environment_is_refused_with_one_line_naming_the_variant(t
     bad = tmp_path / "plan.yaml"
     bad.write_text(yaml.safe_dump(data))
     r = kinv_in_process(replay_env(tmp_path, tmp_path / "state"), "run", str(bad), "--backend", "replay")
-    assert r.returncode == 2 and "variants.S256.env" in r.stderr and says in r.stderr, r.stderr
+    assert r.returncode == 2 and "variants.S128.env" in r.stderr and says in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "state" / "kinv.db").exists()
 
