@@ -261,7 +261,8 @@ def _seed() -> int:
 
 
 def _corr_device(ctx: Context) -> str:
-    return "cuda" if ctx.backend.name == "cuda" else "cpu"
+    """Where the correctness check runs, in the heartbeat's words: a command checks itself wherever it runs."""
+    return {"cuda": "cuda", "command": "the command's own run"}.get(ctx.backend.name, "cpu")
 
 
 

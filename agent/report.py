@@ -517,7 +517,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     ok = now_sha == wsrow["baseline_hash"]
     out += ["## State", "",
             f"- State restored: the config file's sha {'matches' if ok else 'DOES NOT MATCH'} the baseline's ({now_sha}), "
-            f"backup kept at {backups[-1]['backup_path'] if backups else '(no patch was made)'}.",
+            + (f"backup kept at {backups[-1]['backup_path']}." if backups else "no backup was needed (no file was patched)."),
             f"- Open patches in the journal: {len(store.dangling_patches())}.", ""]  # fmt: skip
 
     # ---- recommendation -----------------------------------------------------------

@@ -92,6 +92,9 @@ def test_a_command_that_fails_now_and_then_loses_those_samples_and_the_investiga
     text = (tmp_path / "state" / "reports" / "11a-closeout.md").read_text()
     assert "Lost samples: " in text and "the command exited 4" in text and "samples lost: " in text
     assert "(100.0 µs)" not in text and "time in the command's runs" in text  # the metric, not its reciprocal
+    # the command checks itself wherever it runs: no claim that the check ran on the CPU, no empty backup path
+    assert "correctness check at 2 levels (the command's own run)" in r.stdout and "levels (cpu)" not in r.stdout
+    assert "no backup was needed (no file was patched)" in text and "backup kept at (" not in text
 
 
 def test_a_command_that_keeps_failing_fails_its_variant_not_the_investigation(tmp_path):
