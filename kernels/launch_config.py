@@ -12,7 +12,7 @@ the level dimensions an override may be conditioned on.  A config file
     }
 
 ``overrides`` (optional) change some tunables for a range of a level dimension (``<dim>_min`` /
-``<dim>_max`` inclusive, either may be omitted; MLA's is ``batch``): the batch-aware case of the seed's
+``<dim>_max`` inclusive, either may be omitted; MLA's are ``batch`` and ``context``): the batch-aware case of the seed's
 V3.  A categorical dimension is matched by value (``"shape": "v3"``; MLA's model shape).  The first
 matching override wins.
 

@@ -66,7 +66,9 @@ SPEC = TunableSpec(
         Tunable("MERGE", (0, 1), "mrg",
                 "0 (a second kernel merges the splits) or 1 (the last split of each request merges them)", default=0),
     ),
-    override_dims={"batch": "b"},
+    # an override may be conditioned on the batch and on the context length (a tile tuned at 4096 tokens need
+    # not suit 16384: "context_max": 4096)
+    override_dims={"batch": "b", "context": "ctx"},
     # the model shape is categorical: an override may say "shape": "v3" (V3 and V4-Flash want
     # different tiles at some batches)
     override_choices={"shape": tuple(SHAPES)},

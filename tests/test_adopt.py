@@ -286,3 +286,43 @@ def test_a_campaigns_adoption_is_confirmed_against_the_live_file_and_keeps_what_
     for ov in HAND_TUNED_LIVE["overrides"]:  # the v3 override (CTAS_PER_SM, MERGE) and the b1 one survive
         assert ov in written["overrides"]
     assert written["description"].startswith(HAND_TUNED_LIVE["description"])
+
+
+# ---- overrides conditioned on the context length ------------------------------------------------------------
+def _mla_level(**dims):
+    from kinv.kernels.adapter import get_adapter
+
+    return get_adapter("mla_decode").level({"shape": "v3", "heads": 16, "page_size": 64, "context": 4096,
+                                            "batch": 96, **dims})  # fmt: skip
+
+
+def test_an_override_tuned_at_one_context_stays_off_at_a_longer_one():
+    # On the H200 an override at V3/b96 tuned at context 4096 also applied at 16384, where it cost 2.4%: an
+    # override may now say which contexts it is for, and the label says so too.
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.launch_config import ConfigError, describe
+
+    a = get_adapter("mla_decode")
+    cfg = a.validate_config({"kernel": "mla_decode", "BLOCK_T": 64, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2,
+                             "overrides": [{"shape": "v3", "batch_min": 96, "batch_max": 96, "context_max": 4096,
+                                            "BLOCK_T": 32}]})  # fmt: skip
+    assert a.params_for(cfg, _mla_level(context=4096)).BLOCK_T == 32
+    assert a.params_for(cfg, _mla_level(context=16384)).BLOCK_T == 64
+    assert a.params_for(cfg, _mla_level(context=4096, shape="v4flash")).BLOCK_T == 64
+    assert describe(cfg) == "BT64/BH16/w4/s2 [v3 b96-96 ctx<=4096: BT32]"
+    with pytest.raises(ConfigError, match="context_min=8192 is above context_max=4096"):
+        a.validate_config({**cfg, "overrides": [{"context_min": 8192, "context_max": 4096, "BLOCK_T": 32}]})
+
+
+def test_adopting_where_a_variant_won_pins_the_context_it_was_measured_at():
+    from kinv.agent.tools.adopt import where_it_won
+    from kinv.kernels.adapter import get_adapter
+
+    a = get_adapter("mla_decode")
+    live = a.validate_config({"kernel": "mla_decode", "BLOCK_T": 64, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2})
+    cand = a.validate_config({**live, "BLOCK_T": 32})
+    at_4096 = _mla_level(context=4096)
+    out = a.validate_config(where_it_won(a, live, live, cand, [at_4096], [at_4096.key]))
+    assert out["overrides"][0]["context_min"] == out["overrides"][0]["context_max"] == 4096
+    assert a.params_for(out, at_4096).BLOCK_T == 32
+    assert a.params_for(out, _mla_level(context=16384)).BLOCK_T == 64  # not measured there: the live file's choice
