@@ -250,3 +250,11 @@ def backups(console, items) -> None:
     for b in items:
         t.add_row(str(b.id), b.workstream or "", b.path, b.backup_path, b.sha)
     console.print(t)
+
+
+def placed_table(rows) -> Table:
+    """A multi-plan run's workstreams: where each ran, how it ended, its wall time and last line."""
+    t = table("workstream", "kernel", "place", "exit", "wall s", "ended with", title="workstreams")
+    for r in rows:
+        t.add_row(r.ws, r.kernel, r.place or "-", str(r.exit_code), f"{r.wall_s:.1f}", r.last_line)
+    return t

@@ -257,7 +257,8 @@ class TunableSpec:
     # ---- use -------------------------------------------------------------------------
     def resolve(self, config: Mapping, dims: Mapping[str, int]) -> Params:
         """The parameters for one level (its dimensions ``dims``); the first matching override wins."""
-        values = {k: config[k] for k in self.names}
+        d = self.defaults()  # an optional tunable a config predates is at its default
+        values = {k: config[k] if k in config or k not in d else d[k] for k in self.names}
         for ov in config.get("overrides", []):
             if all(ov.get(f"{d}_min", 1) <= dims.get(d, 0) <= ov.get(f"{d}_max", MAX_DIM)
                    for d in self.override_dims if f"{d}_min" in ov or f"{d}_max" in ov) and all(

@@ -65,6 +65,9 @@ SPEC = TunableSpec(
                 default=0),
         Tunable("MERGE", (0, 1), "mrg",
                 "0 (a second kernel merges the splits) or 1 (the last split of each request merges them)", default=0),
+        Tunable("PERSISTENT", (0, 1, 2, 3, 4), "pers",
+                "0 (one program per split) or 1-4 (that many programs per SM take splits from a work queue)",
+                default=0),
     ),
     # an override may be conditioned on the batch and on the context length (a tile tuned at 4096 tokens need
     # not suit 16384: "context_max": 4096)
@@ -75,10 +78,10 @@ SPEC = TunableSpec(
 )
 
 def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_stages: int = 2,
-               CTAS_PER_SM: int = 0, TMA: int = 0, MERGE: int = 0) -> Params:  # fmt: skip
+               CTAS_PER_SM: int = 0, TMA: int = 0, MERGE: int = 0, PERSISTENT: int = 0) -> Params:  # fmt: skip
     """Launch parameters of the MLA kernel (defaults: the seed's baseline BT16/BH16/w4/s2)."""
     values = {"BLOCK_T": BLOCK_T, "BLOCK_H": BLOCK_H, "num_warps": num_warps, "num_stages": num_stages,
-              "CTAS_PER_SM": CTAS_PER_SM, "TMA": TMA, "MERGE": MERGE}  # fmt: skip
+              "CTAS_PER_SM": CTAS_PER_SM, "TMA": TMA, "MERGE": MERGE, "PERSISTENT": PERSISTENT}  # fmt: skip
     return SPEC.resolve(SPEC.validate({**values, "kernel": "mla_decode"}), {})
 
 
@@ -233,8 +236,14 @@ class MLADecodeAdapter(KernelAdapter):
 
     # ---- the kernel ------------------------------------------------------------
     def launch(self, inputs: dict, params: Params, out=None, scratch=None, target_ctas=None):
+        from kinv.kernels import mla_decode
         from kinv.kernels.mla_decode import mla_decode_launch
 
+        if params.get("PERSISTENT", 0) and "PERSISTENT" not in mla_decode._mla_decode_stage1.arg_names:
+            # the tunable is declared before the kernel source has it (a source patch brings it): never run a
+            # config whose persistent programs the kernel would silently ignore
+            raise ValueError(f"PERSISTENT={params.PERSISTENT} needs persistent programs in kernels/mla_decode.py, "
+                             "which this source has not (plans/patches/10a-persistent-stage1.diff adds them)")
         return mla_decode_launch(
             inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], params,
             d_v=inputs["d_v"], max_seq_len=inputs["max_seq_len"], out=out, target_ctas=target_ctas,
@@ -348,4 +357,9 @@ class MLADecodeAdapter(KernelAdapter):
             "ctas": level.batch * env["head_tiles"] * splits,
             "waves": round(level.batch * env["head_tiles"] * splits / (device.sms * max(1, res.occupancy["ctas_per_sm"])), 2),
         }
+        if params.get("PERSISTENT", 0):  # a fixed set of programs takes the work items from a queue
+            items = res.why["ctas"]
+            res.why.update(work_items=items, ctas=min(items, device.sms * params.PERSISTENT),
+                           waves=round(min(items, device.sms * params.PERSISTENT) / (
+                               device.sms * max(1, res.occupancy["ctas_per_sm"])), 2))  # fmt: skip
         return res

@@ -29,26 +29,61 @@ from kinv.agent.enums import Approval, BackendName
 # --------------------------------------------------------------------------- #
 @app.command()
 def run(
-    plan: Path = typer.Argument(..., help="workstream plan (YAML), e.g. plans/3a-attention-occupancy.yaml"),
+    plans: list[Path] = typer.Argument(..., help="workstream plan(s) (YAML), e.g. plans/3a-attention-occupancy.yaml; "
+                                       "several run at once, each on its own GPU"),
     backend: BackendName = typer.Option(BackendName.AUTO, help=BACKEND_HELP),
     approval: Approval = typer.Option(Approval.ASK, help=APPROVAL_HELP),
     new_version: bool = typer.Option(False, "--new-version", help="start the workstream again under this (changed) "
                                      "plan; the earlier version stays in history"),
     state_dir: str = StateOpt,
 ):
-    """Run a workstream from its plan to its close-out (resumes where it stopped).
+    """Run a workstream from its plan to its close-out (resumes where it stopped).  Several plans run at once:
+    each workstream in its own process on its own GPU (plans of one kernel one after another, since they
+    patch one live file); on replay, in CPU processes.
 
     Example: kinv run plans/3a-attention-occupancy.yaml --backend replay --approval auto
     Exit codes: 0 closed out, 3 paused for an approval, 2 bad input, 1 failed.
     """
     from kinv.agent.models import load_plan
 
-    _state_dir(state_dir)
-    load_plan(str(plan))  # a bad plan is refused in one line before torch, triton or langgraph are imported
+    sd = _state_dir(state_dir)
+    loaded = [(str(p), load_plan(str(p))[0]) for p in plans]  # a bad plan is refused in one line, nothing runs
+    if len(loaded) > 1:
+        _run_many(loaded, backend.value, approval.value, sd, new_version)
     from kinv.agent.investigation import run_plan
 
-    out = run_plan(str(plan), backend.value, approval.value, state_dir, _console(), new_version=new_version)
+    out = run_plan(str(plans[0]), backend.value, approval.value, state_dir, _console(), new_version=new_version)
     raise Exit(out.exit_code, out.message)  # a refusal or a failed step is raised, and main maps it
+
+
+def _run_many(loaded: list, backend: str, approval: str, sd: Path, new_version: bool) -> None:
+    """Several plans at once (agent/tools/placement.py); raises the command's Exit."""
+    from kinv.agent import render
+    from kinv.agent.tools import placement
+
+    rows = placement.group(loaded)
+    if backend == "cuda":
+        live = True
+    elif backend == "auto":
+        live = bool(placement.visible_gpus())
+    else:
+        live = False
+    groups = len({r.group for r in rows})
+    slots = placement.places(groups, live)
+    argv = ["--backend", backend if backend != "auto" else ("cuda" if live else "replay"), "--approval", approval,
+            "--state-dir", str(sd)] + (["--new-version"] if new_version else [])  # fmt: skip
+    con = _console()
+    where = f"GPU {', '.join(slots)}" if live else f"{len(slots)} CPU process(es) (replay)"
+    con.print(f"{len(rows)} workstreams in {groups} group(s) (one per kernel) on {where}")
+    t0 = __import__("time").time()
+    placement.run_all(rows, slots, argv, sd, say=con.print)
+    wall = __import__("time").time() - t0
+    con.print(render.placed_table(rows))
+    code = placement.exit_code(rows)
+    serial = sum(r.wall_s for r in rows)
+    ended = ", ".join(f"{r.ws} exit {r.exit_code}" for r in rows)
+    raise Exit(code, f"{len(rows)} workstreams in {wall:.1f} s wall ({serial:.1f} s one after another): {ended}; "
+                     f"logs in {sd / 'runs'}")  # fmt: skip
 
 
 @app.command()

@@ -4,6 +4,8 @@
 # timed at every level of the goal and put through the correctness gate.
 # Runs from a checkout with nothing installed; needs the wheels of .whl/ on PYTHONPATH (see benchmarks/gpu_session.sh).
 # #9a and #9b the same way: WS="9a 9b" ADOPT_ORDER="S1 V1" OUT=... bash benchmarks/lab/decode_workstreams_session.sh (#9a, #9b).
+# #10a (persistent stage 1, not yet run live): first `python3 -m pytest -q -m gpu tests/kernels/test_mla_persistent.py`,
+# then WS=10a ADOPT_ORDER="S3 S2 S1" OUT=... bash benchmarks/lab/decode_workstreams_session.sh.
 export PYTHONUNBUFFERED=1
 FINAL=${OUT:-/tmp/kinv-out}; OUT=/tmp/kinv-decode; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
 ST=/tmp/kinv-state-${WS:-8}; ST=${ST// /}; rm -rf "$ST"
