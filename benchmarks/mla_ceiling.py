@@ -5,6 +5,7 @@
     python benchmarks/mla_ceiling.py --grid merge --out ...     # #9a's screening (needs its source patch)
     python benchmarks/mla_ceiling.py --grid occupancy --out ... # after #9b: programs per SM, stages, merge
     python benchmarks/mla_ceiling.py --grid tail --contexts 4096 --min-batch 32 --out ...  # #9d (lab/merge_one_pass_session.sh)
+    python benchmarks/mla_ceiling.py --grid persistent --contexts 4096 --out ...  # #10a (needs its source patch)
 
 Standard library + the worker (torch, triton) only, so it runs on the GPU machine as it is.  Every figure
 comes from ``agent/tools/bench_worker.py`` (correctness on fresh random inputs with the output poisoned,
@@ -31,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kinv.agent.tools.worker_client import WorkerError, WorkerProcess  # noqa: E402
 
-# the goal's levels: both shapes at context 4096 and 16384, batch >= 32; batch 1 for latency
-LEVELS = [(shape, ctx, b) for ctx in (4096, 16384) for shape in ("v3", "v4flash") for b in (64, 96, 32)]
-LEVELS = [*LEVELS[:6], ("v3", 4096, 1), ("v4flash", 4096, 1), *LEVELS[6:]]
+# the goal's levels: both shapes at context 4096 and 16384, batch >= 32 for bandwidth,
+# and batch 8, and batch 1 for latency
+LEVELS = [(shape, ctx, b) for ctx in (4096, 16384) for shape in ("v3", "v4flash") for b in (1, 8, 32, 64, 96)]
 # vLLM Triton MLA decode, best config per level, H200 graph-timed (docs/gpu.md)
 PEER_US = {("v3", 4096, 1): 26.2, ("v3", 4096, 32): 93.1, ("v3", 4096, 64): 159.2, ("v3", 4096, 96): 290.7,
            ("v3", 16384, 32): 294.3, ("v3", 16384, 64): 559.4, ("v3", 16384, 96): 1028.8,
@@ -87,7 +88,15 @@ def grid(name: str) -> list[dict]:
             {"BLOCK_T": 32, "CTAS_PER_SM": 3}, {"num_stages": 3}, {"BLOCK_T": 32}, {"num_warps": 8, "CTAS_PER_SM": 1},
             {"BLOCK_T": 128, "num_warps": 8, "CTAS_PER_SM": 1})]
         return [shipped, from32, *[{**from32, "overrides": [o, *from32["overrides"]]} for o in v4]]
-    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped, merge, occupancy, tail")
+    if name == "persistent":
+        # #10a's screening (needs its source patch): stage 1 as k programs per SM taking splits from a queue,
+        # with the shipped split rule, and with twice the splits per wave (CTAS_PER_SM 4) for a finer tail
+        def pers(k, **extra):
+            return {**shipped, **extra, "PERSISTENT": k}
+
+        return [shipped, pers(1), pers(2), pers(3), pers(2, CTAS_PER_SM=4), pers(4, CTAS_PER_SM=4),
+                pers(2, CTAS_PER_SM=4, BLOCK_T=32)]
+    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped, merge, occupancy, tail, persistent")
 
 
 def level_dict(shape, ctx, b):

@@ -74,8 +74,8 @@ def test_two_kernels_workstreams_run_at_once_and_decide_exactly_as_each_alone(tm
         assert (tmp_path / "state" / "runs" / f"{ws}.log").read_text().strip().splitlines()[-1].startswith("close-out:")
     # both ran at the same time: each started before the other ended
     db = sqlite3.connect(tmp_path / "state" / "kinv.db")
-    spans = dict(db.execute("select workstream, min(created) || ',' || max(updated) from patches group by workstream"))
-    (a0, a1), (b0, b1) = (tuple(map(float, spans[w].split(","))) for w in ("#3a", "#4a"))
+    spans = {w: (t0, t1) for w, t0, t1 in db.execute("select workstream, min(t), max(t) from events group by workstream")}
+    (a0, a1), (b0, b1) = spans["#3a"], spans["#4a"]
     assert a0 < b1 and b0 < a1
 
 

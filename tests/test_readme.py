@@ -77,6 +77,9 @@ EXPECT: dict[str, tuple[int, str, str]] = {
         -1, SESSION, "skipped: HOST:6379 stands for the user's own Ray cluster"),
     "kinv campaign plans/7-decode-ceiling.yaml --backend replay --executor ray --ray-actors 2 --approval auto-config": (
         0, SESSION, "the campaign on 2 CPU Ray actors"),
+    # ### Several workstreams at once
+    "kinv run plans/3a-attention-occupancy.yaml plans/4a-expert-gemm-tiles.yaml --approval auto": (
+        0, SESSION, "#3a and #4a at once, each in its own process"),
     # ## Your own benchmark (one session)
     "kinv run plans/cpu-matmul-threads.yaml --approval auto": (0, SESSION, "the CPU matmul's threads, measured here"),
     "kinv report 11a": (0, SESSION, "its close-out"),
@@ -247,6 +250,7 @@ SLOW_BLOCKS = {
     "test_the_campaign_block_runs_as_a_session_on_a_fresh_clone": "Campaigns",
     "test_the_ray_block_runs_on_cpu_actors": "Many GPUs",
     "test_the_own_benchmark_block_runs_a_real_command_on_a_fresh_clone": "Your own benchmark",
+    "test_the_several_workstreams_block_runs_two_kernels_at_once": "Several workstreams",
 }
 
 
@@ -462,3 +466,14 @@ def test_a_replay_without_a_recording_says_what_the_user_can_do(tmp_path):
     assert r.returncode == 2, r.stderr
     err = r.stderr.strip().splitlines()[-1]
     assert "record.py" not in err and "--backend cuda" in err and "--config" in err, err
+
+
+@pytest.mark.slow
+def test_the_several_workstreams_block_runs_two_kernels_at_once(blocks):
+    block = blocks["Several workstreams"]
+    problems, said = block.outcome()
+    assert not problems, "\n".join(problems)
+    assert "2 workstreams in 2 group(s)" in said and "#3a exit 0, #4a exit 0" in said, said[-2000:]
+    for ws in ("3a", "4a"):  # each ran in its own process, with its own log ending in its close-out
+        assert (block.root / "state" / "runs" / f"{ws}.log").read_text().strip().splitlines()[-1].startswith("close-out:")
+    assert (block.root / "kernels" / "configs" / "mla_decode.json").read_bytes() == block.shipped
