@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import typer
@@ -75,14 +76,14 @@ def _run_many(loaded: list, backend: str, approval: str, sd: Path, new_version: 
     con = _console()
     where = f"GPU {', '.join(slots)}" if live else f"{len(slots)} CPU process(es) (replay)"
     con.print(f"{len(rows)} workstreams in {groups} group(s) (one per kernel) on {where}")
-    t0 = __import__("time").time()
+    t0 = time.time()
     placement.run_all(rows, slots, argv, sd, say=con.print)
-    wall = __import__("time").time() - t0
+    wall = time.time() - t0
     con.print(render.placed_table(rows))
     code = placement.exit_code(rows)
     serial = sum(r.wall_s for r in rows)
     ended = ", ".join(f"{r.ws} exit {r.exit_code}" for r in rows)
-    raise Exit(code, f"{len(rows)} workstreams in {wall:.1f} s wall ({serial:.1f} s one after another): {ended}; "
+    raise Exit(code, f"{len(rows)} workstreams in {wall:.1f} s wall (their own times add up to {serial:.1f} s): {ended}; "
                      f"logs in {sd / 'runs'}")  # fmt: skip
 
 
