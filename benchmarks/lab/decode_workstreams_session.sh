@@ -26,7 +26,7 @@ for ws in ${WS:-8a 8b}; do
 done
 git diff --stat kernels; git diff kernels/configs > "$OUT/configs.diff"; cp kernels/configs/mla_decode.json "$OUT/"
 python3 benchmarks/mla_gate.py --out "$OUT/mla_gate_h200.json" 2>&1 | tail -5
-timeout -s INT ${TABLE_S:-150} python3 benchmarks/mla_ceiling.py --grid shipped --jobs 2 \
+timeout -s INT ${TABLE_S:-200} python3 benchmarks/mla_ceiling.py --grid shipped --jobs 2 \
   --out "$OUT/mla_ceiling_shipped_h200.json" 2>&1 | grep -v "^$" | tail -16
 cp "$ST"/reports/* "$OUT"/ 2>/dev/null; cp "$ST/kinv.db" "$OUT/kinv-h200.db"
 cp "$ST"/adoptions/* "$OUT"/ 2>/dev/null; sha256sum kernels/mla_decode.py
