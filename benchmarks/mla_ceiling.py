@@ -6,6 +6,7 @@
     python benchmarks/mla_ceiling.py --grid occupancy --out ... # after #9b: programs per SM, stages, merge
     python benchmarks/mla_ceiling.py --grid tail --contexts 4096 --min-batch 32 --out ...  # #9d (lab/merge_one_pass_session.sh)
     python benchmarks/mla_ceiling.py --grid persistent --contexts 4096 --out ...  # #10a (needs its source patch)
+    python benchmarks/mla_ceiling.py --grid small --batches 1,8 --out ...  # batch 1 and 8, one override at a time
 
 Standard library + the worker (torch, triton) only, so it runs on the GPU machine as it is.  Every figure
 comes from ``agent/tools/bench_worker.py`` (correctness on fresh random inputs with the output poisoned,
@@ -96,7 +97,19 @@ def grid(name: str) -> list[dict]:
 
         return [shipped, pers(1), pers(2), pers(3), pers(2, CTAS_PER_SM=4), pers(4, CTAS_PER_SM=4),
                 pers(2, CTAS_PER_SM=4, BLOCK_T=32)]
-    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped, merge, occupancy, tail, persistent")
+    if name == "small":
+        # the levels furthest from the goal (batch 8 at 43-45% of copy bandwidth at 4096, batch 1 at 12-30 us):
+        # one override at a time, put first (the first matching override wins)
+        b8 = [{"MERGE": 1}, {"CTAS_PER_SM": 1}, {"CTAS_PER_SM": 1, "MERGE": 1}, {"BLOCK_T": 128, "num_warps": 8},
+              {"BLOCK_T": 128, "num_warps": 8, "CTAS_PER_SM": 1}, {"num_stages": 3}, {"TMA": 1},
+              {"TMA": 1, "MERGE": 1}]
+        b1 = [{"BLOCK_T": 32, "TMA": 1}, {"BLOCK_T": 32, "num_warps": 8, "TMA": 1},
+              {"num_warps": 8, "TMA": 1, "num_stages": 3}, {"TMA": 1}, {"num_warps": 8, "TMA": 1, "MERGE": 1},
+              {"BLOCK_T": 128, "num_warps": 8, "TMA": 1}]
+        return [shipped, *[{**shipped, "overrides": [{"batch_min": 8, "batch_max": 8, **o}, *shipped["overrides"]]}
+                           for o in b8],
+                *[{**shipped, "overrides": [{"batch_max": 1, **o}, *shipped["overrides"]]} for o in b1]]
+    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped, merge, occupancy, tail, persistent, small")
 
 
 def level_dict(shape, ctx, b):
@@ -126,9 +139,11 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--contexts", default="4096,16384", help="comma-separated contexts of the goal's levels to time")
     ap.add_argument("--min-batch", type=int, default=1, help="time only levels at this batch or larger")
+    ap.add_argument("--batches", default="", help="comma-separated batches of the goal's levels to time (default: all)")
     args = ap.parse_args()
     contexts = {int(c) for c in args.contexts.split(",")}
-    levels = [lv for lv in LEVELS if lv[1] in contexts and lv[2] >= args.min_batch]
+    batches = {int(b) for b in args.batches.split(",") if b}
+    levels = [lv for lv in LEVELS if lv[1] in contexts and lv[2] >= args.min_batch and (not batches or lv[2] in batches)]
     configs = grid(args.grid)
     t0 = time.time()
     with ThreadPoolExecutor(args.jobs) as pool:

@@ -25,9 +25,9 @@ for ws in ${WS:-8a 8b}; do
   [ -z "$adopted" ] && { echo "nothing of $ws adopted"; tail -n 3 "$OUT"/adopt-$ws-*.txt; break; }
 done
 git diff --stat kernels; git diff kernels/configs > "$OUT/configs.diff"; cp kernels/configs/mla_decode.json "$OUT/"
-python3 benchmarks/mla_gate.py --out "$OUT/mla_gate_h200.json" 2>&1 | tail -5
+for ctx in ${GATE_CONTEXTS:-4096}; do python3 benchmarks/mla_gate.py --context $ctx --out "$OUT/mla_gate_$ctx.json" 2>&1 | tail -3; done
 timeout -s INT ${TABLE_S:-200} python3 benchmarks/mla_ceiling.py --grid shipped --jobs 2 \
-  --out "$OUT/mla_ceiling_shipped_h200.json" 2>&1 | grep -v "^$" | tail -16
-cp "$ST"/reports/* "$OUT"/ 2>/dev/null; cp "$ST/kinv.db" "$OUT/kinv-h200.db"
+  --out "$OUT/mla_ceiling_shipped.json" 2>&1 | grep -v "^$" | tail -16
+cp "$ST"/reports/* "$OUT"/ 2>/dev/null; cp "$ST/kinv.db" "$OUT/kinv.db"
 cp "$ST"/adoptions/* "$OUT"/ 2>/dev/null; sha256sum kernels/mla_decode.py
 tar czf "$FINAL/decode.tgz" -C "$OUT" . && ls -la "$OUT"

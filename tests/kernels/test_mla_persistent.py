@@ -86,7 +86,8 @@ def test_the_persistent_plan_loads_and_measures_the_patch_alone_first():
 
     plan, _ = load_plan(ROOT / "plans" / "10a-decode-persistent.yaml")
     first = plan.variants[0]
-    assert first.source_patch == "plans/patches/10a-persistent-stage1.diff" and not first.patch
+    assert first.source_patch == "plans/patches/10a-persistent-stage1.diff" and set(first.patch) == {"overrides"}
+    assert all(plan.variant_config(v)["overrides"] == plan.baseline["overrides"] for v in plan.variants)
     assert all(v.source_patch == first.source_patch for v in plan.variants)
     assert {plan.variant_config(v).get("PERSISTENT", 0) for v in plan.variants[1:]} - {0}
 
