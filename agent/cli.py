@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from kinv.agent import logs
+from kinv.agent import logs, signals
 from kinv.agent.commands.common import Exit, app
 from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, KinvError
 
@@ -36,10 +36,15 @@ def main(argv=None) -> int:
     naming the log, the traceback in the state dir's kinv.log, exit 1."""
     global _ARGV
     _ARGV = None if argv is None else list(argv)
+    # SIGINT, SIGTERM and SIGHUP once a run has closed, and while the process exits (its exit hooks stopping
+    # the kept workers): noted, the exit code decided standing.  Called without argv, main is the process's
+    # entry point (the kinv script, python -m): the process ends with it.
     handler = logs.attach(_log_dir() or Path(tempfile.gettempdir()) / "kinv-no-state")
+    release_signals = signals.take()
     try:
         return int(_run(argv, handler))  # a plain int for sys.exit and callers, whatever the code's enum
     finally:
+        release_signals(exiting=argv is None)
         logs.detach(handler)
 
 
@@ -72,6 +77,8 @@ def _run(argv, handler) -> int:
         # typer >= 0.2x raises its own vendored click's exceptions (typer.TyperException, typer.Exit,
         # typer.Abort), which are not click's: check both, or every usage error would exit 1
         if isinstance(e, click.exceptions.Exit | typer.Exit):
+            if e.exit_code == EXIT_INTERRUPTED and isinstance(e.__cause__, KeyboardInterrupt):
+                _err("interrupted")  # typer's own Exit(130) for a Ctrl-C: one line, as below
             return e.exit_code
         if type(e).__name__ == "NoArgsIsHelpError" and getattr(e, "ctx", None) is not None:
             print(e.ctx.get_help())  # `kinv` alone lists the commands

@@ -10,7 +10,6 @@ workstream id, so ``kinv run`` on the same plan resumes where it stopped.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Annotated, Literal, TypedDict
 
@@ -47,7 +46,7 @@ from kinv.agent.graph_support import (  # noqa: F401 - re-exported: callers impo
     todo_reason,
 )
 from kinv.agent.models import Plan
-from kinv.agent.tools import bench, configs, correctness, envcheck, plausibility, protocol, resources
+from kinv.agent.tools import bench, configs, correctness, envcheck, protocol, resources, sequential
 from kinv.kernels.devices import get_device
 from kinv.kernels.errors import KinvError
 from kinv.kernels.launch_config import config_hash, describe
@@ -377,8 +376,10 @@ def gate(state: State, runtime: Runtime[Context]) -> Command[Literal["measure", 
     _ensure_applied(ctx, plan.variant(vid), state["exp_id"])
     live = configs.read_config(ctx.config_path, ctx.adapter.name)
     with ctx.heartbeat(f"{vid}: correctness check at {len(ctx.levels())} levels ({_corr_device(ctx)})"):
-        result = ctx.backend.check(plan.kernel, live, ctx.levels(), seed=_seed(),
-                                   device=_corr_device(ctx), env=plan.variant_env(plan.variant(vid)))  # fmt: skip
+        variant = plan.variant(vid)  # the judge imports from the baseline snapshot while a source patch is live
+        judge_path = [state["baseline_hashes"]["snapshot"]] if variant.source_patch else None
+        result = ctx.backend.check(plan.kernel, live, ctx.levels(), seed=_seed(), device=_corr_device(ctx),
+                                   env=plan.variant_env(variant), judge_path=judge_path)  # fmt: skip
     correctness.record(store, ws, state["exp_id"], result)
     if not result["ok"]:
         kind, why = _failure_kind(result)
@@ -403,55 +404,31 @@ def measure(state: State, runtime: Runtime[Context]) -> dict:
     var_env = plan.variant_env(variant)  # each arm's processes get their own environment, and are checked in it
     t0 = time.time()
     s = plan.stats
-    seq = sequential_plan(plan)
-    try:
-        seq_res, gpu_s = bench.run_ab(
-            store, exp, ctx.backend, plan.kernel, _baseline_config(ctx), live, plan.environment, levels,
-            state["thresholds"], seq, offset_sd=state.get("offsets", {}), n_variants=len(plan.variants),
-            base_pythonpath=base_path, var_env=var_env,
-            on_open=lambda a: envcheck.check_worker(store, ws, exp, var_env if a.name == vid else plan.environment,
-                                                    a.env_seen),
-            on_round=lambda r: ctx.say("round", phase=vid, round=r + 1, total=s.max_rounds),
-            names=("baseline", vid))  # fmt: skip
-    except (bench.VariantFailed, bench.NoRecording) as exc:
-        kind = "not measured" if isinstance(exc, bench.NoRecording) else "failed"
-        why = str(exc)  # the verdict word is said once, by whoever prints verdict and reason
-        void = _integrity(store, exp, state["baseline_hashes"])  # rounds already taken may void it anyway
-        if void:
-            kind, why = "void", f"{void} (and then {kind}: {why})"
-        spent = protocol.gpu_seconds(store.samples(exp))
-        res = _failed(store, state, kind, why, gpu_s=spent, wall_s=time.time() - t0,
-                      **({"void_reason": void} if void else {}))
+    out = sequential.run(
+        store, exp, ctx.backend, plan.kernel, _baseline_config(ctx), live, env=plan.environment, levels=levels,
+        thresholds=state["thresholds"], seq=sequential_plan(plan), var_env=var_env, offset_sd=state.get("offsets", {}),
+        n_variants=len(plan.variants), base_pythonpath=base_path, names=("baseline", vid), ws=ws,
+        gated=True,  # the run's gate nodes checked both arms (the baseline at its start, the variant just now)
+        baseline_hashes=state["baseline_hashes"], matrix_fallback=get_device(plan.device).matrix_tflops,
+        on_round=lambda r: ctx.say("round", phase=vid, round=r + 1, total=s.max_rounds), t0=t0)  # fmt: skip
+    if out.kind is not None:  # no verdict from timing: failed, incorrect, tampered, not measured (maybe void too)
+        res = {"verdict": out.verdict, "reason": out.reason, "levels": {}, "exp_id": exp}
+        if out.void:
+            res["void_reason"] = out.void
         ctx.say("failed", message=f"{vid}: {todo_reason(res)}")
-        return {"results": {vid: res}, "decision": todo_reason(res)[:200]}
-    store.add_verdicts(exp, bench.verdict_rows(seq_res))
-    gpu_total = protocol.gpu_seconds(store.samples(exp))
-    void = _integrity(store, exp, state["baseline_hashes"])
-    verdict, reason = seq_res.verdict, seq_res.reason
-    label = {lv.key: lv.label for lv in levels}
-    if not void:  # a level faster than its roofline is never decided
-        timed = (json.loads(store.experiment(exp).get("resources") or "{}")).get("timed")
-        flagged = plausibility.flags(ctx.adapter, levels, bench.verdict_rows(seq_res), ctx.backend.copy_bandwidth(),
-                                     get_device(plan.device).matrix_tflops, timed)  # fmt: skip
-        if flagged:
-            void = plausibility.void_reason(flagged, label)
-            store.event(ws, "implausible", void, {"experiment": exp, "levels": sorted(flagged)})
-    if void:
-        verdict, reason = "void", void
-    quick = ", ".join(f"{label.get(k, k)}:{v}" for k, v in seq_res.quick_look.items())
-    store.update_experiment(exp, status="done", verdict=verdict, reason=reason, rounds=seq_res.rounds,
-                            gpu_s=gpu_total, wall_s=time.time() - t0, finished=time.time(),
-                            void_reason=void or None)  # fmt: skip
+        return {"results": {vid: res}, "gpu_s": state.get("gpu_s", 0) + out.spent_s, "decision": todo_reason(res)[:200]}
+    seq_res = out.result
     if seq_res.rounds > s.quick_rounds:
+        quick = ", ".join(f"{lv.label}:{seq_res.quick_look.get(lv.key)}" for lv in levels if lv.key in seq_res.quick_look)
         ctx.say("escalate", message=f"{vid}: quick look after {s.quick_rounds} rounds ({quick}) left levels "
                                     f"undecided; escalated to {seq_res.rounds} rounds")  # fmt: skip
-    res = {"verdict": verdict, "reason": reason, "exp_id": exp, "rounds": seq_res.rounds,
+    res = {"verdict": out.verdict, "reason": out.reason, "exp_id": exp, "rounds": seq_res.rounds,
            "levels": {lv: e.verdict for lv, e in seq_res.effects.items()},
            "effects": {lv: round(e.effect, 5) for lv, e in seq_res.effects.items()}}  # fmt: skip
-    ctx.say("verdict", message=f"{vid}: {verdict} — {reason}")
+    ctx.say("verdict", message=f"{vid}: {out.verdict} — {out.reason}")
     return {"results": {vid: res},
-            "gpu_s": state.get("gpu_s", 0) + gpu_s, "rounds": state.get("rounds", 0) + seq_res.rounds,
-            "decision": f"{vid}: {verdict}"}  # fmt: skip
+            "gpu_s": state.get("gpu_s", 0) + out.spent_s, "rounds": state.get("rounds", 0) + seq_res.rounds,
+            "decision": f"{vid}: {out.verdict}"}  # fmt: skip
 
 
 def revert(state: State, runtime: Runtime[Context]) -> dict:

@@ -207,15 +207,10 @@ def _needs_approval(ctx: Context, cfg: dict, source_patch: bool) -> bool:
 
 
 def _integrity(store: Store, exp: int, baseline: dict) -> str | None:
-    """A verdict is void when its samples were taken under a benchmark harness or a reference (and metric
-    definitions) other than the baseline's: the variant changed what it is judged by."""
-    samples = store.samples(exp)
-    for key, column, what in (("harness", "harness_hash", "benchmark harness"),
-                              ("reference", "reference_hash", "reference")):  # fmt: skip
-        seen = sorted({str(s[column]) for s in samples} - {baseline[key]})
-        if seen:
-            return f"void: the {what} changed during the run (hash {', '.join(seen)}, baseline {baseline[key]})"
-    return None
+    """The sequential A/B's integrity rule (agent/tools/sequential.py)."""
+    from kinv.agent.tools.sequential import integrity
+
+    return integrity(store, exp, baseline)
 
 
 def todo_reason(res: dict) -> str:
@@ -233,13 +228,10 @@ def _failed(store: Store, state: dict, verdict: str, reason: str, **ledger) -> d
 
 
 def _failure_kind(result: dict) -> tuple[str, str]:
-    """Name a failed correctness check: crashed, failed to compile or launch, or incorrect."""
-    reason = result.get("reason") or "failed"
-    if result.get("crashed"):
-        return "crashed", reason
-    if reason.startswith("launch failed"):
-        return "failed", f"failed to compile or launch: {reason.removeprefix('launch failed: ')}"
-    return "incorrect", f"incorrect: {reason}"
+    """Name a failed correctness check (agent/tools/sequential.py says how)."""
+    from kinv.agent.tools.sequential import failure_kind
+
+    return failure_kind(result)
 
 
 def _snapshot(ctx: Context) -> Path:

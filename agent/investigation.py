@@ -313,8 +313,8 @@ def _banner(be, as_json: bool, said: str = "") -> None:
 
 
 def bench_command(plan_path, config_path, variant, backend, samples, rounds, state_dir, as_json, console):
-    """``kinv bench``: time one config at the plan's levels, or A/B a variant against it (the same
-    sequential A/B the graph runs, bench.run_ab, without an A/A's offsets)."""
+    """``kinv bench``: time one config at the plan's levels, or A/B a variant against it (the sequential A/B with
+    every rule that the graph runs, agent/tools/sequential.py, without an A/A's offsets, which it says)."""
     import json
     import math
 
@@ -348,7 +348,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
     env = dict(plan.environment)
     if variant is None:
         be.preflight(plan.kernel, env, lvls, [(("config", plan.kernel, cfg, env), {})])
-    else:  # the two arms as bench.run_ab opens them
+    else:  # the two arms as the sequential A/B opens them
         be.preflight(plan.kernel, env, lvls, [(("baseline", plan.kernel, cfg, env), {"partner": var_cfg, "role": "base"}),
                                               (("variant", plan.kernel, var_cfg, env), {"partner": cfg})])  # fmt: skip
     _banner(be, as_json, said)
@@ -368,25 +368,32 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
         return ExitCode.OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
     exp = store.new_experiment(kind="ab", variant=describe(var_cfg), backend=be.name, config_json=json.dumps(var_cfg))
     thresholds = {lv.key: plan.stats.threshold_at(lv.label) for lv in lvls}
-    # the graph's sequential A/B, capped at --rounds; no A/A has measured this pair's offset, and it is one variant
+    # the sequential A/B with every rule, capped at --rounds; no A/A has measured this pair's offset (said as skipped)
     seq = protocol.sequential_plan(plan.stats, max_rounds=rounds)
-    res, _ = bench.run_ab(store, exp, be, plan.kernel, cfg, var_cfg, env, lvls, thresholds, seq)
-    gpu_s = protocol.gpu_seconds(store.samples(exp))
-    store.add_verdicts(exp, bench.verdict_rows(res))
-    store.update_experiment(exp, status="done", verdict=res.verdict, reason=res.reason, rounds=res.rounds, gpu_s=gpu_s)
+    from kinv.agent.tools import sequential
+    from kinv.kernels.devices import get_device
+
+    out = sequential.run(store, exp, be, plan.kernel, cfg, var_cfg, env=env, levels=lvls, thresholds=thresholds,
+                         seq=seq, matrix_fallback=get_device(plan.device).matrix_tflops)  # fmt: skip
+    res = out.result
     if as_json:
-        print(json.dumps({"verdict": res.verdict, "reason": res.reason, "rounds": res.rounds, "gpu_s": gpu_s,
-                          "effects": {k: e.__dict__ for k, e in res.effects.items()}}, indent=2, default=str))
+        print(json.dumps({"verdict": out.verdict, "reason": out.reason, "rounds": out.rounds, "gpu_s": out.gpu_s,
+                          "void": out.void, "skipped": out.skipped, "ceilings": out.ceilings,
+                          "effects": {k: e.__dict__ for k, e in res.effects.items()} if res else {}},
+                         indent=2, default=str))  # fmt: skip
     else:
-        common, short = stats.level_names(res.effects)
-        if common:
-            console.print(f"levels {common}: throughput change [{next(iter(res.effects.values())).conf:.3%} CI]",
-                          markup=False)  # fmt: skip
-        for k, e in res.effects.items():
-            console.print(f"{short[k]:>8s} {math.expm1(e.effect):+7.2%} [{math.expm1(e.ci_low):+.2%}, "
-                          f"{math.expm1(e.ci_high):+.2%}] {e.verdict}", markup=False)  # fmt: skip
-        console.print(f"{describe(var_cfg)} vs {describe(cfg)}: {res.verdict} after {res.rounds} rounds "
-                      f"({gpu_s:.2f} GPU s) — {res.reason}", markup=False)  # fmt: skip
+        if res is not None:
+            common, short = stats.level_names(res.effects)
+            if common:
+                console.print(f"levels {common}: throughput change [{next(iter(res.effects.values())).conf:.3%} CI]",
+                              markup=False)  # fmt: skip
+            for k, e in res.effects.items():
+                console.print(f"{short[k]:>8s} {math.expm1(e.effect):+7.2%} [{math.expm1(e.ci_low):+.2%}, "
+                              f"{math.expm1(e.ci_high):+.2%}] {e.verdict}", markup=False)  # fmt: skip
+        for rule in out.skipped:
+            console.print(f"rule skipped: {rule}", markup=False)
+        console.print(f"{describe(var_cfg)} vs {describe(cfg)}: {out.verdict} after {out.rounds} rounds "
+                      f"({out.gpu_s:.2f} GPU s) — {out.reason}", markup=False)  # fmt: skip
     return ExitCode.OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
 
 

@@ -317,6 +317,9 @@ def verdict_objects(plan, data: dict, levels) -> list[summary.VariantVerdict]:
             out.append(summary.VariantVerdict(var.id, "rejected", note=reason, changes=changes))
         elif reason.startswith("moot"):
             out.append(summary.VariantVerdict(var.id, "moot", note=reason, changes=changes))
+        elif e.get("verdict") == "void" and (e.get("rounds") or e.get("gpu_s")):  # timed, then voided by a rule
+            out.append(summary.VariantVerdict(var.id, "void", "void", note=_reason("void", e.get("reason")),
+                                              changes=changes))  # fmt: skip
         elif e.get("verdict"):
             out.append(summary.VariantVerdict(var.id, "failed", e["verdict"], note=_reason(e["verdict"], e.get(
                 "reason")), changes=changes))  # fmt: skip

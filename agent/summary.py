@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from kinv.agent.enums import LevelVerdict
 
 LEVEL_VERDICTS = tuple(LevelVerdict)
-STATUSES = ("measured", "rejected", "moot", "failed", "not run")
+STATUSES = ("measured", "rejected", "moot", "failed", "void", "not run")
 
 
 def pct(log_ratio: float | None) -> str:
@@ -149,13 +149,16 @@ def _never(v: VariantVerdict) -> str:
         return f"{note}; never measured{untested}"
     if v.status == "failed":
         return f"{v.note or v.verdict or 'failed'}; never timed{untested}"
+    if v.status == "void":  # timed, and its timing refused by a rule: no level is decided
+        return f"{v.note or 'void'}; timed and voided, so no level is decided{untested}"
     return f"{v.note or 'not run'}; never measured{untested}"
 
 
 def _word(v: VariantVerdict) -> str:
     if v.status == "measured":
         return v.verdict or "measured"
-    return {"rejected": "rejected by a person", "moot": "moot", "failed": v.verdict or "failed"}.get(v.status,
+    return {"rejected": "rejected by a person", "moot": "moot", "failed": v.verdict or "failed",
+            "void": "void"}.get(v.status,
                                                                                                   "not run")
 
 
@@ -167,6 +170,8 @@ def _gaps(variants: list[VariantVerdict]) -> list[str]:
             out.append(f"{v.id} was rejected by a person and never measured")
         elif v.status == "failed":
             out.append(f"{v.id} was never timed ({v.verdict or 'failed'})")
+        elif v.status == "void":
+            out.append(f"{v.id} was timed and voided (no level decided)")
         elif v.status == "not run":
             out.append(f"{v.id} was not run")
         elif v.status == "measured" and not v.measured:

@@ -186,6 +186,13 @@ def m010_profiles(db: sqlite_utils.Database) -> None:
     )  # fmt: skip
 
 
+@migration
+def m011_sample_yardstick(db: sqlite_utils.Database) -> None:
+    """The yardstick each timed sample also took (GB/s of a fixed device copy, timed with the sample's own
+    events): a sample whose yardstick beats the card's copy bandwidth was timed by a timer not to be believed."""
+    db["samples"].add_column("yard_gbps", float)
+
+
 def _throughput_unit(kernel: str | None) -> str | None:
     if not kernel:
         return None

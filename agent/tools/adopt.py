@@ -8,7 +8,7 @@ is then marked ``adopted``: a final state, so no later start "recovers" it back 
 A write is measured against what it replaces.  When the variant's A/B ran against a baseline other than the
 live file (a plan with ``baseline_on_disk: false``, or a live file that moved on since), kinv first runs a
 confirming A/B of the variant against the live file, at the plan's levels and under its statistics (the
-graph's sequential A/B, :func:`kinv.agent.tools.bench.run_ab`), on the backend in use.  The variant is then
+graph's sequential A/B with every rule, :func:`kinv.agent.tools.sequential.run`), on the backend in use.  The variant is then
 written as per-level overrides only where it improved on the live file; everywhere else the live file's
 choices stay, and nothing the variant did not measure (other tunables, the live file's overrides, its
 description) is dropped.  The commit message cites that comparison.  On the cuda backend the adopted
@@ -267,11 +267,11 @@ def _footer(row: dict) -> list[str]:
 def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live: dict, backend: str | None,
                          progress=None) -> dict:  # fmt: skip
     """The confirming A/B of ``cand`` against the live file's config ``live``: the plan's levels, thresholds,
-    sequential plan and the workstream's A/A offsets, the graph's :func:`bench.run_ab`.  A finished one of this
+    sequential plan and the workstream's A/A offsets, the sequential A/B with every rule (:func:`sequential.run`).  A finished one of this
     very pair on this backend is re-read, never measured twice; an unfinished one resumes from its rounds.
     Without a recording of the pair on replay (or on any backend failure) it refuses, and nothing is kept."""
     from kinv.agent.graph import sequential_plan
-    from kinv.agent.tools import bench, protocol
+    from kinv.agent.tools import bench
     from kinv.kernels.launch_config import config_hash, describe
 
     if backend is None:
@@ -306,24 +306,30 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
     if progress:
         progress(f"confirming A/B of {vid} ({describe(var)}) against the live file {describe(base)} "
                  f"({be.loud})")  # fmt: skip
+    from kinv.agent.tools import sequential
+    from kinv.kernels.devices import get_device
+
     try:
-        res, _ = bench.run_ab(store, exp_id, be, plan.kernel, base, var, dict(plan.environment), levels, thresholds,
-                              sequential_plan(plan), offset_sd=offsets, n_variants=len(plan.variants),
-                              names=("live", vid))  # fmt: skip
-    except (bench.NoRecording, bench.VariantFailed, bench.BackendError) as exc:
+        out = sequential.run(store, exp_id, be, plan.kernel, base, var, env=dict(plan.environment), levels=levels,
+                             thresholds=thresholds, seq=sequential_plan(plan), offset_sd=offsets,
+                             n_variants=len(plan.variants), names=("live", vid), ws=ws,
+                             matrix_fallback=get_device(plan.device).matrix_tflops)  # fmt: skip
+    except bench.BackendError as exc:
+        out = sequential.Outcome("failed", str(exc), kind="failed")
+    if out.kind in ("not measured", "failed") and not out.void:
         if fresh:
             store.discard_experiment(exp_id)
-        what = "no recording of that pair" if isinstance(exc, bench.NoRecording) else "it failed"
+        what = "no recording of that pair" if out.kind == "not measured" else "it failed"
         hint = "; measure it on a GPU: --backend cuda" if be.name == "replay" else ""
         raise AdoptError(f"{ws} {vid} was measured against {_base_label(store, _ab_experiment(store, ws, vid))}, not the "
                          f"live file {describe(base)}, and the confirming A/B of the two cannot run on {be.name} "
-                         f"({what}: {str(exc).splitlines()[0]}){hint}; nothing written") from None  # fmt: skip
-    store.add_verdicts(exp_id, bench.verdict_rows(res))
-    gpu = protocol.gpu_seconds(store.samples(exp_id))
-    store.update_experiment(exp_id, status="done", verdict=res.verdict, reason=res.reason, rounds=res.rounds,
-                            gpu_s=gpu)  # fmt: skip
-    store.event(ws, "adopt.confirmed", f"{vid} against the live file {describe(base)}: {res.verdict} after "
-                f"{res.rounds} rounds ({gpu:.2f} GPU s, experiment {exp_id})", {"experiment": exp_id})  # fmt: skip
+                         f"({what}: {out.reason.splitlines()[0]}){hint}; nothing written") from None  # fmt: skip
+    if out.kind is not None or out.void:  # incorrect, crashed, tampered or void: nothing is written on its strength
+        raise AdoptError(f"the confirming A/B of {ws} {vid} against the live file {describe(base)} decided nothing: "
+                         f"{out.verdict}: {out.reason.splitlines()[0]}; nothing written (experiment {exp_id})")  # fmt: skip
+    gpu = out.gpu_s
+    store.event(ws, "adopt.confirmed", f"{vid} against the live file {describe(base)}: {out.verdict} after "
+                f"{out.rounds} rounds ({gpu:.2f} GPU s, experiment {exp_id})", {"experiment": exp_id})  # fmt: skip
     return store.experiment(exp_id)
 
 

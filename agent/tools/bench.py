@@ -2,8 +2,9 @@
 
 The backends live in agent/tools/backends/ (one module each, registered by name: cuda, replay, and the Ray
 executor's ray); the rounds, their order and seeds, the paired effects and the GPU-second ledger live in
-agent/tools/protocol.py.  Callers name them through this module (``bench.get_backend``, ``bench.run_ab``),
-so a test can stand a backend in for another here.
+agent/tools/protocol.py.  Callers name them through this module (``bench.get_backend``, ``bench.run_aa``),
+so a test can stand a backend in for another here.  Verdicts are decided only by the sequential A/B with
+every rule (agent/tools/sequential.py), which alone runs the round loop's A/B.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from kinv.agent.tools.protocol import (  # noqa: F401 - re-exported
     open_arms,
     paired_round,
     run_aa,
-    run_ab,
     sample_row,
     stored_rounds,
 )

@@ -17,8 +17,22 @@ Requests
 ``{"op": "sample", "key", "seed"}``              re-set (inputs from seed), one sample: median of >= 20 replays, >= 25 ms
 ``{"op": "check", "kernel", "config", "levels", "seed", "device"}``  the correctness gate, in this process
 ``{"op": "compile", "kernel", "config", "level"}``  compile and launch once (no timing): the compiler's resources
+``{"op": "verify", "key", "seed"}``             the timed graph replayed on new inputs written into its own
+                                                buffers, its outputs saved for the judge
 ``{"op": "copy_bandwidth", "mib": 2048}``       device-to-device copy GB/s
+The judge's requests (a worker that never set up or checked a kernel; agent/tools/judge.py):
+``{"op": "settle", "kernel", "result"}``        a deferred check judged here
+``{"op": "judge", "kernel", "level", "saved"}``  saved outputs against the reference of each input set
+``{"op": "ceilings"}``                          copy bandwidth, the yardstick's, matrix peak per dtype
 ``{"op": "exit"}``
+
+Nothing in this process judges a kernel it launched: outputs are saved to a file and judged by the judge, a
+process that never imported the kernel under test.  What this process does time, it checks: every function it
+relies on (its timer, torch's and the standard library's functions it calls, its own handlers) is fingerprinted
+before any kernel module is imported and compared after every set-up and sample (a kernel that rebinds one, or
+changes its code in place, is caught and named), and every sample also times a yardstick, a device copy of a
+fixed size, with the same events: a yardstick faster than the card can move bytes says the timer is not to be
+believed.
 
 Timing (docs/gpu.md, "Timing"): each level's launches are captured in one CUDA
 graph; the graph cycles through enough input sets that their KV exceeds 3x
@@ -50,12 +64,14 @@ import time
 import traceback
 from pathlib import Path
 
-from kinv.agent.tools.correctness import _clone, _poison, judge, timers_replaced
+from kinv.agent.tools.correctness import _clone, _poison, code_changed, code_snapshot, judge
 
 MIN_REPLAYS = 20
 TARGET_REPLAY_US = 400.0  # a replay should run long enough to dwarf event jitter
 MIN_SAMPLE_MS = 25.0  # a sample's replays should dwarf the fixed cost of a request (pipe, events, sync)
 MAX_LAUNCHES = 512
+YARD_MIB = 256  # the yardstick: a device copy of this size, timed in every sample with the sample's own events
+YARD_REPS = 3
 
 
 def code_text(text: str) -> str:
@@ -177,11 +193,39 @@ def fingerprint() -> dict:
     return fp
 
 
+def yardstick(reps: int = YARD_REPS, mib: int = YARD_MIB, bufs: list | None = None) -> list[float]:
+    """GB/s of ``reps`` device copies of ``mib`` MiB, each timed by its own pair of events (the timer under test)."""
+    import torch
+
+    bufs = [] if bufs is None else bufs
+    if not bufs:  # kept by the caller between samples: the yardstick allocates nothing in a timed sample
+        src = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda").random_(0, 255)
+        bufs.extend([src, torch.empty_like(src)])
+    src, dst = bufs[0], bufs[1]
+    dst.copy_(src)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in events:
+        s.record()
+        dst.copy_(src)
+        e.record()
+    torch.cuda.synchronize()
+    return [2 * src.numel() / (s.elapsed_time(e) / 1000) / 1e9 for s, e in events]
+
+
+def _refill(inputs: dict, fresh: dict) -> None:
+    """Write ``fresh``'s tensors into ``inputs``' own buffers (the same addresses, new values)."""
+    for k, t in fresh.items():
+        old = inputs.get(k)
+        if hasattr(t, "copy_") and hasattr(old, "copy_"):
+            if tuple(old.shape) != tuple(t.shape):
+                raise ValueError(f"input {k!r} of shape {tuple(old.shape)} cannot take new values of {tuple(t.shape)}")
+            old.copy_(t)
+
+
 class Worker:
     def __init__(self):
-        from kinv.agent.tools.correctness import timer_snapshot
-
-        self.timers = timer_snapshot()  # before any kernel module is imported: a module that patches them is caught
+        self.code = code_snapshot()  # before any kernel module is imported: a kernel that changes these is caught
+        self.yard_bufs: list = []
         self.levels: dict[str, dict] = {}
         self.adapter = None
         self.imported: dict[str, str] = {}  # kernel -> hash of its source when this process first imported it
@@ -215,8 +259,9 @@ class Worker:
         seed = int(req.get("seed", 0))
 
         t0 = time.perf_counter()
-        # ---- correctness on this level's own (fresh, random) inputs, output poisoned --
-        check_inputs = adapter.make_inputs(level, seed=seed + 7919, vary_lengths=True)
+        # ---- the level's own (fresh, random) inputs, output poisoned: saved for the judge ----------------
+        check_seed = seed + 7919
+        check_inputs = adapter.make_inputs(level, seed=check_seed, vary_lengths=True)
         out, compiled = adapter.launch(check_inputs, params)
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
@@ -224,29 +269,26 @@ class Worker:
         out, compiled2 = adapter.launch(check_inputs, params, out=out)
         compiled = compiled or compiled2
         torch.cuda.synchronize()
-        ref = adapter.reference(check_inputs)
-        verdict = judge(adapter, level, out, ref)  # the gate's level-aware tolerance, at the level's own size
-        replaced = timers_replaced(self.timers)
-        correct = verdict["ok"] and not replaced
+        saved = _save([out], [{"seed": check_seed, "vary_lengths": True}])
+        replaced = code_changed(self.code)
         resources = adapter.resources(params, level, device, compiled).to_dict()
-        del check_inputs, out, ref
+        del check_inputs, out
         reply = {
             "level": level.key,
             "config_hash": config_hash(config),
             "params": dict(params),
             "derived_env": env,
-            "correct": correct,
-            "max_abs_err": verdict["max_abs_err"],
-            "rel_err": verdict["rel_err"],
-            "mismatched": verdict["mismatched"],
-            "reason": (f"the kernel replaced the harness's timer ({', '.join(replaced)})" if replaced
-                       else verdict["reason"]),
+            "correct": not replaced,
+            "check": saved,
+            "reason": (f"the kernel changed the harness's code in memory ({', '.join(replaced)})" if replaced
+                       else ""),
+            "tampered": replaced,
             "resources": resources,
             "compile_s": round(compile_s, 3),
             "reference_hash": reference_hash(adapter),
             "kernel_hash": imported,
         }
-        if not correct:
+        if replaced:
             return reply
 
         # ---- timing set-up: size the graph once; every sample re-sets the arm (see _reset) ----
@@ -267,10 +309,6 @@ class Worker:
         launches = min(MAX_LAUNCHES, max(n_sets, math.ceil(TARGET_REPLAY_US / max(eager_us, 1.0))))
         st["launches"] = math.ceil(launches / n_sets) * n_sets
         replay_ms = self._capture(st)
-        graph_error = self._graph_check(st)
-        if graph_error:  # what the timer replays must compute what the check saw, on the timed stream
-            reply.update(correct=False, reason=graph_error)
-            return reply
         if replay_ms * MIN_REPLAYS < MIN_SAMPLE_MS and st["launches"] < MAX_LAUNCHES:
             # eager timing overstates small launches (Python launch cost): size the graph on its own replay
             want = math.ceil(st["launches"] * MIN_SAMPLE_MS / (MIN_REPLAYS * max(replay_ms, 1e-3)))
@@ -363,22 +401,29 @@ class Worker:
         torch.cuda.synchronize()
         return start.elapsed_time(end) / 5
 
-    def _graph_check(self, st: dict) -> str:
-        """The captured graph, replayed once into poisoned outputs and read on the replaying stream: '' when the first
-        input set's output matches the reference, else why not (work the capture missed, or left on another
-        stream, leaves NaN).  Later launches of the graph overwrite the same outputs with the same values."""
+    def verify(self, req: dict) -> dict:
+        """The graph as it will be (or was last) timed, replayed once on new inputs: every input set's buffers get
+        the values of seed ``seed + i`` in place, every output is poisoned, the graph replays on its stream, and
+        the outputs are saved for the judge.  A graph that copies in an answer it computed before, or that is
+        right only for some input sets, or lazy in this capture, leaves outputs the judge refuses."""
         import torch
 
+        st = self.levels.get(req["key"])
+        if st is None:
+            raise KeyError(f"{req['key']!r} was not set up; set up: {sorted(self.levels)}")
         adapter, level, sets, outs = st["adapter"], st["level"], st["sets"], st["outs"]
+        base = int(req["seed"])
+        for i, s in enumerate(sets):
+            _refill(s, adapter.make_inputs(level, seed=base + i))
         for o in outs:
             _poison(o)
-        st["graph"].replay()
-        seen = _clone(outs[0])  # ordered after the replay on this stream, and only after it
         torch.cuda.synchronize()
-        verdict = judge(adapter, level, seen, adapter.reference(sets[0]))
-        if verdict["ok"]:
-            return ""
-        return "the timed CUDA graph does not compute the checked result on its stream: " + verdict["reason"]
+        st["graph"].replay()
+        seen = [_clone(o) for o in outs]  # ordered after the replay on this stream, and only after it
+        torch.cuda.synchronize()
+        saved = _save(seen, [{"seed": base + i} for i in range(len(sets))])
+        replaced = code_changed(self.code)
+        return {"key": req["key"], "check": saved, "tampered": replaced}
 
     def sample(self, req: dict) -> dict:
         import torch
@@ -403,7 +448,11 @@ class Worker:
         torch.cuda.synchronize()
         per_launch = [s.elapsed_time(e) * 1000 / st["launches"] for s, e in events]
         gpu_s = sum(per_launch) * st["launches"] / 1e6
+        yard = yardstick(bufs=self.yard_bufs)  # the same events, a known amount of bytes
+        replaced = code_changed(self.code)
         return {
+            "yard_gbps": statistics.median(yard),
+            "tampered": replaced,
             "key": req["key"],
             "us": statistics.median(per_launch),
             "us_min": min(per_launch),
@@ -435,6 +484,71 @@ class Worker:
         torch.cuda.empty_cache()
         return {"gbps": 2 * n / t / 1e9, "bytes": 2 * n, "median_s": t}
 
+    def ceilings(self, req: dict) -> dict:
+        """The card's ceilings, in a process no variant was imported into: device-to-device copy GB/s (2 GiB, as
+        the roofline uses), the yardstick's GB/s (the copy every sample also times), and the dense matrix peak
+        per dtype (the best of torch.matmul at 4096^3 and 8192^3)."""
+        import torch
+
+        copy = self.copy_bandwidth({"mib": 2048})
+        yard = statistics.median(yardstick(reps=21))
+        peaks = {}
+        for dtype in (torch.bfloat16, torch.float16):
+            best = 0.0
+            for n in (4096, 8192):
+                a = torch.randn(n, n, device="cuda", dtype=dtype)
+                b = torch.randn(n, n, device="cuda", dtype=dtype)
+                for _ in range(3):
+                    a @ b
+                times = []
+                for _ in range(10):
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    a @ b
+                    e.record()
+                    torch.cuda.synchronize()
+                    times.append(s.elapsed_time(e) / 1000)
+                best = max(best, 2 * n**3 / statistics.median(times) / 1e12)
+                del a, b
+            peaks[str(dtype).removeprefix("torch.")] = round(best, 1)
+        torch.cuda.empty_cache()
+        return {"copy_gbps": copy["gbps"], "yard_gbps": yard, "yard_mib": YARD_MIB, "matrix_tflops": peaks,
+                "gpu": torch.cuda.get_device_properties(0).name}  # fmt: skip
+
+    def settle(self, req: dict) -> dict:
+        """A deferred check judged here (the judge: this process never imported the kernel under test)."""
+        from kinv.agent.tools.correctness import settle
+        from kinv.kernels.adapter import get_adapter
+
+        return {"result": settle(get_adapter(req["kernel"]), req["result"])}
+
+    def judge(self, req: dict) -> dict:
+        """A worker's saved outputs against the reference of each input set it ran (made again from its seed)."""
+        import torch
+
+        from kinv.kernels.adapter import get_adapter
+
+        adapter = get_adapter(req["kernel"])
+        level = adapter.level(req["level"])
+        saved = req["saved"]
+        try:
+            outs = torch.load(saved["file"], weights_only=True)
+        finally:
+            try:
+                os.unlink(saved["file"])
+            except OSError:
+                pass
+        per = []
+        for i, (out, spec) in enumerate(zip(outs, saved["sets"], strict=True)):
+            kw = {"vary_lengths": True} if spec.get("vary_lengths") else {}
+            ref = adapter.reference(adapter.make_inputs(level, seed=int(spec["seed"]), **kw))
+            v = judge(adapter, level, _to(out, "cuda"), ref)
+            per.append(v["ok"])
+            if not v["ok"]:
+                return {"ok_all": False, "sets": len(outs), "bad_set": i,
+                        "reason": f"input set {i + 1} of {len(outs)}: {v['reason']}"}  # fmt: skip
+        return {"ok_all": True, "sets": len(outs), "reason": ""}
+
     def check(self, req: dict) -> dict:
         """The correctness gate (:func:`kinv.agent.tools.correctness.check`) in this process: a worker kept for the
         arms that follow has compiled the config by then.  A crash ends this process, as in a check of its own."""
@@ -444,7 +558,8 @@ class Worker:
         adapter = get_adapter(req["kernel"])
         self.imported.setdefault(req["kernel"], kernel_source_hash(adapter))  # the source this process imported
         levels = [adapter.level(lv) for lv in req["levels"]]
-        return {"result": check(adapter, req["config"], levels, seed=req["seed"], device=req["device"])}
+        # deferred: the outputs are judged by the judge, never by this process (it imported the kernel)
+        return {"result": check(adapter, req["config"], levels, seed=req["seed"], device=req["device"], defer=True)}
 
     def compile(self, req: dict) -> dict:
         """Compile ``config`` and launch it once at ``level`` (no check, no timing): the compiler's resources."""
@@ -469,6 +584,24 @@ class Worker:
         self.levels.pop(req["key"], None)
         torch.cuda.empty_cache()
         return {"dropped": req["key"]}
+
+
+def _save(outs: list, sets: list[dict]) -> dict:
+    """Save launch outputs (on the CPU) for the judge: ``{"file", "sets"}``, one input-set spec per output."""
+    import tempfile
+
+    import torch
+
+    fd, path = tempfile.mkstemp(prefix="kinv-outputs-", suffix=".pt")
+    os.close(fd)
+    torch.save([_to(o, "cpu") for o in outs], path)
+    return {"file": path, "sets": sets}
+
+
+def _to(out, device: str):
+    if isinstance(out, list | tuple):
+        return type(out)(_to(o, device) for o in out)
+    return out.to(device) if hasattr(out, "to") else out
 
 
 def _empty_like(out):
@@ -499,7 +632,8 @@ def main() -> int:
                 return 0
             handler = {"hello": worker.hello, "setup": worker.setup, "sample": worker.sample,
                        "copy_bandwidth": worker.copy_bandwidth, "drop": worker.drop, "check": worker.check,
-                       "compile": worker.compile}.get(op)  # fmt: skip
+                       "compile": worker.compile, "verify": worker.verify, "settle": worker.settle,
+                       "judge": worker.judge, "ceilings": worker.ceilings}.get(op)  # fmt: skip
             if handler is None:
                 raise ValueError(f"unknown op {op!r}")
             reply = {"ok": True, "op": op, **handler(req)}

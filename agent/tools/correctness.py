@@ -45,6 +45,23 @@ def _tensors(x) -> list:
 TIMERS = (("torch.cuda.Event", "elapsed_time"), ("torch.cuda.Event", "record"), ("torch.cuda.CUDAGraph", "replay"),
           ("torch.cuda", "synchronize"), ("time", "perf_counter"), ("time", "time"))
 
+#: everything else in a worker that times or judges a variant, by (module, attribute path): a variant imported into
+#: the same process could change any of these, by rebinding it or by changing its code in place
+WATCHED = (
+    ("torch.cuda", "Event.__init__"), ("torch.cuda", "Event.query"), ("torch.cuda", "Event.wait"),
+    ("torch.cuda", "Event.synchronize"), ("torch.cuda", "CUDAGraph.capture_begin"),
+    ("torch.cuda", "CUDAGraph.capture_end"), ("torch.cuda", "graph.__enter__"), ("torch.cuda", "graph.__exit__"),
+    ("torch.cuda", "current_stream"), ("torch.cuda", "empty_cache"), ("torch", "Tensor.copy_"),
+    ("torch", "Tensor.fill_"), ("torch", "Tensor.clone"), ("torch", "Tensor.cpu"), ("torch", "empty"),
+    ("torch", "empty_like"), ("torch", "save"), ("statistics", "median"), ("json", "dumps"),
+    ("json.encoder", "JSONEncoder.encode"), ("json.encoder", "JSONEncoder.iterencode"), ("math", "ceil"),
+    ("kinv.agent.tools.correctness", "judge"), ("kinv.agent.tools.correctness", "_compare"),
+    ("kinv.agent.tools.correctness", "_poison"), ("kinv.agent.tools.correctness", "_clone"),
+    ("kinv.agent.tools.correctness", "_check_level"), ("kinv.agent.tools.correctness", "check"),
+    ("kinv.agent.tools.correctness", "code_changed"), ("kinv.agent.tools.correctness", "code_snapshot"),
+    ("kinv.agent.tools.correctness", "_fingerprint"),
+)
+
 
 def _owner(path: str):
     import importlib
@@ -62,22 +79,95 @@ def timer_snapshot() -> dict[str, object]:
     return {f"{o}.{a}": getattr(_owner(o), a, None) for o, a in TIMERS}
 
 
-_FIRST_SNAPSHOT: dict[str, object] | None = None
+def _code_digest(code, h) -> None:
+    """Feed a code object (and the code objects nested in its constants) into ``h``."""
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    h.update(repr(code.co_varnames).encode())
+    for c in code.co_consts:
+        if hasattr(c, "co_code"):
+            _code_digest(c, h)
+        else:
+            h.update(repr(c).encode(errors="replace"))
 
 
-def timers_replaced(snapshot: dict[str, object] | None = None) -> list[str]:
-    """The timers that differ from ``snapshot`` (default: the first one this process took), by name."""
+def _fingerprint(obj) -> tuple:
+    """What a callable is now: its identity, and for Python code its code, defaults and closure's contents (a
+    function whose ``__code__`` or defaults are changed in place keeps its identity, not its fingerprint)."""
+    import hashlib
+
+    fn = getattr(obj, "__func__", obj)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return (id(obj),)
+    h = hashlib.sha256()
+    _code_digest(code, h)
+    h.update(repr(getattr(fn, "__defaults__", None)).encode(errors="replace"))
+    h.update(repr(getattr(fn, "__kwdefaults__", None)).encode(errors="replace"))
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        h.update(repr(_fingerprint(inner) if callable(inner) else id(inner)).encode())
+    return (id(obj), h.hexdigest())
+
+
+def _watched() -> dict[str, object]:
+    import importlib
+    import sys
+
+    out = {f"{o}.{a}": getattr(_owner(o), a, None) for o, a in TIMERS}
+    for mod, path in WATCHED:
+        if mod.startswith("kinv.") and mod not in sys.modules:
+            continue
+        try:
+            obj = importlib.import_module(mod)
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError):
+            continue
+        out[f"{mod}.{path}"] = obj
+    worker = sys.modules.get("kinv.agent.tools.bench_worker")
+    if worker is not None:  # the worker's own request handlers and timing code
+        for name, fn in vars(worker.Worker).items():
+            if callable(fn) or isinstance(fn, staticmethod):
+                out[f"bench_worker.Worker.{name}"] = getattr(worker.Worker, name)
+        for name in ("main", "yardstick", "_empty_like", "_refill"):
+            if hasattr(worker, name):
+                out[f"bench_worker.{name}"] = getattr(worker, name)
+    return out
+
+
+def code_snapshot() -> dict[str, tuple]:
+    """The fingerprint of every function kinv relies on inside a worker (its timers, the judge's helpers, torch's
+    and the standard library's functions it calls, the worker's own handlers), as they are now.  Take it before
+    any kernel module is imported; :func:`code_changed` compares a later state with it."""
+    return {name: _fingerprint(obj) for name, obj in _watched().items()}
+
+
+def code_changed(snapshot: dict[str, tuple] | None = None) -> list[str]:
+    """The names whose object or code differs from ``snapshot`` (default: the first snapshot this process took):
+    rebound, or changed in place."""
     snap = snapshot if snapshot is not None else _FIRST_SNAPSHOT
     if not snap:
         return []
-    now = timer_snapshot()
-    return [name for name, fn in snap.items() if now.get(name) is not fn]
+    now = code_snapshot()
+    return [name for name, fp in snap.items() if now.get(name) != fp]
+
+
+_FIRST_SNAPSHOT: dict[str, tuple] | None = None
+
+
+def timers_replaced(snapshot: dict | None = None) -> list[str]:
+    """The harness functions changed since ``snapshot`` (default: the first this process took), by name."""
+    return code_changed(snapshot)
 
 
 def _take_first_snapshot() -> None:
     global _FIRST_SNAPSHOT
     if _FIRST_SNAPSHOT is None:
-        _FIRST_SNAPSHOT = timer_snapshot()
+        _FIRST_SNAPSHOT = code_snapshot()
 
 
 def tolerance(adapter: KernelAdapter, dtype, level: Level, ref) -> tuple[float, float, float | None]:
@@ -170,7 +260,8 @@ def _rewrite_in_place(inputs: dict) -> bool:
     return done
 
 
-def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, device: str, dtype) -> dict:
+def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, device: str, dtype,
+                 defer: bool = False) -> dict:  # fmt: skip
     run = adapter.stand_in(level, device)
     params = adapter.params_for(config, level)  # the level's own parameters (overrides by real batch)
     entry = {"level": level.key, "ran": run.key, "params": params.short(), "seed": seed,
@@ -219,7 +310,7 @@ def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, 
                 buffer = adapter.launch(inputs, params, **modes[0])[0]
         outs_by_mode = launch_all(modes, buffer)
         late = late_writes(buffer, outs_by_mode)
-        ref = adapter.reference(inputs)
+        ref = None if defer else adapter.reference(inputs)
         # the same addresses, new values: the first mode once more (a result cached by input pointer is stale)
         rewritten = _rewrite_in_place(inputs)
         again = launch_all(modes[:1], buffer) if rewritten else []
@@ -228,18 +319,57 @@ def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, 
         if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             hint = " (on CPU, set TRITON_INTERPRET=1 before triton is imported)"
         return {**entry, "reason": f"launch failed: {_first_line(exc)}{hint}", "fatal": True}
-    try:
-        ref2 = adapter.reference(inputs) if again else None
-    except Exception as exc:
-        return {**entry, "reason": f"reference failed: {_first_line(exc)}", "fatal": True}
     replaced = timers_replaced()
     if replaced:  # a kernel module that patches the timer cannot be timed, whatever its outputs
         return {**entry, "reason": f"{level.key}: the kernel's import or launch replaced the harness's timer "
-                                   f"({', '.join(replaced)}); it cannot be timed", "tampered": replaced}  # fmt: skip
+                                   f"or changed its code in memory ({', '.join(replaced)}); it cannot be timed",
+                "tampered": replaced}  # fmt: skip
     if late:
         return {**entry, "reason": f"{level.key}: the outputs were still being written after the launch returned on "
                                    "its stream (work on a side stream that the caller, and so the timer, never waits "
                                    "for)", "side_stream": True}  # fmt: skip
+    if defer:  # the judge, in a process that never imported this kernel, computes the reference and compares
+        return {**entry, "ok": None, "pending": _deferred(run, seed, kwargs, outs_by_mode, again)}
+    try:
+        ref2 = adapter.reference(inputs) if again else None
+    except Exception as exc:
+        return {**entry, "reason": f"reference failed: {_first_line(exc)}", "fatal": True}
+    return _verdict(adapter, run, level, entry, outs_by_mode, again, ref, ref2)
+
+
+def _fresh_inputs(adapter: KernelAdapter, run: Level, seed: int, kwargs: dict, rewritten: bool = False) -> dict:
+    """The inputs a check launched on, made again from their seed (never the buffers a kernel had in hand: one that
+    wrote into its inputs is judged against what its inputs should have been)."""
+    inputs = adapter.make_inputs(run, seed, **kwargs)
+    if rewritten:
+        _rewrite_in_place(inputs)
+    return inputs
+
+
+def _deferred(run: Level, seed: int, kwargs: dict, outs_by_mode: list, again: list) -> dict:
+    """Save a level's checked outputs for the judge: ``{file, run, seed, kwargs, modes, again}``."""
+    import tempfile
+
+    import torch
+
+    fd, path = tempfile.mkstemp(prefix="kinv-outputs-", suffix=".pt")
+    os.close(fd)
+    cpu = [[_to_cpu(out) for _mode, out in outs_by_mode], [_to_cpu(out) for _mode, out in again]]
+    torch.save(cpu, path)
+    kw = {k: (str(v).removeprefix("torch.") if k == "dtype" else v) for k, v in kwargs.items()}
+    return {"file": path, "run": run.to_dict(), "seed": seed, "kwargs": kw,
+            "modes": [m for m, _ in outs_by_mode], "again": [m for m, _ in again]}  # fmt: skip
+
+
+def _to_cpu(out):
+    if isinstance(out, list | tuple):
+        return type(out)(_to_cpu(o) for o in out)
+    return out.detach().cpu() if hasattr(out, "detach") else out
+
+
+def _verdict(adapter: KernelAdapter, run: Level, level: Level, entry: dict, outs_by_mode: list, again: list, ref,
+             ref2) -> dict:  # fmt: skip
+    """A level's entry from its checked outputs and the references (wherever those were computed)."""
     figures = [(mode, judge(adapter, run, out, ref), "") for mode, out in outs_by_mode]
     figures += [(mode, judge(adapter, run, out, ref2), " (after its inputs were rewritten in place at the same "
                  "addresses: a result cached by input address?)") for mode, out in again]  # fmt: skip
@@ -261,7 +391,74 @@ def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, 
     return entry
 
 
-def check(adapter: KernelAdapter, config: dict, levels: list[Level], *, seed: int, device: str | None = None) -> dict:
+def settle_level(adapter: KernelAdapter, entry: dict) -> dict:
+    """The judge's half of a deferred check (:func:`check` with ``defer``): the level's inputs made again from
+    their seed, the reference computed here, the saved outputs compared with it.  Run it in a process that never
+    imported the kernel under test."""
+    import torch
+
+    p = entry.pop("pending")
+    try:
+        outs, again_outs = torch.load(p["file"], weights_only=True)
+    finally:
+        try:
+            os.unlink(p["file"])
+        except OSError:
+            pass
+    run = adapter.level(p["run"])
+    kwargs = {k: (getattr(torch, v) if k == "dtype" else v) for k, v in p["kwargs"].items()}
+    device = kwargs.get("device", "cpu")
+    where = "cuda" if str(device).startswith("cuda") else "cpu"
+    try:
+        ref = adapter.reference(_fresh_inputs(adapter, run, p["seed"], kwargs))
+        ref2 = adapter.reference(_fresh_inputs(adapter, run, p["seed"], kwargs, rewritten=True)) if p["again"] else None
+    except Exception as exc:
+        return {**entry, "reason": f"reference failed: {_first_line(exc)}", "fatal": True}
+    plain = [(m, _to_device(o, where)) for m, o in zip(p["modes"], outs)]
+    again = [(m, _to_device(o, where)) for m, o in zip(p["again"], again_outs)]
+    return _verdict(adapter, run, _KeyOnly(entry["level"]), entry, plain, again, ref, ref2)
+
+
+class _KeyOnly:
+    """A level known only by its key (what :func:`_verdict` says of the level it reports)."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _to_device(out, device: str):
+    if isinstance(out, list | tuple):
+        return type(out)(_to_device(o, device) for o in out)
+    return out.to(device) if hasattr(out, "to") else out
+
+
+def settle(adapter: KernelAdapter, result: dict) -> dict:
+    """Judge every deferred level of a check's result here (:func:`settle_level`), and decide the result as
+    :func:`check` would have."""
+    by_level = {}
+    for i, e in enumerate(result["levels"]):
+        if "pending" in e:
+            e = settle_level(adapter, e)
+            e.pop("fatal", None)
+            result["levels"][i] = e
+        by_level[e["level"]] = e
+    for i, e in enumerate(result["levels"]):
+        if e.get("same_as") and e.get("ok") is None:
+            first = by_level[e["same_as"]]
+            e = {**first, "level": e["level"], "same_as": first["level"]}
+            if not e["ok"]:
+                e["reason"] = f"{e['level']}: as {first['level']} (the same stand-in and parameters): " + \
+                    (first.get("reason") or "").removeprefix(f"{first['level']}: ")
+            result["levels"][i] = e
+    result["ok"] = bool(result["levels"]) and all(e.get("ok") for e in result["levels"]) and \
+        result.pop("n_levels", len(result["levels"])) == len(result["levels"])
+    if not result["ok"] and not result.get("reason"):
+        result["reason"] = next((e.get("reason") for e in result["levels"] if not e.get("ok") and e.get("reason")), "")
+    return result
+
+
+def check(adapter: KernelAdapter, config: dict, levels: list[Level], *, seed: int, device: str | None = None,
+          defer: bool = False) -> dict:  # fmt: skip
     """Run ``config`` at every level on fresh random inputs and compare with the reference; never raises
     for a kernel failure.
 
@@ -285,21 +482,26 @@ def check(adapter: KernelAdapter, config: dict, levels: list[Level], *, seed: in
         same = (adapter.stand_in(level, device).key, tuple(sorted(adapter.params_for(config, level).items())))
         if same in checked:
             first = checked[same]
+            if "pending" in first:  # judged once the first is (settle)
+                result["levels"].append({"level": level.key, "same_as": first["level"], "ok": None})
+                continue
             entry = {**first, "level": level.key, "same_as": first["level"]}
             if not entry["ok"]:
                 entry["reason"] = f"{level.key}: as {first['level']} (the same stand-in and parameters): " + \
                     first["reason"].removeprefix(f"{first['level']}: ")
             result["levels"].append(entry)
             continue
-        entry = _check_level(adapter, config, level, seed + 7919 * i, device, dtype)
+        entry = _check_level(adapter, config, level, seed + 7919 * i, device, dtype, defer)
         checked[same] = entry
         fatal = entry.pop("fatal", False)
         result["levels"].append(entry)
-        if not entry["ok"] and not result["reason"]:
+        if entry["ok"] is False and not result["reason"]:
             result["reason"] = entry["reason"]
         if fatal:
             break
     result["ok"] = all(e["ok"] for e in result["levels"]) and len(result["levels"]) == len(levels)
+    if defer:
+        result["n_levels"] = len(levels)  # settle decides "ok" once the judge has judged
     return result
 
 
@@ -386,7 +588,8 @@ def _main() -> int:
     job = json.loads(sys.stdin.read())
     adapter = get_adapter(job["kernel"])
     levels = [adapter.level(lv) for lv in job["levels"]]
-    result = check(adapter, job["config"], levels, seed=job["seed"], device=job["device"])
+    # deferred: this process imported the kernel under test, so the judge compares (agent/tools/judge.py)
+    result = check(adapter, job["config"], levels, seed=job["seed"], device=job["device"], defer=True)
     sys.stdout.write(json.dumps(result, default=str) + "\n")
     sys.stdout.flush()
     return 0

@@ -110,7 +110,8 @@ def sample_row(exp_id, arm, level: Level, round_index: int, tag: str, s: dict, b
         "experiment": exp_id, "round": round_index, "arm": tag, "level": level.key, "config_hash": arm.config_hash,
         "us": s["us"], "replays": s.get("replays"), "gpu_s": s.get("gpu_s"), "harness_hash": hashes[0],
         "reference_hash": hashes[1], "env": {"seen": arm.env_seen, "derived": s.get("derived_env", {})},
-        "backend": backend, "device": device, "place": s.get("place"), "t": time.time(),
+        "backend": backend, "device": device, "place": s.get("place"), "yard_gbps": s.get("yard_gbps"),
+        "t": time.time(),
     }  # fmt: skip
 
 
@@ -281,20 +282,23 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
            levels: list[Level], thresholds: dict[str, float], plan, offset_sd: dict[str, float] | None = None,
            n_variants: int = 1, base_pythonpath: list[str] | None = None, on_open: Callable | None = None,
            on_round: Callable | None = None, names: tuple[str, str] = ("baseline", "variant"),
-           var_env: dict | None = None):  # fmt: skip
+           var_env: dict | None = None, before_close: Callable | None = None):  # fmt: skip
     """The sequential A/B of ``var_cfg`` against ``base_cfg`` (agent.stats.run_sequential over paired ABBA
     rounds; committed rounds of ``exp_id`` are reused).  The baseline arm runs in ``env``, the variant's in
     ``var_env`` (default ``env``: a variant over environment variables gives its own).  ``on_open(arm)`` sees
-    every arm once it has started (the env check).  Returns ``(SequentialResult, GPU s spent in this call)``.  The graph's measure node
-    and ``kinv bench --variant`` both run this."""
+    every arm once it has started (the env check); ``before_close(arms)`` sees them once the rounds are done (the
+    last captures' check).  Returns ``(SequentialResult, GPU s spent in this call)``.  Only the sequential A/B with
+    every rule (agent/tools/sequential.py) calls this: nobody else decides a verdict from its rounds."""
     done = {r: {lv: tuple(v) for lv, v in lvs.items()} for r, lvs in stored_rounds(store, exp_id, ["A", "B"]).items()}
     arms: list[Arm] = []
     acc = PairedRounds()
 
     def start() -> None:
+        judged = {"judge_path": base_pythonpath} if base_pythonpath else {}  # the judge never imports the variant
         arms.extend(open_arms(backend, [
-            ((names[0], kernel, base_cfg, env), {"pythonpath": base_pythonpath, "partner": var_cfg, "role": "base"}),
-            ((names[1], kernel, var_cfg, env if var_env is None else var_env), {"partner": base_cfg})]))  # fmt: skip
+            ((names[0], kernel, base_cfg, env), {"pythonpath": base_pythonpath, "partner": var_cfg, "role": "base",
+                                                 **judged}),
+            ((names[1], kernel, var_cfg, env if var_env is None else var_env), {"partner": base_cfg, **judged})]))  # fmt: skip
         for a in arms:
             if on_open:
                 on_open(a)
@@ -313,6 +317,8 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
     try:
         res = stats.run_sequential(sample_fn, [lv.key for lv in levels], thresholds, plan, offset_sd=offset_sd,
                                    n_variants=n_variants)  # fmt: skip
+        if arms and before_close:
+            before_close(arms)
     finally:
         if arms:  # what the compiler made of each arm, and what its timing read (kept before the arms go)
             from kinv.agent.tools.resources import compiled_of

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kinv import IMPORT_ROOT
@@ -21,6 +22,7 @@ from kinv.kernels.errors import KinvError
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (or the installed kinv/): the worker's cwd
 
 
+CLOSE_WAIT_S = 10.0  # a worker asked to exit is killed when it has not within this
 PARENT_ENV = "KINV_PARENT_PID"  # the pid a child of a run watches: when it is gone, so is the child
 
 
@@ -162,20 +164,45 @@ class WorkerProcess:
         sig = f" (signal {-rc})" if rc is not None and rc < 0 else ""
         return f"{what}: exit code {rc}{sig}" + (f"; last stderr line: {tail[:300]}" if tail else "")
 
-    def close(self) -> None:
-        if self.proc.poll() is None:
+    def close(self, hurry: Callable[[], bool] | None = None) -> None:
+        """Stop the worker: ask it to exit and wait for it, killing it after :data:`CLOSE_WAIT_S` s, at once
+        when ``hurry()`` turns true (a signal came while the run exits), or when the wait is interrupted (the
+        interruption then goes on): never left running."""
+        try:
+            if self.proc.poll() is None:
+                try:
+                    if hurry is not None and hurry():
+                        raise TimeoutError
+                    self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                    self.proc.stdin.flush()
+                    self._wait_exit(hurry)
+                except BaseException as exc:
+                    self.proc.kill()
+                    self.proc.wait()
+                    if not isinstance(exc, Exception):
+                        raise
+        finally:
+            for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                try:
+                    stream.close()
+                except Exception:
+                    pass
+
+    def _wait_exit(self, hurry: Callable[[], bool] | None) -> None:
+        """Wait for the worker to exit; TimeoutExpired after CLOSE_WAIT_S s, TimeoutError once ``hurry()``."""
+        if hurry is None:
+            self.proc.wait(timeout=CLOSE_WAIT_S)
+            return
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while True:
             try:
-                self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=10)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            try:
-                stream.close()
-            except Exception:
-                pass
+                self.proc.wait(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+                return
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise
+                if hurry():
+                    raise TimeoutError from None
 
     def __enter__(self):
         return self

@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
 from kinv.kernels.adapter import import_path
@@ -91,17 +92,44 @@ class WorkerPool:
         for w in over:
             w.close()
 
-    def close(self) -> None:
+    def close(self, hurry: Callable[[], bool] | None = None) -> None:
+        """Stop every kept worker (``hurry``: see :meth:`WorkerProcess.close`).  One interrupted while it stops is
+        killed, and the others are stopped before the interruption goes on."""
         with self._lock:
             idle, self._idle = self._idle, []
-        for _k, w, _since in idle:
-            w.close()
+        try:
+            for _k, w, _since in idle:
+                w.close(hurry)
+        finally:
+            for _k, w, _since in idle:
+                if w.proc.poll() is None:
+                    w.proc.kill()
+                    w.proc.wait()
+                    w.close()
+
+    def size(self) -> int:
+        with self._lock:
+            return len(self._idle)
 
 
 POOL = WorkerPool()  # benchmark workers (one GPU per process)
 CHECKERS = WorkerPool()  # CPU correctness checks (the Triton interpreter)
-atexit.register(POOL.close)
-atexit.register(CHECKERS.close)
+
+
+def close_at_exit() -> None:
+    """The process's exit hook: stop the kept workers.  A signal that comes meanwhile cannot cut it short: kinv's
+    command line notes it (the exit code its run decided stands, with no traceback); elsewhere it is held until
+    the workers are stopped.  Either way it hurries them: killed, not waited for."""
+    from kinv.agent import faults, signals
+
+    with signals.deferred() as hurry:
+        if CHECKERS.size() or POOL.size():
+            faults.point("pool.exit")  # KINV_STOP_AT=pool.exit: the tests' signals land here
+        CHECKERS.close(hurry)
+        POOL.close(hurry)
+
+
+atexit.register(close_at_exit)
 
 
 def worker_key(kernel: str, env: dict[str, str], pythonpath: list[str] | None) -> tuple:

@@ -45,6 +45,16 @@ class VariantFailed(BackendError):
     """The variant's worker crashed or the variant failed its gate: the variant's failure, not kinv's."""
 
 
+class Incorrect(VariantFailed):
+    """A timed output the judge refused (a capture checked on new inputs, an input set other than the first): the
+    variant is incorrect, as if the gate had refused it."""
+
+
+class Tampered(VariantFailed):
+    """The variant changed, in the process that times it, code the harness relies on (its timer, a function it
+    calls): nothing that process timed can be believed, and the verdict is void."""
+
+
 def harness_hash() -> str:
     """Hash of the timing harness (the worker's own file)."""
     return bench_worker.harness_hash()
@@ -113,6 +123,12 @@ class Arm(ABC):
     def sample(self, level: Level, round_index: int) -> dict:
         """One sample at a level: at least us, replays, gpu_s."""
 
+    def verify(self, level: Level, why: str) -> bool:
+        """Check what this arm last timed at ``level`` against the judge, on new inputs written into the timed
+        buffers (``why``: which round, for the record); raises :class:`Incorrect` when the judge refuses it.
+        False where there is nothing to check (a recording replayed; a command's own run)."""
+        return False
+
     def close(self) -> None:
         pass
 
@@ -129,14 +145,22 @@ class Backend(ABC):
     @abstractmethod
     def open(self, name: str, kernel: str, config: dict, env: dict, replica: int | None = None,
              pythonpath: list[str] | None = None, partner: dict | None = None,
-             role: str = "variant") -> Arm:  # fmt: skip
-        """Start an arm.  ``replica`` j names arm j of an A/A (independent workers of one config);
+             role: str = "variant", judge_path: list[str] | None = None) -> Arm:  # fmt: skip
+        """Start an arm (``judge_path``: where the judge of its outputs imports from, the baseline snapshot while a
+        source patch is live).  ``replica`` j names arm j of an A/A (independent workers of one config);
         ``partner`` is the config this arm is compared with in an A/B and ``role`` its side ("base" or
         "variant"): the replay backend serves the rounds recorded for that very pair; ``pythonpath`` puts a kernel source snapshot first (the
         baseline arm while a source patch is live)."""
 
     def copy_bandwidth(self) -> float | None:
         return None
+
+    def ceilings(self) -> dict:
+        """The ceilings the roofline and the plausibility rule use: ``{copy_gbps, yard_gbps, matrix_tflops: {dtype:
+        TFLOP/s}, measured, source}``.  Here the backend's copy bandwidth and no matrix peak, not measured on a
+        card (the cuda backend measures them; replay reads the recording's)."""
+        return {"copy_gbps": self.copy_bandwidth(), "yard_gbps": None, "matrix_tflops": {}, "measured": False,
+                "source": f"the {self.name} backend measures no ceiling"}  # fmt: skip
 
     def compiled(self, kernel: str, config: dict, env: dict, levels: list[Level]) -> dict | None:
         """The compiler's resources of ``config`` at each level (:func:`~kinv.agent.tools.resources.compiled_figures`
@@ -159,19 +183,25 @@ class Backend(ABC):
         them ready (the cuda backend: workers start while a correctness check runs).  Nothing to do here."""
 
     def check(self, kernel: str, config: dict, levels: list[Level], *, seed: int, device: str, env: dict,
-              pythonpath: list[str] | None = None) -> dict:  # fmt: skip
+              pythonpath: list[str] | None = None, judge_path: list[str] | None = None) -> dict:  # fmt: skip
         """The correctness gate for ``config`` at ``levels`` (:func:`~kinv.agent.tools.correctness.check`'s
         result), crash-isolated in a child process that sees ``env``: one kept from an earlier check of this
         run with the same environment, import path and kernel source when :meth:`check_pool` has one (a
-        passed check leaves its process for the next; a failed one ends it), else one of its own."""
-        from kinv.agent.tools import correctness, worker_pool
+        passed check leaves its process for the next; a failed one ends it), else one of its own.  That process
+        launches and saves the outputs; the judge (agent/tools/judge.py), started from ``judge_path`` (the
+        baseline snapshot while a source patch is live), computes the reference and compares."""
+        from kinv.agent.tools import correctness, judge, worker_pool
 
         pool = self.check_pool(device)
+        judge.warm(device, judge_path)  # the judge starts while the check launches
         if pool is not None:
-            return worker_pool.check_in_worker(pool, kernel, config, levels, seed=seed, device=device, env=env,
-                                               pythonpath=pythonpath)  # fmt: skip
-        return correctness.check_isolated(kernel, config, levels, seed=seed, device=device, env=env,
-                                          pythonpath=pythonpath)  # fmt: skip
+            result = worker_pool.check_in_worker(pool, kernel, config, levels, seed=seed, device=device, env=env,
+                                                 pythonpath=pythonpath)  # fmt: skip
+        else:
+            result = correctness.check_isolated(kernel, config, levels, seed=seed, device=device, env=env,
+                                                pythonpath=pythonpath)  # fmt: skip
+        # the check's process launched and saved; the judge, which never imported the kernel, compares
+        return judge.settle(kernel, result, judge_path)
 
     def check_pool(self, device: str):
         """Where checks on ``device`` keep their processes: on CPU one pool per process (the interpreter's

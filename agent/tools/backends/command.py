@@ -296,7 +296,7 @@ class CommandBackend(Backend):
         arm.log_dir, arm.pool = self.log_dir, self.servers
         return arm
 
-    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
+    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant", judge_path=None) -> Arm:
         arm = self._arm(name, kernel, config, env)
         arm.fingerprint = {"gpu": f"command on {platform.node()}", "arch": platform.machine(),
                            "cpus": os.cpu_count(), "python": platform.python_version()}  # fmt: skip
@@ -313,7 +313,7 @@ class CommandBackend(Backend):
         self.first_levels = list(levels[:1])
 
     def check(self, kernel: str, config: dict, levels: list[Level], *, seed: int, device: str, env: dict,
-              pythonpath=None) -> dict:  # fmt: skip
+              pythonpath=None, judge_path=None) -> dict:  # fmt: skip
         """The command's own gate: it exits 0 and prints its metric at every level, in the arm's environment."""
         self.first_levels = self.first_levels or list(levels[:1])
         arm = self._arm("check", kernel, config, env)

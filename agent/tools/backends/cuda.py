@@ -8,7 +8,16 @@ import time
 from pathlib import Path
 
 from kinv.agent.tools import protocol
-from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, NoDevice, VariantFailed, gpu_visible
+from kinv.agent.tools.backends.base import (
+    RECORDINGS,
+    Arm,
+    Backend,
+    Incorrect,
+    NoDevice,
+    Tampered,
+    VariantFailed,
+    gpu_visible,
+)
 from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
 from kinv.agent.tools.worker_pool import MAX_IDLE, POOL, REUSE_ENV, WorkerPool, check_in_worker, reuse, worker_key
 from kinv.kernels.adapter import Level
@@ -23,9 +32,23 @@ def _recorded() -> str:
 
 log = logging.getLogger(__name__)
 
+VERIFY_SHARE = 0.15
+"""Besides each arm's first and last timed capture at a level, a round's capture is checked with this chance, by a
+draw the worker cannot foresee (its seed is kept in the driver and logged)."""
+
+
 class CudaArm(Arm):
-    def __init__(self, name, kernel, config, env, pythonpath=None, pool: WorkerPool | None = None):
+    def __init__(self, name, kernel, config, env, pythonpath=None, pool: WorkerPool | None = None,
+                 judge_path: list[str] | None = None):  # fmt: skip
+        import random
+
         super().__init__(name=name, kernel=kernel, config=config, env=env)
+        # the judge starts from the baseline's files (the snapshot while a source patch is live): never this arm's
+        self.judge_path = judge_path
+        self.verified: list[tuple[str, str]] = []  # (level, which capture) the judge passed
+        self._draw_seed = random.SystemRandom().randrange(2**32)
+        self._draw = random.Random(self._draw_seed)
+        self._sampled: set[str] = set()
         env_s = {k: str(v) for k, v in env.items()}
         self._key = worker_key(kernel, env_s, pythonpath)
         on_disk = self._key[-1]
@@ -75,10 +98,11 @@ class CudaArm(Arm):
             raise self._fail(f"{self.name} imported kernel source {s.get('kernel_hash')}, not {where} "
                              f"{self.expect_kernel}" + (": the snapshot did not shadow the live package"
                                                         if self._key[1] else ""))  # fmt: skip
-        if not s["correct"]:
-            rel = f"{s['rel_err']:.2e}" if s.get("rel_err") is not None else "not finite"
-            why = s.get("reason") or f"{s['mismatched']} elements off, rel err {rel}"
-            raise self._fail(f"{self.name} is incorrect at {level.key}: {why}")
+        if s.get("tampered"):
+            self._failed = True
+            raise Tampered(f"{self.name} changed the harness's code in memory at set-up of {level.key} "
+                           f"({', '.join(s['tampered'])}); it cannot be timed")  # fmt: skip
+        self._judge(level, s["check"], "its own inputs at set-up")
         self.setups[level.key] = s
         log.info("arm %s: set up %s in %s s (compile %s s)", self.name, level.key, s.get("setup_s"), s.get("compile_s"))
         return s
@@ -91,6 +115,14 @@ class CudaArm(Arm):
         except (WorkerCrashed, WorkerError) as exc:
             raise self._fail(f"{self.name} failed while sampling {level.key}: {exc}") from None
         r["request_wall_s"] = time.perf_counter() - t0
+        if r.get("tampered"):
+            self._failed = True
+            raise Tampered(f"{self.name} changed the harness's code in memory while it was timed at {level.key} "
+                           f"(round {round_index + 1}: {', '.join(r['tampered'])}); nothing it timed can be believed")
+        first = level.key not in self._sampled
+        self._sampled.add(level.key)
+        if first or self._draw.random() < VERIFY_SHARE:  # the first timed capture, and a draw the worker can't see
+            self.verify(level, f"round {round_index + 1}" + (" (its first timed capture)" if first else " (drawn)"))
         r["derived_env"] = s["derived_env"]
         r["harness_hash"] = self.harness
         self._n += 1
@@ -98,6 +130,36 @@ class CudaArm(Arm):
         self._req_s += r["request_wall_s"]
         self._reset_s += r.get("reset_s") or 0.0
         return r
+
+    def _judge(self, level: Level, saved: dict, what: str) -> None:
+        from kinv.agent.tools import judge
+
+        try:
+            got = judge.outputs(self.kernel, level.to_dict(), saved, self.judge_path)
+        except judge.JudgeFailed as exc:
+            raise VariantFailed(f"{self.name} at {level.key}: {exc}") from None
+        if not got["ok_all"]:
+            self._failed = True
+            raise Incorrect(f"{self.name} is incorrect at {level.key} ({what}): {got['reason']}")
+
+    def verify(self, level: Level, why: str) -> bool:
+        """The capture this arm last timed at ``level``, replayed on new inputs in its own buffers and judged."""
+        import random
+
+        s = self.setups.get(level.key)
+        if s is None:
+            return False
+        try:
+            r = self.worker.request("verify", key=s["key"], seed=random.SystemRandom().randrange(10**6, 10**9))
+        except (WorkerCrashed, WorkerError) as exc:
+            raise self._fail(f"{self.name} failed while its timed graph was checked at {level.key}: {exc}") from None
+        if r.get("tampered"):
+            self._failed = True
+            raise Tampered(f"{self.name} changed the harness's code in memory at {level.key} ({why}: "
+                           f"{', '.join(r['tampered'])})")  # fmt: skip
+        self._judge(level, r["check"], f"the timed graph of {why}, on new inputs, every input set")
+        self.verified.append((level.key, why))
+        return True
 
     def close(self) -> None:
         if self._n:
@@ -128,8 +190,10 @@ class CudaBackend(Backend):
         # one pool per process (one GPU): a campaign's screenings and its workstreams keep workers for each other
         self.pool = POOL if reuse() else None
 
-    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
-        return CudaArm(name, kernel, config, env, pythonpath, pool=self.pool)
+    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant",
+             judge_path=None) -> Arm:  # fmt: skip
+        return CudaArm(name, kernel, config, env, pythonpath, pool=self.pool,
+                       judge_path=judge_path if judge_path is not None else pythonpath)  # fmt: skip
 
     def close(self) -> None:
         if self.pool is not None:
@@ -170,21 +234,18 @@ class CudaBackend(Backend):
         return self.pool if device == "cuda" else super().check_pool(device)
 
     def copy_bandwidth(self) -> float:
-        """The GPU's device-to-device copy bandwidth, measured once per backend, in a kept worker when there is
-        one (the close-out asks after the last A/B: a new process would spend seconds importing torch)."""
+        """The GPU's device-to-device copy bandwidth, measured once per run in the judge (a process no variant
+        was imported into)."""
+        return self.ceilings()["copy_gbps"]
+
+    def ceilings(self) -> dict:
+        """The card's ceilings, measured once per run in the judge: copy bandwidth, the yardstick's, the matrix
+        peak per dtype (agent/tools/judge.py)."""
+        from kinv.agent.tools import judge
+
         if self._copy is None:
-            kept = self.pool.take_any() if self.pool is not None else None
-            if kept is None:
-                with WorkerProcess(label="copy") as w:
-                    self._copy = w.request("copy_bandwidth", mib=2048)["gbps"]
-            else:
-                key, w = kept
-                try:
-                    self._copy = w.request("copy_bandwidth", mib=2048)["gbps"]
-                except (WorkerCrashed, WorkerError):
-                    w.close()
-                    raise
-                self.pool.give(key, w)
+            self._copy = {**judge.ceilings(), "source": "measured on this card by the judge, a process no variant "
+                                                       "was imported into"}  # fmt: skip
         return self._copy
 
 

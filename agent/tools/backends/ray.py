@@ -99,7 +99,7 @@ class RayBackend(Backend):
         return f"{self.inner.describe()} on {self.ex.width} Ray actors ({', '.join(self.ex.places)})"
 
     # -- arms ------------------------------------------------------------------------------------------
-    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant"):
+    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant", judge_path=None):
         from pathlib import Path
 
         from kinv.agent.tools import bench

@@ -119,7 +119,7 @@ class ReplayBackend(Backend):
         self._use(rec.headers[0], own)
         return rec
 
-    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant") -> Arm:
+    def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant", judge_path=None) -> Arm:
         rec = self.for_kernel(kernel)
         recorded = rec.headers[0].get("kernel_hash")
         if recorded and pythonpath is None and kernel_hash(kernel) != recorded:
