@@ -283,6 +283,26 @@ def _chg(log_ratio: float | None) -> str:
     return f"{math.expm1(log_ratio):+.2%}"
 
 
+def _rules_lines(res: dict) -> list[str]:
+    """What the sequential A/B checked beyond its rounds: the timed captures the judge passed, the ceilings it held
+    the times to (and where they came from), and every rule it skipped, in words."""
+    rules, ceil = (res or {}).get("rules") or {}, (res or {}).get("ceilings") or {}
+    out = []
+    if rules.get("verified"):
+        arms = sorted({a for a, _lv, _why in rules["verified"]})
+        out.append(f"Timed outputs checked by the judge (a process that never imported the variant): "
+                   f"{len(rules['verified'])} captures of {', '.join(arms)}, each on new inputs in its own buffers, "
+                   "every input set.")  # fmt: skip
+    if ceil:
+        peak = ceil.get("matrix_peak")
+        yard = f", yardstick {ceil['yard_gbps']:,.0f} GB/s" if ceil.get("yard_gbps") else ""
+        out.append(f"Ceilings: copy {ceil.get('copy_gbps') or 0:,.0f} GB/s{yard}, matrix peak "
+                   f"{f'{peak:,.0f} TFLOP/s' if peak else 'unknown'} ({ceil.get('matrix_source', '')}; "
+                   f"{ceil.get('source', '')}).")  # fmt: skip
+    out += [f"Rule skipped: {r}." for r in rules.get("skipped") or []]
+    return out + [""] if out else []
+
+
 def _reason(verdict: str | None, reason: str | None) -> str:
     """The reason without the verdict word doubled in front of it ("void — void: ...")."""
     text = reason or ""
@@ -473,6 +493,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             out += [f"Config: `{describe(plan.variant_config(var))}`{src}{envs} against the baseline `{describe(plan.baseline)}`.", ""]
         if e["void_reason"]:
             out += [f"**Void:** {e['void_reason']}", ""]
+        out += _rules_lines(v["resources"])
         if v["verdicts"] and (e["verdict"] or "") in _MEASURED:
             conf = v["verdicts"][0].get("conf")
             label = f"{conf:.3%} CI" if conf else "CI"
@@ -525,9 +546,11 @@ def render(store: Store, plan, state: dict, ctx) -> str:
 
     # ---- recommendation -----------------------------------------------------------
     adapter = ctx.adapter
+    from kinv.agent.tools.sequential import matrix_peak
     from kinv.kernels.devices import get_device
 
-    roof = roofline(store, ws, adapter, levels, be.copy_bandwidth(), get_device(plan.device).matrix_tflops,
+    ceil = be.ceilings()
+    roof = roofline(store, ws, adapter, levels, ceil.get("copy_gbps"), matrix_peak(ceil, get_device(plan.device).matrix_tflops)[0],
                     version=getattr(ctx, "version", None), l2_bytes=_l2_bytes(be, plan.kernel))  # fmt: skip
     if roof["levels"]:
         out += ["## Roofline", "", roofline_text(roof), ""]

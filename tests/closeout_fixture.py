@@ -29,6 +29,10 @@ class FakeReplay:
         self.loud = f"REPLAY backend: no GPU is measured; serving samples recorded on {fp.get('gpu')}"
         self._copy = copy_gbps
 
+    def ceilings(self):
+        return {"copy_gbps": self._copy, "yard_gbps": None, "matrix_tflops": {}, "measured": False,
+                "source": "replayed: recorded on the headers' GPU, not measured here"}  # fmt: skip
+
     def for_kernel(self, kernel):
         return self.recording
 

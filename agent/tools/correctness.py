@@ -129,7 +129,10 @@ def _watched() -> dict[str, object]:
             continue
         out[f"{mod}.{path}"] = obj
     worker = sys.modules.get("kinv.agent.tools.bench_worker")
-    if worker is not None:  # the worker's own request handlers and timing code
+    main = sys.modules.get("__main__")
+    if main is not None and getattr(main, "__spec__", None) and main.__spec__.name == "kinv.agent.tools.bench_worker":
+        worker = main  # a worker runs as ``python -m kinv.agent.tools.bench_worker``: its module is __main__
+    if worker is not None and hasattr(worker, "Worker"):  # the worker's own request handlers and timing code
         for name, fn in vars(worker.Worker).items():
             if callable(fn) or isinstance(fn, staticmethod):
                 out[f"bench_worker.Worker.{name}"] = getattr(worker.Worker, name)
@@ -502,6 +505,8 @@ def check(adapter: KernelAdapter, config: dict, levels: list[Level], *, seed: in
     result["ok"] = all(e["ok"] for e in result["levels"]) and len(result["levels"]) == len(levels)
     if defer:
         result["n_levels"] = len(levels)  # settle decides "ok" once the judge has judged
+        if not any(e["ok"] is False for e in result["levels"]) and len(result["levels"]) == len(levels):
+            result["ok"] = None  # launched everywhere, judged nowhere yet
     return result
 
 

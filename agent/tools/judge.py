@@ -17,6 +17,7 @@ import logging
 import threading
 
 from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
+from kinv.kernels.errors import KinvError
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ _JUDGES: dict[tuple, WorkerProcess] = {}
 _CEILINGS: dict[tuple, dict] = {}
 
 
-class JudgeFailed(RuntimeError):
+class JudgeFailed(KinvError, RuntimeError):
     """The judge's process died or could not judge (not the variant's fault: a failed step)."""
 
 
@@ -35,7 +36,9 @@ def _env(device: str) -> dict[str, str]:
 
 
 def _judge(device: str, pythonpath: list[str] | None) -> tuple[tuple, WorkerProcess]:
-    key = (device, tuple(pythonpath or ()))
+    from kinv.kernels.adapter import import_path
+
+    key = (device, tuple(pythonpath or ()), tuple(import_path()))  # a plugin imported since needs a judge that sees it
     with _LOCK:
         w = _JUDGES.get(key)
         if w is not None and w.proc.poll() is None:

@@ -89,9 +89,14 @@ SEED_CFG = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4
 
 
 def test_a_worker_runs_the_correctness_gate_itself_and_refuses_a_bad_config_by_name():
-    """The gate can run in the benchmark worker the arms then use (on CPU: the Triton interpreter)."""
+    """The gate can run in the benchmark worker the arms then use (on CPU: the Triton interpreter); the worker
+    launches and saves, and the judge, a process that never imported the kernel, compares."""
+    from kinv.agent.tools import judge
+
     with WorkerProcess(env={"TRITON_INTERPRET": "1"}, label="check") as w:
-        ok = w.request("check", kernel="mla_decode", config=SEED_CFG, levels=[LEVEL], seed=11, device="cpu")["result"]
+        launched = w.request("check", kernel="mla_decode", config=SEED_CFG, levels=[LEVEL], seed=11, device="cpu")
+        assert launched["result"]["levels"][0]["ok"] is None  # not judged where the kernel ran
+        ok = judge.settle("mla_decode", launched["result"])
         assert ok["ok"] and ok["device"] == "cpu" and ok["levels"][0]["mismatched"] == 0
         # BLOCK_H 24 is no power of two: the worker refuses the config by name and lives on for the next request
         with pytest.raises(WorkerError, match="BLOCK_H=24 is invalid"):

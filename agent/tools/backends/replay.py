@@ -181,6 +181,14 @@ class ReplayBackend(Backend):
     def copy_bandwidth(self) -> float | None:
         return self.header.get("copy_gbps")
 
+    def ceilings(self) -> dict:
+        """The ceilings recorded with the samples (copy bandwidth; the yardstick and matrix peak where the
+        recording has them); a matrix peak it lacks falls back to the device table's constant, said so."""
+        gpu = (self.header.get("fingerprint") or {}).get("gpu") or "the recording's GPU"
+        return {"copy_gbps": self.copy_bandwidth(), "yard_gbps": self.header.get("yard_gbps"),
+                "matrix_tflops": self.header.get("matrix_tflops") or {}, "measured": False,
+                "source": f"replayed: recorded on {gpu}, not measured here"}  # fmt: skip
+
     def profile(self, adapter, config: dict, level: Level, env: dict) -> tuple[dict | None, str, float]:
         rec = sidecar(self.for_kernel(adapter.name).files[0].parent, adapter.name, PROFILES)
         if not rec:
