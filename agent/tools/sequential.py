@@ -92,18 +92,38 @@ def integrity(store, exp: int, baseline: dict) -> str | None:
     return None
 
 
+YARD_PAIR_MARGIN = 0.03
+"""The variant's yardsticks at a level may read at most this much faster (median over its samples) than the
+baseline's in the same rounds: the honest spread between two workers' yardsticks is under 1% (H100, 256 MiB)."""
+
+
 def yardstick_flags(samples: list[dict], ceilings: dict, names: dict[str, str]) -> dict[str, str]:
-    """``{level: why}`` for every level with a sample whose yardstick read faster than the card copies."""
-    limit = ceilings.get("yard_gbps")
-    if not limit:
-        return {}
+    """``{level: why}`` for every level with a sample whose yardstick read faster than the card copies (the judge's
+    copy and yardstick, whichever is higher, times :data:`YARD_MARGIN`), or whose variant's yardsticks read faster
+    than its baseline's in the same rounds (by more than :data:`YARD_PAIR_MARGIN`)."""
+    import statistics
+
+    limit = max(ceilings.get("yard_gbps") or 0.0, ceilings.get("copy_gbps") or 0.0)
     out: dict[str, str] = {}
+    by: dict[tuple[str, str], list[float]] = {}
     for s in samples:
         g = s.get("yard_gbps")
-        if g and g > YARD_MARGIN * limit and s["level"] not in out:
+        if not g:
+            continue
+        by.setdefault((s["level"], s["arm"]), []).append(g)
+        if limit and g > YARD_MARGIN * limit and s["level"] not in out:
             out[s["level"]] = (f"the {names.get(s['arm'], s['arm'])} arm's yardstick read {g:,.0f} GB/s in round "
                                f"{s['round'] + 1}, above what this card copies ({limit:,.0f} GB/s): the timer that "
                                "timed it is not to be believed")  # fmt: skip
+    for (level, arm), ys in by.items():
+        base = by.get((level, "A"))
+        if arm != "B" or not base or level in out:
+            continue
+        ratio = statistics.median(ys) / statistics.median(base)
+        if ratio > 1 + YARD_PAIR_MARGIN:
+            out[level] = (f"the {names.get('B', 'variant')} arm's yardstick read {ratio - 1:.1%} faster than the "
+                          f"{names.get('A', 'baseline')} arm's in the same rounds (the same copy, the same card): its "
+                          "timer is not to be believed")  # fmt: skip
     return out
 
 
@@ -161,6 +181,7 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
 
     # 2-4. the environment check as each arm starts; the rounds; the timed captures checked by the judge
     verified: list[list[str]] = []
+    checks_s = [0.0]  # wall seconds the timed captures' checks took (worker and judge)
 
     def on_open(arm) -> None:
         envcheck.check_worker(store, ws, exp_id, var_env if arm.name == names[1] else env, arm.env_seen)
@@ -170,6 +191,7 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
             for lv in levels:
                 arm.verify(lv, "the last round")
             verified.extend([arm.name, lv, why] for lv, why in getattr(arm, "verified", []))
+            checks_s[0] += getattr(arm, "verify_s", 0.0)
 
     try:
         res, spent = protocol.run_ab(store, exp_id, backend, kernel, base_cfg, var_cfg, env, levels, thresholds, seq,
@@ -212,9 +234,10 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
     verdict, reason = ("void", void) if void else (res.verdict, res.reason)
     store.update_experiment(exp_id, status="done", verdict=verdict, reason=reason, rounds=res.rounds, gpu_s=ledger,
                             wall_s=time.time() - t0, finished=time.time(), void_reason=void or None)  # fmt: skip
-    store.merge_resources(exp_id, ceilings=ceilings, rules={"skipped": skipped, "verified": verified})
+    store.merge_resources(exp_id, ceilings=ceilings, rules={"skipped": skipped, "verified": verified,
+                                                           "verify_s": round(checks_s[0], 3)})
     return Outcome(verdict, reason, result=res, void=void, gpu_s=ledger, spent_s=spent, rounds=res.rounds,
                    skipped=skipped, ceilings=ceilings, verified=verified)  # fmt: skip
 
 
-__all__ = ["RULES", "YARD_MARGIN", "Outcome", "failure_kind", "integrity", "matrix_peak", "run", "yardstick_flags"]
+__all__ = ["RULES", "YARD_MARGIN", "YARD_PAIR_MARGIN", "Outcome", "failure_kind", "integrity", "matrix_peak", "run", "yardstick_flags"]

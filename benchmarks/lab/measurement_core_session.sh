@@ -3,7 +3,7 @@
 # the harness drill (plans/6c-harness-drill.yaml) and the fault drill (plans/6a-fault-drill.yaml).
 # Runs from a source checkout with nothing installed; needs the wheels of pydantic, sqlite-utils, langgraph and
 # their needs (carried in .whl/, installed to /tmp/site and put on PYTHONPATH by the caller).
-#   STEPS="old new drill fault"   which runs (default: all four)
+#   STEPS="new drill old fault"   which runs, in that order (default: all four)
 set -x
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kinv-out}; mkdir -p "$OUT"
@@ -33,13 +33,15 @@ run() {  # checkout dir, state dir, plan, label
   summary "$2" "$4"
 }
 
-for step in ${STEPS:-old new drill fault}; do
+for step in ${STEPS:-new drill old fault}; do
   case $step in
     old) run "$here/.old" /tmp/st-old 3a-attention-occupancy before ;;
     new) run "$here" /tmp/st-new 3a-attention-occupancy after
+         grep -h "checked in" /tmp/st-new/kinv.log | python3 -c "import sys,re; v=[float(re.search(r'checked in ([0-9.]+) s', l).group(1)) for l in sys.stdin]; print(f'timed-capture checks: {len(v)}, {sum(v):.2f} s in all, {max(v) if v else 0:.3f} s at most')"
          cp /tmp/st-new/reports/*.md "$OUT/" 2>/dev/null; cp /tmp/st-new/kinv.db "$OUT/kinv-3a.db" ;;
     drill) run "$here" /tmp/st-drill 6c-harness-drill drill
-           cp /tmp/st-drill/reports/*.md "$OUT/" 2>/dev/null; cp /tmp/st-drill/kinv.db "$OUT/kinv-6c.db" ;;
+           cp /tmp/st-drill/reports/*.md "$OUT/" 2>/dev/null; cp /tmp/st-drill/kinv.db "$OUT/kinv-6c.db"
+           grep -h "checked in\|Tampered\|incorrect" /tmp/st-drill/kinv.log | tail -20 ;;
     fault) run "$here" /tmp/st-fault 6a-fault-drill fault
            cp /tmp/st-fault/reports/*.md "$OUT/" 2>/dev/null ;;
   esac

@@ -32,7 +32,7 @@ def _recorded() -> str:
 
 log = logging.getLogger(__name__)
 
-VERIFY_SHARE = 0.15
+VERIFY_SHARE = 0.04
 """Besides each arm's first and last timed capture at a level, a round's capture is checked with this chance, by a
 draw the worker cannot foresee (its seed is kept in the driver and logged)."""
 
@@ -46,6 +46,7 @@ class CudaArm(Arm):
         # the judge starts from the baseline's files (the snapshot while a source patch is live): never this arm's
         self.judge_path = judge_path
         self.verified: list[tuple[str, str]] = []  # (level, which capture) the judge passed
+        self.verify_s = 0.0  # wall seconds its captures' checks took
         self._draw_seed = random.SystemRandom().randrange(2**32)
         self._draw = random.Random(self._draw_seed)
         self._sampled: set[str] = set()
@@ -149,6 +150,7 @@ class CudaArm(Arm):
         s = self.setups.get(level.key)
         if s is None:
             return False
+        t0 = time.perf_counter()
         try:
             r = self.worker.request("verify", key=s["key"], seed=random.SystemRandom().randrange(10**6, 10**9))
         except (WorkerCrashed, WorkerError) as exc:
@@ -157,8 +159,12 @@ class CudaArm(Arm):
             self._failed = True
             raise Tampered(f"{self.name} changed the harness's code in memory at {level.key} ({why}: "
                            f"{', '.join(r['tampered'])})")  # fmt: skip
+        t1 = time.perf_counter()
         self._judge(level, r["check"], f"the timed graph of {why}, on new inputs, every input set")
         self.verified.append((level.key, why))
+        self.verify_s += time.perf_counter() - t0
+        log.info("arm %s: %s at %s checked in %.3f s (worker %.3f s, judge %.3f s, %d input sets)", self.name, why,
+                 level.key, time.perf_counter() - t0, t1 - t0, time.perf_counter() - t1, len(r["check"]["sets"]))
         return True
 
     def close(self) -> None:
