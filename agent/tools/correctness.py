@@ -394,7 +394,7 @@ def _verdict(adapter: KernelAdapter, run: Level, level: Level, entry: dict, outs
     return entry
 
 
-def settle_level(adapter: KernelAdapter, entry: dict) -> dict:
+def settle_level(adapter: KernelAdapter, entry: dict, unlink: bool = True) -> dict:
     """The judge's half of a deferred check (:func:`check` with ``defer``): the level's inputs made again from
     their seed, the reference computed here, the saved outputs compared with it.  Run it in a process that never
     imported the kernel under test."""
@@ -404,10 +404,11 @@ def settle_level(adapter: KernelAdapter, entry: dict) -> dict:
     try:
         outs, again_outs = torch.load(p["file"], weights_only=True)
     finally:
-        try:
-            os.unlink(p["file"])
-        except OSError:
-            pass
+        if unlink:
+            try:
+                os.unlink(p["file"])
+            except OSError:
+                pass
     run = adapter.level(p["run"])
     kwargs = {k: (getattr(torch, v) if k == "dtype" else v) for k, v in p["kwargs"].items()}
     device = kwargs.get("device", "cpu")
@@ -435,13 +436,13 @@ def _to_device(out, device: str):
     return out.to(device) if hasattr(out, "to") else out
 
 
-def settle(adapter: KernelAdapter, result: dict) -> dict:
+def settle(adapter: KernelAdapter, result: dict, unlink: bool = True) -> dict:
     """Judge every deferred level of a check's result here (:func:`settle_level`), and decide the result as
-    :func:`check` would have."""
+    :func:`check` would have (``unlink``: delete the saved outputs once read)."""
     by_level = {}
     for i, e in enumerate(result["levels"]):
         if "pending" in e:
-            e = settle_level(adapter, e)
+            e = settle_level(adapter, e, unlink)
             e.pop("fatal", None)
             result["levels"][i] = e
         by_level[e["level"]] = e

@@ -60,8 +60,51 @@ def _request(device: str, pythonpath: list[str] | None, op: str, **kwargs) -> di
 
 
 def warm(device: str, pythonpath: list[str] | None = None) -> None:
-    """Start the judge now (its imports overlap the work that follows)."""
+    """Start the judge now (its imports overlap the work that follows); on the CPU only where this process could
+    not judge itself (:func:`settle`)."""
+    if device == "cpu" and not pythonpath:
+        return
     _judge(device, pythonpath)
+
+
+def kernel_modules(adapter) -> list[str]:
+    """The modules of this process loaded from the kernel's live source files (what a source patch changes)."""
+    import sys
+    from pathlib import Path
+
+    files = {str((adapter.root() / f).resolve()) for f in adapter.kernel_files}
+    out = []
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if path and str(Path(path).resolve()) in files:
+            out.append(name)
+    return out
+
+
+def _settle_here(kernel: str, result: dict) -> dict | None:
+    """On the CPU, the judge may be this very process when it never imported the kernel's live source (the driver
+    of a run does not: it plans, patches and stores): the same comparison, without a process of its own (a torch
+    import is seconds on a small CPU).  ``None`` when this process has imported it, before or while judging (the
+    reference reached the kernel's module): the judge's own process then judges."""
+    import copy
+    import os
+
+    from kinv.agent.tools import correctness
+    from kinv.kernels.adapter import get_adapter
+
+    adapter = get_adapter(kernel)
+    if kernel_modules(adapter):
+        return None
+    got = correctness.settle(adapter, copy.deepcopy(result), unlink=False)
+    if kernel_modules(adapter):
+        return None
+    for e in result.get("levels", ()):
+        if "pending" in e:
+            try:
+                os.unlink(e["pending"]["file"])
+            except OSError:
+                pass
+    return got
 
 
 def settle(kernel: str, result: dict, pythonpath: list[str] | None = None) -> dict:
@@ -71,6 +114,10 @@ def settle(kernel: str, result: dict, pythonpath: list[str] | None = None) -> di
         result.pop("n_levels", None)
         return result
     device = "cuda" if str(result.get("device", "cpu")).startswith("cuda") else "cpu"
+    if device == "cpu" and not pythonpath:
+        here = _settle_here(kernel, result)
+        if here is not None:
+            return here
     try:
         return _request(device, pythonpath, "settle", kernel=kernel, result=result)["result"]
     except JudgeFailed as exc:
@@ -110,4 +157,4 @@ def close() -> None:
 
 atexit.register(close)
 
-__all__ = ["JudgeFailed", "ceilings", "close", "outputs", "settle", "warm"]
+__all__ = ["JudgeFailed", "ceilings", "close", "kernel_modules", "outputs", "settle", "warm"]

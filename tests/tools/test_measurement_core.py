@@ -86,6 +86,17 @@ def test_a_reference_rebound_in_memory_fools_a_judge_in_its_process_and_not_the_
     assert "outside atol" in judged["reason"] or "relative error" in judged["reason"], judged["reason"]
 
 
+def test_the_driver_judges_on_the_cpu_only_while_it_has_not_imported_the_kernel():
+    import subprocess
+
+    code = ("from kinv.agent.tools import correctness, judge; from kinv.kernels.adapter import get_adapter; "
+            "a = get_adapter('mla_decode'); print(judge.kernel_modules(a)); "
+            "import kinv.kernels.mla_decode; print(judge.kernel_modules(a))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}).stdout.splitlines()  # fmt: skip
+    assert out == ["[]", "['kinv.kernels.mla_decode']"], out
+
+
 def test_an_honest_kernel_judged_by_the_judge_passes_as_it_does_in_its_own_process():
     here = correctness.check(MLA, BASE, [LEVEL], seed=4, device="cpu")
     deferred = correctness.check(MLA, BASE, [LEVEL], seed=4, device="cpu", defer=True)
@@ -245,7 +256,7 @@ def test_a_voided_variant_is_said_as_timed_and_voided_not_never_timed():
 
 
 def test_the_judges_are_stopped_with_the_run():
-    judge.warm("cpu")
+    judge.warm("cuda" if torch.cuda.is_available() else "cpu", [str(ROOT)])  # a judge of its own process
     procs = list(judge._JUDGES.values())
     assert procs and all(p.proc.poll() is None for p in procs)
     judge.close()
