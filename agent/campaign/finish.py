@@ -12,6 +12,10 @@ from kinv.agent.ids import state_flag
 from kinv.kernels.errors import ExitCode
 from kinv.kernels.launch_config import describe
 
+SCREENING_SKIPS = ("a screening's short paired rounds decide no verdict (no A/A offsets, no sequential looks, no "
+                   "integrity or plausibility rule): they rank candidates, and each finalist is then decided by its "
+                   "workstream's sequential A/B with every rule")
+
 
 class Ending:
     """The last steps of a Campaign (a mixin: it uses the campaign's store, plan, settings and steps)."""
@@ -143,4 +147,6 @@ class Ending:
             "beyond_reach": [{"id": i.id, "title": i.title, "targets": i.targets} for i in plan.backlog
                              if not i.searchable],  # fmt: skip
             "environment_found": {s["ws"]: s["env_found"] for s in row["steps"] if s.get("env_found")},
+            # what a screening skips, said: it only ranks; every verdict comes from the sequential A/B with every rule
+            "rules_skipped": {"screening": SCREENING_SKIPS},
         }
