@@ -41,10 +41,12 @@ def main(argv=None) -> int:
     # entry point (the kinv script, python -m): the process ends with it.
     handler = logs.attach(_log_dir() or Path(tempfile.gettempdir()) / "kinv-no-state")
     release_signals = signals.take()
+    code = EXIT_FAIL  # a bug that escapes _run: Python's own exit code for it
     try:
-        return int(_run(argv, handler))  # a plain int for sys.exit and callers, whatever the code's enum
+        code = int(_run(argv, handler))  # a plain int for sys.exit and callers, whatever the code's enum
+        return code
     finally:
-        release_signals(exiting=argv is None)
+        release_signals(exiting=argv is None, code=code)
         logs.detach(handler)
 
 

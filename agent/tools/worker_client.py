@@ -120,8 +120,9 @@ class WorkerProcess:
         import threading
 
         timer = threading.Timer(timeout, self.proc.kill)
-        timer.start()
+        timer.daemon = True  # a timer a signal kept from being cancelled must not hold the process's exit
         try:
+            timer.start()
             return self._request(op, **kwargs)
         except WorkerCrashed as exc:
             if timer.finished.is_set():
@@ -166,12 +167,17 @@ class WorkerProcess:
 
     def close(self, hurry: Callable[[], bool] | None = None) -> None:
         """Stop the worker: ask it to exit and wait for it, killing it after :data:`CLOSE_WAIT_S` s, at once
-        when ``hurry()`` turns true (a signal came while the run exits), or when the wait is interrupted (the
-        interruption then goes on): never left running."""
+        when ``hurry()`` turns true (by default: a signal came while the run stops or exits, see
+        :func:`kinv.agent.signals.noted`), or when the wait is interrupted (the interruption then goes on): never
+        left running."""
+        if hurry is None:
+            from kinv.agent import signals
+
+            hurry = signals.noted
         try:
             if self.proc.poll() is None:
                 try:
-                    if hurry is not None and hurry():
+                    if hurry():
                         raise TimeoutError
                     self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
                     self.proc.stdin.flush()
@@ -188,11 +194,8 @@ class WorkerProcess:
                 except Exception:
                     pass
 
-    def _wait_exit(self, hurry: Callable[[], bool] | None) -> None:
+    def _wait_exit(self, hurry: Callable[[], bool]) -> None:
         """Wait for the worker to exit; TimeoutExpired after CLOSE_WAIT_S s, TimeoutError once ``hurry()``."""
-        if hurry is None:
-            self.proc.wait(timeout=CLOSE_WAIT_S)
-            return
         deadline = time.monotonic() + CLOSE_WAIT_S
         while True:
             try:

@@ -14,8 +14,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 
+from kinv.agent import faults, signals
 from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
 from kinv.kernels.adapter import import_path
 
@@ -92,24 +92,20 @@ class WorkerPool:
         for w in over:
             w.close()
 
-    def close(self, hurry: Callable[[], bool] | None = None) -> None:
-        """Stop every kept worker (``hurry``: see :meth:`WorkerProcess.close`).  One interrupted while it stops is
-        killed, and the others are stopped before the interruption goes on."""
+    def close(self) -> None:
+        """Stop every kept worker.  One interrupted while it stops is killed, and the others are stopped before
+        the interruption goes on."""
         with self._lock:
             idle, self._idle = self._idle, []
         try:
             for _k, w, _since in idle:
-                w.close(hurry)
+                w.close()
         finally:
             for _k, w, _since in idle:
                 if w.proc.poll() is None:
                     w.proc.kill()
                     w.proc.wait()
                     w.close()
-
-    def size(self) -> int:
-        with self._lock:
-            return len(self._idle)
 
 
 POOL = WorkerPool()  # benchmark workers (one GPU per process)
@@ -119,14 +115,13 @@ CHECKERS = WorkerPool()  # CPU correctness checks (the Triton interpreter)
 def close_at_exit() -> None:
     """The process's exit hook: stop the kept workers.  A signal that comes meanwhile cannot cut it short: kinv's
     command line notes it (the exit code its run decided stands, with no traceback); elsewhere it is held until
-    the workers are stopped.  Either way it hurries them: killed, not waited for."""
-    from kinv.agent import faults, signals
-
-    with signals.deferred() as hurry:
-        if CHECKERS.size() or POOL.size():
-            faults.point("pool.exit")  # KINV_STOP_AT=pool.exit: the tests' signals land here
-        CHECKERS.close(hurry)
-        POOL.close(hurry)
+    the workers are stopped.  Either way it hurries them: killed, not waited for (WorkerProcess.close)."""
+    with signals.deferred():
+        # not a write: the process is exiting, its kept workers still alive (the judge's too, stopped by its own
+        # exit hook); KINV_STOP_AT=pool.exit freezes it here for tests/test_exit_signals.py
+        faults.point("pool.exit")
+        CHECKERS.close()
+        POOL.close()
 
 
 atexit.register(close_at_exit)
@@ -166,8 +161,12 @@ def check_in_worker(pool: WorkerPool, kernel: str, config: dict, levels: list, *
     except WorkerError as exc:
         worker.close()
         return correctness.failed(seed, device, f"the check failed: {exc}")
+    except BaseException:  # interrupted mid-check (a signal): the worker, busy with it, is stopped now, not at exit
+        worker.proc.kill()
+        worker.close()
+        raise
     log.info("check of %d level(s) in worker pid %d: %.2f s", len(levels), worker.pid, time.perf_counter() - t0)
-    if result.get("ok"):
+    if result.get("ok") or result.get("ok") is None:  # passed, or launched and left to the judge
         pool.give(key, worker)
     else:
         worker.close()
