@@ -155,7 +155,7 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
     def stop(kind: str, reason: str, void: str | None = None, spent: float = 0.0) -> Outcome:
         ledger = protocol.gpu_seconds(store.samples(exp_id))
         verdict = "void" if void else kind
-        why = f"{void} (and then {kind}: {reason})" if void else reason
+        why = (void if reason in void else f"{void} (and then {kind}: {reason})") if void else reason
         timed = bool(store.sample_count(exp_id))
         store.update_experiment(exp_id, status="done" if timed and void else "rejected", verdict=verdict,
                                 reason=why, gpu_s=ledger, wall_s=time.time() - t0, finished=time.time(),
@@ -201,7 +201,7 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
     except Incorrect as exc:
         return stop("incorrect", f"incorrect: {exc}", integrity(store, exp_id, hashes))
     except Tampered as exc:
-        return stop("tampered", str(exc), f"void: {exc}")
+        return stop("tampered", str(exc), str(exc))
     except (VariantFailed, NoRecording) as exc:
         kind = "not measured" if isinstance(exc, NoRecording) else "failed"
         return stop(kind, str(exc), integrity(store, exp_id, hashes))
