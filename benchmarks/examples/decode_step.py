@@ -424,16 +424,19 @@ class Timed:
             times.append(start.elapsed_time(end) * 1e3 / (per * n))
         return statistics.median(times), len(times) * per * n
 
-    def _eager_us(self, fn, seconds: float) -> tuple[float, int]:
-        """Median µs of eager calls over ``seconds`` (at least three), rotating over the input sets."""
-        sets, times = self.L["sets"], []
-        t_end = time.perf_counter() + seconds
-        while len(times) < 3 or time.perf_counter() < t_end:
-            s = sets[len(times) % len(sets)]
-            t0 = time.perf_counter()
-            fn(self.L, s)
-            times.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(times), len(times)
+    def _eager_interleaved(self, fns: dict, seconds: float) -> tuple[dict, dict]:
+        """Median µs of eager calls of every part, the parts called in turn on the same input set (at least three
+        turns): a load on the machine lands on the step and on its parts alike, so a part's share stays a share."""
+        sets, times = self.L["sets"], {p: [] for p in fns}
+        t_end, i = time.perf_counter() + seconds, 0
+        while i < 3 or time.perf_counter() < t_end:
+            s = sets[i % len(sets)]
+            for part, fn in fns.items():
+                t0 = time.perf_counter()
+                fn(self.L, s)
+                times[part].append((time.perf_counter() - t0) * 1e6)
+            i += 1
+        return {p: statistics.median(t) for p, t in times.items()}, {p: len(t) for p, t in times.items()}
 
     def measure(self, seconds: float) -> dict:
         L, layer = self.L, self.layer
@@ -444,8 +447,7 @@ class Timed:
                 us[part], calls[part] = self._graph_us(self.graphs[part], seconds * share[part])
         else:  # eager in the interpreter: the plumbing, not the GPU's speed
             fns = {"step": layer.step, "attention": layer.attention, "moe": layer.moe}
-            for part in PARTS:
-                us[part], calls[part] = self._eager_us(fns[part], seconds * share[part])
+            us, calls = self._eager_interleaved(fns, seconds)
         step = us["step"]
         cfg = layer.cfg
         return {"tokens_per_s": round(L["batch"] / (step * 1e-6), 3), "step_us": round(step, 3),
