@@ -117,7 +117,7 @@ def _watched() -> dict[str, object]:
     import importlib
     import sys
 
-    out = {f"{o}.{a}": getattr(_owner(o), a, None) for o, a in TIMERS}
+    out = timer_snapshot()
     for mod, path in WATCHED:
         if mod.startswith("kinv.") and mod not in sys.modules:
             continue
