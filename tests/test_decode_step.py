@@ -19,7 +19,7 @@ import yaml
 from tests.utils import kinv_in_process, replay_env
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "examples" / "decode_step.py"
+SCRIPT = ROOT / "examples" / "decode_step.py"
 SEED = ROOT / "plans" / "configs" / "3d-seed-bt16.json"
 
 

@@ -1,6 +1,6 @@
 """A plugin in minutes: kinv.kernels.quick builds a whole KernelAdapter from declarations.
 
-The example plugin (benchmarks/examples/quick_matmul: a Triton tiled matmul, its adapter through ``quick.kernel``
+The example plugin (examples/quick_matmul: a Triton tiled matmul, its adapter through ``quick.kernel``
 and the same kernel through ``quick.from_autotune``) is checked here for its size, its derived members, its
 restrictions, its correctness gate in the Triton interpreter, and end to end: built into a temporary folder with
 ``pip install --target`` (never into the shared venv), found by its entry points through PYTHONPATH, and run with
@@ -29,7 +29,7 @@ import pytest
 from tests.utils import run_kinv
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "benchmarks" / "examples" / "quick_matmul"
+EXAMPLE = ROOT / "examples" / "quick_matmul"
 PKG = "kinv_quick_matmul"
 REF = f"{PKG}.adapter:QuickMatmul"
 AUTOTUNE_REF = f"{PKG}.adapter_autotune:QuickMatmulAutotune"

@@ -1,16 +1,16 @@
-"""Every command the README shows works on a fresh clone, with the exit code the README documents.
+"""Every command the README and docs/usage.md show works on a fresh clone, with the exit code they document.
 
-The README's command blocks (its lines indented by four spaces) are read here, every ``kinv`` command in them
-is looked up in :data:`EXPECT` (its documented exit code, and how it is run), and the test fails when the README
-shows a command the table does not cover, or the table names one the README no longer shows.  Set-up lines
+The command blocks of both pages (their lines indented by four spaces) are read here, every ``kinv`` command in
+them is looked up in :data:`EXPECT` (its documented exit code, and how it is run), and the test fails when a page
+shows a command the table does not cover, or the table names one neither page shows any more.  Set-up lines
 (``python3 -m venv ... pip install ...``) are excluded by name: they install kinv, which this test runs already.
 
 Each command runs on replay (``KINV_FORCE_NO_GPU=1``: the answer is the same on a GPU machine) in a copy of the
 project's kernels/, kinv/ and plans/ with its own ``./state``, the way a new user runs it from a fresh clone;
 nothing under the real checkout is written.  Quick commands (no earlier command needed) each run alone, on a
-fresh clone of their own, in the default lane.  The README's blocks also run as the sessions they are, in order,
-each on a fresh clone of its own, in the slow lane: "Using it" (#3a paused, approved, resumed and closed out,
-then everything after it), the campaign, and Ray.  Those three share nothing, so they start together when the
+fresh clone of their own, in the default lane.  The blocks also run as the sessions they are, in order, each on
+a fresh clone of its own, in the slow lane: the README's "One run, one approval" (#3a paused, approved, resumed
+and closed out) followed by usage.md's command tour, the campaign, your own command, several workstreams, and Ray.  Those three share nothing, so they start together when the
 module starts and run beside each other and the quick tests (a fixture); each slow test waits for its block.
 """
 
@@ -28,13 +28,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+USAGE = ROOT / "docs" / "usage.md"  # the command tour
 
 QUICK, SESSION = "quick", "session"  # quick: runs alone (and in its session); session: needs the commands before it
 GPU_ONLY = "GPU only: on a machine without one it refuses with one line (bad input, exit 2)"
 
 # README command -> (documented exit code, lane, what the README says it does)
 EXPECT: dict[str, tuple[int, str, str]] = {
-    # ## Using it (one session, in this order)
+    # README: ## One run, one approval, then usage.md: ## The command tour (one session, in this order)
     "kinv run plans/3a-attention-occupancy.yaml --approval ask": (3, SESSION, "pauses (exit 3) at V1's kernel edit"),
     "kinv pending": (0, SESSION, "what waits for you"),
     "kinv approve 3a-V1-3": (0, SESSION, "approves V1's edit"),
@@ -67,23 +68,23 @@ EXPECT: dict[str, tuple[int, str, str]] = {
     "kinv run plans/3a-attention-occupancy.yaml --new-version": (3, SESSION, "a new version; pauses at V1's edit"),
     "kinv revert --to-plan plans/3a-attention-occupancy.yaml": (0, QUICK, "the shipped file back with no state dir"),
     "kinv doctor": (0, QUICK, "a healthy state dir"),
-    # ### Campaigns (one session)
+    # README: ## One campaign (one session)
     "kinv campaign plans/7-decode-ceiling.yaml --approval auto-config": (
         0, SESSION, "ends: its config loses to the shipped file at every level, nothing to adopt"),
     "kinv campaign plans/7-decode-ceiling.yaml --json": (0, SESSION, "the summary as JSON"),
-    # ### Many GPUs
+    # usage.md: ## Many GPUs
     "kinv campaign plans/7-decode-ceiling.yaml --backend cuda --executor ray": (2, QUICK, GPU_ONLY),
     "kinv campaign plans/7-decode-ceiling.yaml --executor ray --ray-address HOST:6379": (
         -1, SESSION, "skipped: HOST:6379 stands for the user's own Ray cluster"),
     "kinv campaign plans/7-decode-ceiling.yaml --backend replay --executor ray --ray-actors 2 --approval auto-config": (
         0, SESSION, "the campaign on 2 CPU Ray actors"),
-    # ### Several workstreams at once
+    # usage.md: ## Several workstreams at once
     "kinv run plans/3a-attention-occupancy.yaml plans/4a-expert-gemm-tiles.yaml --approval auto": (
         0, SESSION, "#3a and #4a at once, each in its own process"),
-    # ## Your own benchmark (one session)
+    # README: ## Your own command (one session)
     "kinv run plans/cpu-matmul-threads.yaml --approval auto": (0, SESSION, "the CPU matmul's threads, measured here"),
     "kinv report 11a": (0, SESSION, "its close-out"),
-    # ### Coding agents
+    # usage.md: ## Coding agents
     "kinv mcp --print-config claude > .mcp.json": (0, QUICK, "writes .mcp.json"),
     "kinv mcp --print-config opencode": (0, QUICK, "prints opencode's registration"),
 }
@@ -92,12 +93,20 @@ EXPECT: dict[str, tuple[int, str, str]] = {
 SETUP_PREFIX = "python3 -m venv .venv && . .venv/bin/activate && pip install "
 
 
-def readme_blocks() -> list[tuple[str, list[str]]]:
-    """(section heading, its commands in order) for every README section with a command block.  A line indented
-    by exactly four spaces is a block line; its ``  # comment`` is dropped and `` ; `` separates commands."""
+def readme_blocks(page: Path | None = None) -> list[tuple[str, list[str]]]:
+    """(section heading, its commands in order) for every section with a command block, of ``page`` or of the
+    README and then docs/usage.md.  A line indented by exactly four spaces is a block line; its ``  # comment``
+    is dropped and `` ; `` separates commands."""
+    if page is None:
+        return readme_blocks(README) + readme_blocks(USAGE)
     sections: list[tuple[str, list[str]]] = []
     heading = ""
-    for line in README.read_text().splitlines():
+    in_fence = False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            in_fence = not in_fence
+        if in_fence:
+            continue
         if line.startswith("#"):
             heading = line.lstrip("#").strip()
             continue
@@ -107,7 +116,7 @@ def readme_blocks() -> list[tuple[str, list[str]]]:
         text = m.group(1)
         if text.startswith(SETUP_PREFIX):
             continue
-        assert text.startswith("kinv "), f"README block line is neither a kinv command nor set-up: {text!r}"
+        assert text.startswith("kinv "), f"{page.name} block line is neither a kinv command nor set-up: {text!r}"
         text = re.split(r"\s+#\s", text, maxsplit=1)[0].strip()
         if not sections or sections[-1][0] != heading:
             sections.append((heading, []))
@@ -128,6 +137,23 @@ def test_every_readme_command_is_in_the_table_and_the_table_is_the_readme():
     assert not stale, f"table entries the README no longer shows: {stale}"
     setup = [ln for ln in README.read_text().splitlines() if ln.startswith("    " + SETUP_PREFIX)]
     assert len(setup) == 2, setup  # the main job and the tests: excluded by name, nothing else is
+    assert not [ln for ln in USAGE.read_text().splitlines() if SETUP_PREFIX in ln]
+    # a command that needs the ones before it runs in a session: none is left out of every session
+    in_sessions = {c for name in SESSIONS for c in _session(name)}
+    orphans = [c for c in shown if EXPECT[c][1] == SESSION and c not in in_sessions]
+    assert not orphans, f"session commands in a section no session runs: {orphans}"
+
+
+def test_the_readme_is_short_and_its_lines_are_readable():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 150, len(lines)
+    for page in (README, USAGE):
+        long = [ln for ln in page.read_text().splitlines() if len(ln) > 200 and not ln.startswith("    kinv ")]
+        assert not long, (page.name, [ln[:80] for ln in long])
+    # the test command CI runs (.ci/run) is the README's, verbatim
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_line = next(ln for ln in lines if "python -m pytest" in ln).split("pip install -q torch", 1)[1]
+    assert "pip install -q torch" + test_line in ci
 
 
 def test_the_readme_documents_the_exit_codes_the_table_asserts():
@@ -135,8 +161,14 @@ def test_the_readme_documents_the_exit_codes_the_table_asserts():
     assert "kinv run plans/3a-attention-occupancy.yaml --approval ask   # pauses (exit 3)" in text
     assert "exit 3" in text.split("kinv resume 3a ")[1].splitlines()[0]
     assert "Exit codes: 0 done, 1 a step failed" in text and "3 paused for an approval" in text
-    env_line = next(ln for ln in text.splitlines() if "kinv env --json" in ln)
+    usage = USAGE.read_text()
+    env_line = next(ln for ln in usage.splitlines() if "kinv env --json" in ln)
     assert "exit 1" in env_line and "TARGET_CTAS" in env_line
+    # the exit codes and signals have a section of their own, every code in it
+    section = usage.split("## Exit codes and signals", 1)[1].split("\n## ", 1)[0]
+    for code in ("| 0 |", "| 1 |", "| 2 |", "| 3 |", "| 130 |"):
+        assert code in section, code
+    assert "SIGTERM" in section and "SIGHUP" in section
 
 
 # --------------------------------------------------------------------------- #
@@ -149,7 +181,7 @@ def _project(tmp_path: Path) -> tuple[Path, dict]:
     shutil.copytree(ROOT / "kernels", root / "kernels", ignore=skip)
     shutil.copytree(ROOT / "kinv", root / "kinv", ignore=skip)
     shutil.copytree(ROOT / "plans", root / "plans", ignore=shutil.ignore_patterns("closeouts", "campaigns"))
-    shutil.copytree(ROOT / "benchmarks" / "examples", root / "benchmarks" / "examples", ignore=skip)  # own commands
+    shutil.copytree(ROOT / "examples", root / "examples", ignore=skip)  # own commands
     (root / "state").mkdir()  # a clone has the repository's empty state/ (state/.gitkeep)
     (root / "state" / ".gitkeep").touch()
     git = ["git", "-c", "user.name=kinv test", "-c", "user.email=test@kinv", "-c", "commit.gpgsign=false"]
@@ -198,9 +230,9 @@ class _Block(threading.Thread):
     slow blocks share no state, so they run beside each other (and beside the quick tests) instead of one after
     another.  ``results`` pairs each command with its run; ``error`` is what stopped the block, if anything."""
 
-    def __init__(self, section: str, where: Path, lock: Path | None = None):
-        super().__init__(name=f"readme-{section.split()[0]}", daemon=True)
-        self.section = section
+    def __init__(self, name: str, where: Path, lock: Path | None = None):
+        super().__init__(name=f"readme-{name.split()[0]}", daemon=True)
+        self.commands = _session(name)
         self.root, self.env = _project(where)  # built here, in the main thread: tests change os.environ later
         self.shipped = (self.root / "kernels" / "configs" / "mla_decode.json").read_bytes()
         self.lock = lock
@@ -226,7 +258,7 @@ class _Block(threading.Thread):
             self.locked.set()
 
     def _commands(self):
-        for command in dict(readme_blocks())[self.section]:
+        for command in self.commands:
             if EXPECT[command][0] >= 0:
                 self.results.append((command, _run(self.root, self.env, command)))
 
@@ -236,15 +268,30 @@ class _Block(threading.Thread):
         if self.error is not None:
             raise self.error
         ran = [c for c, _ in self.results]
-        assert ran == [c for c in dict(readme_blocks())[self.section] if EXPECT[c][0] >= 0], ran
+        assert ran == [c for c in self.commands if EXPECT[c][0] >= 0], ran
         return [p for c, r in self.results for p in [_check(c, r)] if p], "".join(r.stdout for _, r in self.results)
 
 
-def _section(prefix: str) -> str:
-    return next(s for s, _ in readme_blocks() if s.startswith(prefix))
+# each session and the sections it runs, in order: the README's and then usage.md's
+SESSIONS = {
+    "Using it": ("One run, one approval", "The command tour"),
+    "Campaigns": ("One campaign",),
+    "Many GPUs": ("Many GPUs",),
+    "Your own benchmark": ("Your own command",),
+    "Several workstreams": ("Several workstreams",),
+}
 
 
-# the slow tests and the README section each one runs
+def _session(name: str) -> list[str]:
+    """The commands of session ``name``: its sections' blocks, in order (each section must exist)."""
+    sections = readme_blocks()
+    commands: list[str] = []
+    for prefix in SESSIONS[name]:
+        commands += next(cmds for s, cmds in sections if s.startswith(prefix))
+    return commands
+
+
+# the slow tests and the session each one runs
 SLOW_BLOCKS = {
     "test_the_using_it_block_runs_as_a_session_on_a_fresh_clone": "Using it",
     "test_the_campaign_block_runs_as_a_session_on_a_fresh_clone": "Campaigns",
@@ -269,7 +316,7 @@ def blocks(request, tmp_path_factory):
     started: dict[str, _Block] = {}
     for prefix in [p for p in SLOW_BLOCKS.values() if p in wanted]:
         lock = _run_root(tmp_path_factory, request.config) / "ray.lock" if prefix == "Many GPUs" else None
-        block = _Block(_section(prefix), tmp_path_factory.mktemp(prefix.split()[0].lower()), lock)
+        block = _Block(prefix, tmp_path_factory.mktemp(prefix.split()[0].lower()), lock)
         block.start()
         started[prefix] = block
     for block in started.values():

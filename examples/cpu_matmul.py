@@ -2,7 +2,7 @@
 wall budget after a warm-up, printing its throughput as JSON.  Its thread count comes from OMP_NUM_THREADS, read
 by torch at start, as a serving process reads its knobs.
 
-    OMP_NUM_THREADS=2 python benchmarks/examples/cpu_matmul.py --n 512
+    OMP_NUM_THREADS=2 python examples/cpu_matmul.py --n 512
     {"n": 512, "threads": 2, "gflops": 61.3, "calls": 412}
 """
 

@@ -46,7 +46,7 @@ times a level now; SIGTERM stops it, exit 0) and ``client`` (standard library on
 JSON line).  Bad input (a bad TARGET_CTAS, a missing or bad config): one line on stderr, exit 2; a kernel that
 disagrees with its reference: one line, exit 3; a client whose server refuses or cannot be reached: one line, exit 1.
 
-    TARGET_CTAS=512 KINV_MLA_CONFIG=plans/configs/3d-seed-bt16.json python benchmarks/examples/decode_step.py run --concurrency 8
+    TARGET_CTAS=512 KINV_MLA_CONFIG=plans/configs/3d-seed-bt16.json python examples/decode_step.py run --concurrency 8
     {"tokens_per_s": ..., "step_us": ..., "attention_us": ..., "attention_share": ..., "moe_us": ..., ...}
 """
 
@@ -61,7 +61,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 FULL = {"hidden": 7168, "q_lora": 1536, "heads": 16, "nope": 128, "rope": 64, "latent": 448, "v_head": 128,
         "experts": 32, "top_k": 8, "inter": 2048, "shared": 2048, "page": 64}  # fmt: skip
 TINY = {"hidden": 64, "q_lora": 32, "heads": 4, "nope": 16, "rope": 16, "latent": 48, "v_head": 16,
