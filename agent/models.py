@@ -206,8 +206,11 @@ class Plan(Strict):
                                            "checked in every worker; the kernel's adapter says which values are valid")
     baseline: dict = Field(description="the baseline launch config: a value for each of the kernel's tunables")
     variants: list[Variant] = Field(description="the variants to test, in order")
-    bounds: dict[str, list[int]] = Field(default_factory=dict, description="values of each tunable a config patch "
-                                         "may auto-pass (approval auto-config)")
+    bounds: dict[str, list[int]] = Field(default_factory=dict, description="the values each named tunable may take "
+                                         "in this plan's variants, their overrides included: a patch outside them is "
+                                         "refused under every approval policy; under approval auto-config a config "
+                                         "patch inside them needs no approval; a campaign with no campaign.space "
+                                         "searches them")
     _workload: object = PrivateAttr(default=None)
     _levels: list = PrivateAttr(default_factory=list)
     stats: StatsSettings = Field(default_factory=StatsSettings, description="noise and decision settings")
