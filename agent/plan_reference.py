@@ -31,6 +31,7 @@ WORKLOAD_EXAMPLES = {"command": "plans/cpu-matmul-threads.yaml", "mla_decode": "
                      "moe_expert_gemm": "plans/4a-expert-gemm-tiles.yaml"}  # fmt: skip
 
 # rules that span fields or call the kernel's adapter: what the validators in agent/models.py enforce
+# fmt: off
 RULES: dict[str, str] = {
     "": "Every section is strict: an unknown key is refused, and a value must have the field's own type (no "
         "\"64\" for 64, no true for 1, no 4.0 for 4). A plan file is a YAML mapping of at most 256 KiB.",
@@ -74,6 +75,7 @@ RULES: dict[str, str] = {
     "campaign.goal": "Give copy_fraction or roofline_fraction, not both.",
     "campaign.goal.levels": "Level labels of the workload.",
 }
+# fmt: on
 
 
 def _type(ann) -> str:
@@ -161,8 +163,7 @@ def _examples(paths=EXAMPLE_PLANS) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _fields(model: type[BaseModel], prefix: str, examples: dict, lines: list[str], sections: list,
-            rules: bool) -> None:
+def _fields(model: type[BaseModel], prefix: str, examples: dict, lines: list[str], sections: list, rules: bool) -> None:
     for name, info in model.model_fields.items():
         path = f"{prefix}{name}"
         ann = info.annotation
@@ -185,8 +186,15 @@ def _fields(model: type[BaseModel], prefix: str, examples: dict, lines: list[str
         lines += textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
-def _section(title: str, model: type[BaseModel], prefix: str, examples: dict, lines: list[str], level: str = "##",
-             rules: bool = True) -> None:
+def _section(
+    title: str,
+    model: type[BaseModel],
+    prefix: str,
+    examples: dict,
+    lines: list[str],
+    level: str = "##",
+    rules: bool = True,
+) -> None:
     """One section's fields, then each section it nests; ``rules``: the plan's own (not an adapter's workload)."""
     lines += ["", f"{level} {title}", ""]
     key = prefix.rstrip(".").removesuffix("[]")
@@ -209,18 +217,31 @@ def render() -> str:
     lines += textwrap.wrap(
         "A plan is a YAML file that `kinv run` (one workstream) or `kinv campaign` (a chain of them) reads. Every "
         "field below comes from the plan model in agent/models.py: its type, its default, its limits and what it "
-        "means. Examples are taken from the plans in plans/. " + RULES[""], WIDTH)
+        "means. Examples are taken from the plans in plans/. " + RULES[""],
+        WIDTH,
+    )
     lines += ["", "A whole plan, `plans/3a-attention-occupancy.yaml`, the seed's investigation:", "", "```yaml"]
     lines += (ROOT / "plans" / "3a-attention-occupancy.yaml").read_text().rstrip("\n").splitlines()
     lines += ["```"]
     _section("Top level", Plan, "", examples, lines)
     lines += ["", "## The workload of kinv's own kernels", ""]
-    lines += textwrap.wrap("The `workload:` section is the kernel adapter's own model (`KernelAdapter.workload_model`): "
-                           "a plugin defines its own. These are the models of the kernels kinv ships.", WIDTH)
+    lines += textwrap.wrap(
+        "The `workload:` section is the kernel adapter's own model "
+        "(`KernelAdapter.workload_model`): a plugin defines its own. These are the models of the "
+        "kernels kinv ships.",
+        WIDTH,
+    )
     for name in sorted(BUILTIN):
         plan = WORKLOAD_EXAMPLES[name]
-        _section(f"`kernel: {name}` (examples from `{plan}`)", get_adapter(name).workload_model(), "workload.",
-                 _examples((plan,)), lines, "###", rules=False)
+        _section(
+            f"`kernel: {name}` (examples from `{plan}`)",
+            get_adapter(name).workload_model(),
+            "workload.",
+            _examples((plan,)),
+            lines,
+            "###",
+            rules=False,
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -4,7 +4,7 @@
     python benchmarks/mla_ceiling.py --grid shipped --out ...   # the shipped config file, every level
     python benchmarks/mla_ceiling.py --grid merge --out ...     # #9a's screening (needs its source patch)
     python benchmarks/mla_ceiling.py --grid occupancy --out ... # after #9b: programs per SM, stages, merge
-    python benchmarks/mla_ceiling.py --grid tail --contexts 4096 --min-batch 32 --out ...  # #9d (lab/merge_one_pass_session.sh)
+    python benchmarks/mla_ceiling.py --grid tail --contexts 4096 --min-batch 32 --out ...  # #9d (lab-notebook:benchmarks/lab/merge_one_pass_session.sh)
     python benchmarks/mla_ceiling.py --grid persistent --contexts 4096 --out ...  # #10a (needs its source patch)
     python benchmarks/mla_ceiling.py --grid small --batches 1,8 --out ...  # batch 1 and 8, one override at a time
 

@@ -4,7 +4,7 @@ prints a metric.  ``kernel: command`` in a plan; measured by the command backend
 The plan's ``workload`` says how to run it and what it prints::
 
     workload:
-      command: ["{python}", "benchmarks/cpu_matmul.py", "--n", "{n}"]   # argv; {dim} from the level, {python}
+      command: ["{python}", "examples/cpu_matmul.py", "--n", "{n}"]   # argv; {dim} from the level, {python}
       metric: {json_key: gflops, unit: GFLOP/s, higher_is_better: true}   # or regex: 'tokens/s: ([0-9.]+)'
       timeout_s: 60
       levels: [{n: 256}, {n: 512}]

@@ -18,7 +18,8 @@ SHAPES: dict[str, tuple[int, int]] = {
 ELT = 2  # bytes per element of bf16/fp16, the dtypes kinv benchmarks
 
 # Analytical shared-memory model of stage 1 (bytes), calibrated against the
-# kernels Triton 3.6 compiled for sm_90 (benchmarks/lab/smem_check.py, benchmarks/results/smem_check_h200.json):
+# kernels Triton 3.6 compiled for sm_90 (branch lab-notebook: benchmarks/lab/smem_check.py,
+# benchmarks/results/smem_check_h200.json):
 #  * the queries pass once through shared memory on their way into the dot
 #    operand layout: BLOCK_H x D_QK elements;
 #  * num_stages = 1 (no pipelining): the BLOCK_T x D_V latent tile is staged

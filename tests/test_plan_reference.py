@@ -31,7 +31,8 @@ def _paths(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 def test_the_committed_reference_is_the_one_the_model_generates():
     assert REFERENCE.read_text() == render(), (
-        "docs/plan-reference.md is stale: run `python -m kinv.agent.plan_reference > docs/plan-reference.md`")
+        "docs/plan-reference.md is stale: run `python -m kinv.agent.plan_reference > docs/plan-reference.md`"
+    )
 
 
 def test_every_field_of_a_plan_is_documented_with_its_meaning():

@@ -10,8 +10,9 @@ project's kernels/, kinv/ and plans/ with its own ``./state``, the way a new use
 nothing under the real checkout is written.  Quick commands (no earlier command needed) each run alone, on a
 fresh clone of their own, in the default lane.  The blocks also run as the sessions they are, in order, each on
 a fresh clone of its own, in the slow lane: the README's "One run, one approval" (#3a paused, approved, resumed
-and closed out) followed by usage.md's command tour, the campaign, your own command, several workstreams, and Ray.  Those three share nothing, so they start together when the
-module starts and run beside each other and the quick tests (a fixture); each slow test waits for its block.
+and closed out) followed by usage.md's command tour, the campaign, your own command, several workstreams, and Ray.
+Those sessions share nothing, so they start together when the module starts and run beside each other and the
+quick tests (a fixture); each slow test waits for its block.
 """
 
 from __future__ import annotations

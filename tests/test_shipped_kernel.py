@@ -1,7 +1,8 @@
 """The MLA kernel kinv ships is the one kinv measured and adopted on the H200.
 
-These tests read the state kinv wrote live on the H200 for #8a and #8b (benchmarks/results/decode_8ab_kinv_h200.db)
-and for #9a-#9c (decode_9ab_kinv_h200.db, decode_9c_kinv_h200.db), copied into a temporary state dir: the shipped config and kernel source must be what those workstreams
+These tests read the state kinv wrote live on the H200 for #8a and #8b
+(tests/fixtures/h200-state/mla-decode-source-and-configs.db) and for #9a-#9c (mla-decode-source-and-merge.db,
+mla-decode-shape.db), copied into a temporary state dir: the shipped config and kernel source must be what those workstreams
 accepted, and `kinv adopt` must refuse what they did not.
 """
 
@@ -18,9 +19,10 @@ from tests.utils import kinv_in_process as run_kinv
 from tests.utils import replay_env
 
 ROOT = Path(__file__).resolve().parents[1]
-H200_DB = ROOT / "benchmarks" / "results" / "decode_8ab_kinv_h200.db"  # #8a, #8b
-H200_DB_9 = ROOT / "benchmarks" / "results" / "decode_9ab_kinv_h200.db"  # #9a, #9b
-H200_DB_9C = ROOT / "benchmarks" / "results" / "decode_9c_kinv_h200.db"  # #9c
+H200_STATE = ROOT / "tests" / "fixtures" / "h200-state"  # kinv.db files written live on the H200
+H200_DB = H200_STATE / "mla-decode-source-and-configs.db"  # #8a, #8b
+H200_DB_9 = H200_STATE / "mla-decode-source-and-merge.db"  # #9a, #9b
+H200_DB_9C = H200_STATE / "mla-decode-shape.db"  # #9c
 MEASURED_PLANS = ROOT / "tests" / "fixtures" / "h200-plans"  # #8a, #8b as measured
 
 
