@@ -19,7 +19,7 @@ pytestmark = pytest.mark.ray  # a local Ray cluster: one such test at a time und
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = "plans/7-decode-ceiling.yaml"
 # the chosen config per level of the single-process replay campaign
-# (benchmarks/RESULTS.md, "Campaign #7 on replay of the re-recorded sweep")
+# (benchmarks/RESULTS.md, "Campaigns": on replay of the re-recorded sweep)
 # what the single-process campaign chooses on the H200 sweep of the #9a kernel (kernels/recordings/h200/)
 EXPECTED_LEVELS = {"b1": "BT64/BH16/w8/s2", "b8": "BT32/BH16/w4/s2", "b32": "BT64/BH16/w4/s2",
                    "b64": "BT64/BH16/w4/s2", "b96": "BT64/BH16/w4/s2"}  # fmt: skip
