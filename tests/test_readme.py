@@ -151,6 +151,15 @@ def test_the_readme_is_short_and_its_lines_are_readable():
     for page in (README, USAGE):
         long = [ln for ln in page.read_text().splitlines() if len(ln) > 200 and not ln.startswith("    kinv ")]
         assert not long, (page.name, [ln[:80] for ln in long])
+    # every page a link names is there, and every anchor a heading of it
+    for page in (README, USAGE):
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)", page.read_text()):
+            path, anchor = page.parent / target[0], target[1]
+            assert path.exists(), (page.name, target)
+            if anchor:
+                slugs = {re.sub(r"[^a-z0-9 -]", "", h.lstrip("#").strip().lower()).replace(" ", "-")
+                         for h in path.read_text().splitlines() if h.startswith("#")}  # fmt: skip
+                assert anchor in slugs, (page.name, target)
     # the test command CI runs (.ci/run) is the README's, verbatim
     ci = (ROOT / ".ci" / "run").read_text()
     test_line = next(ln for ln in lines if "python -m pytest" in ln).split("pip install -q torch", 1)[1]
