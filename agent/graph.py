@@ -464,13 +464,13 @@ def decide(state: State, runtime: Runtime[Context]) -> dict:
 def closeout(state: State, runtime: Runtime[Context]) -> dict:
     ctx = runtime.context
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
-    from kinv.agent import report
+    from kinv.agent.closeout import write_closeout
 
     planner.start(store, ws, "closeout")
     _revert_all(ctx)
     if plan.profile:  # the profiler's evidence behind each decided verdict, before the close-out cites it
         _profile_step(ctx)
-    path = report.write_closeout(store, plan, state, ctx)
+    path = write_closeout(store, plan, state, ctx)
     planner.finish(store, ws, "closeout", "completed", f"close-out at {path}")
     ctx.say("closeout", message=f"close-out written to {path}")
     return {"report": str(path), "decision": "closed out"}

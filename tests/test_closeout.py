@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kinv.agent import report
+from kinv.agent import closeout, report
 from tests.closeout_fixture import build, outcome
 
 ALL = ("b1", "b8", "b32", "b64", "b96")
@@ -18,7 +18,7 @@ def _levels(verdict, change, lo, hi, labels=ALL):
 
 def _render(tmp_path, **kw):
     store, plan, state, ctx = build(tmp_path, **kw)
-    return report.render(store, plan, state, ctx)
+    return report.render(closeout.collect(store, plan, state, ctx))
 
 
 # ---- behaviour that was right before the sentences were derived from the verdicts, pinned --------------------
@@ -124,7 +124,7 @@ def test_roofline_fractions_above_one_or_inside_l2_are_flagged_never_stated(tmp_
         exp = next(e["id"] for e in store.experiments(plan.ws) if e["kind"] == "ab")
         key = next(lv.key for lv in plan.levels() if lv.label == "b1")
         store.merge_resources(exp, timed={key: {"working_set": per_set_sets, "l2_bytes": 60 * 2**20}})
-        roof = report.render(store, plan, state, ctx).split("## Roofline", 1)[1].split("\n## ", 1)[0]
+        roof = report.render(closeout.collect(store, plan, state, ctx)).split("## Roofline", 1)[1].split("\n## ", 1)[0]
         if name == "rotated":
             assert "b1 memory-bound at" in roof and "fits in L2" not in roof, roof
         else:
@@ -160,7 +160,7 @@ def test_a_new_plan_versions_close_out_shows_only_its_own_experiments(tmp_path):
     from tests.closeout_fixture import level_row
 
     store.add_verdicts(old, [level_row(lv.key, "improved", 0.2, 0.1, 0.3) for lv in plan.levels()])
-    text = report.render(store, plan, state, ctx)
+    text = report.render(closeout.collect(store, plan, state, ctx))
     assert "## V2" not in text and "+20.00%" not in text
     assert "GPU time in samples: 2.00 s" in text, text.split("## Ledger")[1]  # noise + V1 of version 2 only
 
@@ -173,7 +173,7 @@ def test_a_replay_close_out_names_where_its_recordings_come_from(tmp_path, monke
                                     backend=be)  # fmt: skip
     titles = []
     monkeypatch.setattr(report, "plot", lambda data, path, adapter, levels, title="", **kw: titles.append(title))
-    path = report.write_closeout(store, plan, state, ctx, out_dir=tmp_path / "reports")
+    path = closeout.write_closeout(store, plan, state, ctx, out_dir=tmp_path / "reports")
     assert titles and "H200" not in titles[0] and "synthetic" in titles[0], titles
     assert "H200" not in path.read_text()
 
