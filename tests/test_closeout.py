@@ -203,3 +203,46 @@ def test_an_archived_plan_version_keeps_its_own_close_out_which_the_next_version
     link = Path(old).read_text().split("](", 1)[1].split(")", 1)[0]
     assert (Path(old).parent / link).read_bytes() == b"png of version 1", link  # its own plot, not version 2's
     assert Path(old) != reports / "3a-closeout.md"  # the path version 2's close-out writes
+
+
+# ---- the renderer renders what it is handed -------------------------------------------------------------------
+RENDERERS = ("agent/report.py", "agent/summary.py", "agent/render.py", "agent/fmt.py")
+COLLECTORS = ("kinv.agent.store", "kinv.agent.tools", "kinv.agent.planner", "kinv.agent.closeout", "kinv.agent.views",
+              "kinv.agent.graph", "kinv.agent.investigation", "sqlite3", "subprocess", "torch")  # fmt: skip
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at its top or inside a function (``from kinv.agent import planner`` counts as
+    ``kinv.agent.planner``)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+@pytest.mark.parametrize("module", RENDERERS)
+def test_the_close_out_renderer_reads_asks_and_measures_nothing(module):
+    """What a close-out shows is collected once by the close-out node: the renderer imports no store, backend,
+    planner, tool or collector, and opens no file to read."""
+    path = Path(__file__).resolve().parents[1] / module
+    reached = sorted(n for n in _imports(path) for c in COLLECTORS if n == c or n.startswith(c + "."))
+    assert not reached, f"{module} imports {reached}: hand the renderer the data instead"
+    text = path.read_text()
+    assert ".read_text(" not in text and ".read_bytes(" not in text and "open(" not in text, module
+
+
+def test_a_close_out_rendered_twice_from_the_same_collected_data_is_the_same_text(tmp_path):
+    """Rendering changes nothing it was handed and reads nothing else: the same data gives the same Markdown, and
+    collecting does not record the recommendation (writing the close-out does)."""
+    store, plan, state, ctx = build(tmp_path, measured={"V1": ("accept", _levels("improved", 0.05, 0.03, 0.07)),
+                                                        "V2": ("reject", _levels("regressed", -0.3, -0.32, -0.28))})  # fmt: skip
+    cd = closeout.collect(store, plan, state, ctx)
+    before = dict(store.workstream(plan.ws))
+    assert report.render(cd) == report.render(cd)
+    assert dict(store.workstream(plan.ws)) == before
+    assert "## Recommendation" in report.render(cd) and cd.ranked
