@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kinv.agent import summary
+from kinv.agent import fmt, summary
 from kinv.agent.enums import MEASURED_VERDICTS
 from kinv.agent.ids import stamp
 
@@ -232,15 +232,6 @@ _MEASURED = MEASURED_VERDICTS
 """Verdicts that come from timing; a void, failed or unmeasured variant's rows are not data."""
 
 
-def _chg(log_ratio: float | None) -> str:
-    """A paired log-ratio as the throughput change a person reads: variant / baseline - 1."""
-    import math
-
-    if log_ratio is None or not math.isfinite(log_ratio):
-        return "—"
-    return f"{math.expm1(log_ratio):+.2%}"
-
-
 def _rules_lines(res: dict) -> list[str]:
     """What the sequential A/B checked beyond its rounds: the timed captures the judge passed, the ceilings it held
     the times to (and where they came from), and every rule it skipped, in words."""
@@ -317,7 +308,7 @@ def render(cd: CloseoutData) -> str:
 
     # ---- backend -------------------------------------------------------------------
     out += ["## Where this was measured", "", f"- Backend: `{be.name}` — {be.loud}"]
-    env = " ".join(f"{k}={v}" for k, v in plan.environment.items()) or "(none)"
+    env = fmt.kv(plan.environment) or "(none)"
     out += [f"- Environment expected and confirmed in every worker: {env}", ""]
 
     # ---- noise -------------------------------------------------------------------
@@ -331,8 +322,8 @@ def render(cd: CloseoutData) -> str:
     for key, n in bands.items():
         th = n.get("threshold") or cd.thresholds.get(key)
         lv = label.get(key, key)
-        out.append(f"| {lv} | ±{n['band']:.2%} | {(n.get('offset_sd') or 0):.2%} | {n['effect']:+.2%} "
-                   f"[{n['ci_low']:+.2%}, {n['ci_high']:+.2%}] | {n.get('outliers') or 0} | "
+        out.append(f"| {lv} | ±{n['band']:.2%} | {(n.get('offset_sd') or 0):.2%} | {fmt.signed(n['effect'])} "
+                   f"{fmt.interval(n['ci_low'], n['ci_high'])} | {n.get('outliers') or 0} | "
                    f"{th:.1%} |" if th else f"| {lv} | ±{n['band']:.2%} | | | | |")  # fmt: skip
     warnings = [n["warning"] for n in bands.values() if n.get("warning")]
     out += ["", "The threshold at each level is the plan's, fixed before any data were seen; the A/A never "
@@ -376,7 +367,7 @@ def render(cd: CloseoutData) -> str:
             for lv, r in _ordered(v["verdicts"], levels):
                 out.append(f"| {lv.label} | {_num(cd.adapter.throughput(lv, r['base_us']))}{us(r['base_us'])} | "
                            f"{_num(cd.adapter.throughput(lv, r['variant_us']))}{us(r['variant_us'])} | "
-                           f"{_chg(r['effect'])} [{_chg(r['ci_low'])}, {_chg(r['ci_high'])}] | {r['threshold']:.1%} | "
+                           f"{fmt.change(r['effect'])} {fmt.change_interval(r['ci_low'], r['ci_high'])} | {r['threshold']:.1%} | "
                            f"{r['verdict']} |")  # fmt: skip
             out += ["", f"Rounds: {e['rounds']} (ABBA-paired), {be.time_word} {e['gpu_s'] or 0:.2f} s.", ""]
         out += _also_lines(v["resources"].get("also"), v["verdicts"], levels)
@@ -489,9 +480,9 @@ def _also_lines(also: dict | None, verdicts: list[dict], levels) -> list[str]:
         for k in keys:
             mb = sum(b[k]) / len(b[k]) if b.get(k) else None
             mv = sum(v[k]) / len(v[k]) if v.get(k) else None
-            chg = f" ({mv / mb - 1:+.1%})" if mb and mv else ""
+            chg = f" ({fmt.signed(mv / mb - 1, 1)})" if mb and mv else ""
             cells.append(f"{_num(mb)} → {_num(mv)}{chg}")
-        rows.append(f"| {lv.label} | " + " | ".join(cells) + f" | {_chg(effect.get(lv.key))} |")
+        rows.append(f"| {lv.label} | " + " | ".join(cells) + f" | {fmt.change(effect.get(lv.key))} |")
     return rows + [""]
 
 
