@@ -246,3 +246,29 @@ def test_a_close_out_rendered_twice_from_the_same_collected_data_is_the_same_tex
     assert report.render(cd) == report.render(cd)
     assert dict(store.workstream(plan.ws)) == before
     assert "## Recommendation" in report.render(cd) and cd.ranked
+
+
+GOLDEN = Path(__file__).parent / "data" / "closeouts"
+SCENARIOS = {
+    "mixed": {"measured": {"V1": ("mixed", {**_levels("improved", 0.0405, 0.012, 0.034, ALL[:2]),
+                                            **_levels("regressed", -0.02, -0.03, -0.011, ALL[2:])}),
+                           "V2": ("inconclusive", {**_levels("equivalent", 0.001, -0.002, 0.004, ALL[:3]),
+                                                   **_levels("undecided", 0.006, -0.02, 0.03, ALL[3:])})},
+              "cancelled": {"V3": "moot: V1 regressed at every level"}},
+    "failed": {"measured": {"V1": ("accept", _levels("improved", 0.12, 0.08, 0.16))},
+               "failed": {"V2": ("incorrect", "max abs error 3.1 at b8 over atol 0.01")},
+               "cancelled": {"V3": "rejected by a person: not worth the registers"}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_a_close_out_reads_word_for_word_as_pinned(name, tmp_path):
+    """The whole Markdown of a close-out, every table, sentence and figure, as the close-out wrote it before it
+    was split into collecting and rendering (tests/data/closeouts/; only the temporary path and the time vary).
+    A deliberate change of wording rewrites the pinned file in the same commit."""
+    import re
+
+    store, plan, state, ctx = build(tmp_path, **SCENARIOS[name])
+    text = report.render(closeout.collect(store, plan, state, ctx)).replace(str(tmp_path), "TMP")
+    text = re.sub(r"written \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", "written TIME", text)
+    assert text == (GOLDEN / f"{name}.md").read_text()
