@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kinv.agent.campaign.levels import compose, patch_of, per_level
 from kinv.agent.campaign.results import FINAL, best_accepted, read_workstream
-from kinv.agent.fmt import interval, signed
+from kinv.agent.fmt import interval, kv, signed
 from kinv.agent.models import load_plan
 from kinv.kernels.launch_config import config_hash, describe
 
@@ -152,6 +152,6 @@ class Confirmation:
                      (f"; incumbent now {describe(new)}" if changed else "; the incumbent stays"))  # fmt: skip
             if step.get("env_found"):
                 self.say(f"{ws}: the environment improved " + "; ".join(
-                    f"{lv} with {' '.join(f'{k}={v}' for k, v in x['env'].items())}" for lv, x in step["env_found"].items())
+                    f"{lv} with {kv(x['env'])}" for lv, x in step["env_found"].items())
                     + ": a deployment's setting, not the config file's (the campaign's config is unchanged)")  # fmt: skip
         return ExitCode.OK, line
