@@ -19,6 +19,7 @@ from langgraph.types import Command, interrupt
 
 from kinv.agent import faults, planner
 from kinv.agent.enums import MEASURED_VERDICTS, Approval
+from kinv.agent.fmt import kv
 from kinv.agent.graph_support import (  # noqa: F401 - re-exported: callers import these from agent.graph
     RECURSION_LIMIT,
     Context,
@@ -364,7 +365,7 @@ def apply(state: State, runtime: Runtime[Context]) -> Command[Literal["gate", "r
         return Command(goto="revert", update={"results": {vid: res},
                                               "decision": res["reason"][:200]})
     what = describe(plan.variant_config(v)) + (f" + source patch {v.source_patch}" if v.source_patch else "") + \
-        (" with " + " ".join(f"{k}={val}" for k, val in v.env.items()) + " in its processes" if v.env else "")
+        (" with " + kv(v.env) + " in its processes" if v.env else "")
     ctx.say("patch", message=f"{vid}: patched to {what} (backup kept)")
     return Command(goto="gate", update={"decision": f"patched {what}"})
 
@@ -464,13 +465,13 @@ def decide(state: State, runtime: Runtime[Context]) -> dict:
 def closeout(state: State, runtime: Runtime[Context]) -> dict:
     ctx = runtime.context
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
-    from kinv.agent import report
+    from kinv.agent.closeout import write_closeout
 
     planner.start(store, ws, "closeout")
     _revert_all(ctx)
     if plan.profile:  # the profiler's evidence behind each decided verdict, before the close-out cites it
         _profile_step(ctx)
-    path = report.write_closeout(store, plan, state, ctx)
+    path = write_closeout(store, plan, state, ctx)
     planner.finish(store, ws, "closeout", "completed", f"close-out at {path}")
     ctx.say("closeout", message=f"close-out written to {path}")
     return {"report": str(path), "decision": "closed out"}

@@ -316,9 +316,8 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
     """``kinv bench``: time one config at the plan's levels, or A/B a variant against it (the sequential A/B with
     every rule that the graph runs, agent/tools/sequential.py, without an A/A's offsets, which it says)."""
     import json
-    import math
 
-    from kinv.agent import stats
+    from kinv.agent import fmt, stats
     from kinv.agent.tools import bench, protocol
     from kinv.kernels.launch_config import ConfigError, brief_repr, describe, load_config
 
@@ -388,8 +387,8 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
                 console.print(f"levels {common}: throughput change [{next(iter(res.effects.values())).conf:.3%} CI]",
                               markup=False)  # fmt: skip
             for k, e in res.effects.items():
-                console.print(f"{short[k]:>8s} {math.expm1(e.effect):+7.2%} [{math.expm1(e.ci_low):+.2%}, "
-                              f"{math.expm1(e.ci_high):+.2%}] {e.verdict}", markup=False)  # fmt: skip
+                console.print(f"{short[k]:>8s} {fmt.change(e.effect):>7s} {fmt.change_interval(e.ci_low, e.ci_high)} "
+                              f"{e.verdict}", markup=False)  # fmt: skip
         for rule in out.skipped:
             console.print(f"rule skipped: {rule}", markup=False)
         console.print(f"{describe(var_cfg)} vs {describe(cfg)}: {out.verdict} after {out.rounds} rounds "
@@ -409,7 +408,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     thresholds."""
     import json
 
-    from kinv.agent import stats
+    from kinv.agent import fmt, stats
     from kinv.agent.tools import bench, protocol
     from kinv.kernels.launch_config import load_config
 
@@ -438,7 +437,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
                   + (f"\nlevels {common}" if common else ""))  # fmt: skip
         for b in bands:
             t.add_row(short[b.level], f"±{b.band:.2%}", f"{b.offset_sd:.2%}",
-                      f"{b.effect:+.2%} [{b.ci_low:+.2%}, {b.ci_high:+.2%}]", str(b.outliers), f"{b.threshold:.1%}",
+                      f"{fmt.signed(b.effect)} {fmt.interval(b.ci_low, b.ci_high)}", str(b.outliers), f"{b.threshold:.1%}",
                       "yes" if b.equivalent else "NO")  # fmt: skip
         console.print(t)
     for w in stats.check_aa(bands):

@@ -181,13 +181,13 @@ def show(console, v) -> None:
         console.print(t)
     if v.effects:
         conf = v.effects[0].conf
-        import math
+        from kinv.agent import fmt
 
         t = table("level", "throughput change", f"{conf:.3%} CI" if conf else "CI", "threshold", "verdict",
                   title=title)  # fmt: skip
         for r in v.effects:
-            t.add_row(short[r.level], f"{math.expm1(r.effect):+.2%}", f"[{math.expm1(r.ci_low):+.2%}, "
-                      f"{math.expm1(r.ci_high):+.2%}]", f"{r.threshold:.1%}", r.verdict)  # fmt: skip
+            t.add_row(short[r.level], fmt.change(r.effect), fmt.change_interval(r.ci_low, r.ci_high),
+                      f"{r.threshold:.1%}", r.verdict)  # fmt: skip
         console.print(t)
     led = v.ledger
     console.print(f"ledger: {led.gpu_s:.2f} GPU s, {led.rounds} rounds, {led.wall_s:.1f} s wall, {led.samples} samples")

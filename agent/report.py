@@ -1,104 +1,71 @@
-"""The close-out: Markdown with tables, the noise band, resources, state restored,
-the recommendation and the ledger, plus a PNG plot of throughput by level."""
+"""The close-out: Markdown with tables, the noise band, resources, state restored, the recommendation and the
+ledger, plus a PNG plot of throughput by level.
+
+It renders what it is handed (:class:`CloseoutData`, which :func:`kinv.agent.closeout.collect` gathers once): it
+reads no store and no file, asks no backend or planner, and measures nothing."""
 
 from __future__ import annotations
 
-import json
 import math
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from kinv.agent import planner, summary
+from kinv.agent import fmt, summary
 from kinv.agent.enums import MEASURED_VERDICTS
 from kinv.agent.ids import stamp
-from kinv.agent.store import Store
-from kinv.kernels.launch_config import describe
+
+
+@dataclass(frozen=True)
+class BackendFacts:
+    """Where the close-out's samples came from, in the words it prints."""
+
+    name: str
+    loud: str  # the backend's one-line banner (a replay names the recordings it served)
+    time_word: str  # "GPU time" or what the backend's samples measure instead
+    each_sample: str  # what one sample is, in words
+    mark: str  # the figure's title tag: "REPLAY of ..." or "live, <backend>"
+
+
+@dataclass
+class CloseoutData:
+    """Everything a close-out shows, as plain data: collected once by the close-out node."""
+
+    plan: object  # the plan (kinv.agent.models.Plan): hypothesis, variants, stats, budget
+    levels: list  # the plan's levels in order (kinv.kernels.adapter.Level)
+    adapter: object  # the kernel's adapter: its throughput unit and the time -> throughput conversion
+    data: dict  # experiments, noise, variants (with their verdict rows, resources, correctness), todos, events
+    verdicts: list[summary.VariantVerdict]  # each plan variant as its latest A/B decided it (or why it has none)
+    baseline: str  # the baseline config, described
+    variant_configs: dict[str, str]  # variant id -> its config, described
+    live: str  # the live config file as it is on disk, described
+    live_file: str
+    incumbent_of: str | None  # the campaign whose incumbent the baseline is, if any
+    backend: BackendFacts
+    lost: dict  # experiment id -> its lost samples' lines
+    thresholds: dict[str, float]
+    budget_exhausted: bool
+    config_sha: str  # the config file's sha now
+    baseline_hash: str | None  # the config file's sha when the workstream started
+    backup_path: str | None
+    open_patches: int
+    roof: dict  # the roofline at each level (kinv.agent.closeout.roofline)
+    ranked: list[dict]  # the planner's ranking of what to try next, best first
+    profiles: dict[int, list[dict]]  # experiment id -> its stored profiles
+    ws_profiles: list[dict]  # every profile of the workstream
+    profile_skipped: str | None  # why the profile step was skipped, if it was
+    samples: int  # samples stored
+    places: dict  # GPU -> the levels measured on it (a Ray backend)
+    screened_on: dict  # GPUs the screening spread its candidates over
+    gpus_lost: list[str] = field(default_factory=list)
+    plan_path: str = ""
+    plan_hash: str = ""
+    written: float = 0.0  # when the close-out was written (epoch seconds)
 
 
 def _ordered(rows: list[dict], levels) -> list[tuple]:
     """(level, row) in the plan's level order, for rows keyed by level key."""
     by = {r["level"]: r for r in rows}
     return [(lv, by[lv.key]) for lv in levels if lv.key in by]
-
-
-def collect(store: Store, ws: str, version: int | None = None) -> dict:
-    """Everything the close-out shows, from the store: the experiments of one plan version when ``version`` is
-    given (a new version's close-out never shows, relabels or counts an earlier version's work)."""
-    exps = store.experiments(ws)
-    if version is not None:
-        exps = [e for e in exps if int(e.get("version") or 1) == int(version)]
-    ids = {e["id"] for e in exps}
-    noise = [n for n in store.noise(ws) if n["experiment"] in ids]
-    ab = [e for e in exps if e["kind"] == "ab"]
-    variants = []
-    for e in ab:
-        rows = store.verdicts(e["id"])
-        variants.append({"exp": e, "verdicts": rows, "resources": json.loads(e["resources"] or "{}"),
-                         "correctness": json.loads(e["correctness"] or "{}")})  # fmt: skip
-    baseline = next((e for e in exps if e["kind"] == "baseline"), None)
-    return {"experiments": exps, "noise": noise, "variants": variants, "baseline": baseline,
-            "todos": store.todos(ws), "events": store.events(ws, limit=500)}  # fmt: skip
-
-
-def roofline(store: Store, ws: str, adapter, levels, copy_gbps: float | None, matrix_tflops: float | None,
-             version: int | None = None, l2_bytes: int | None = None) -> dict:
-    """Where the measured baseline sits against the roofline that bounds this kernel at each level.
-
-    At each level the floor is ``max(bytes / copy bandwidth, FLOPs / matrix peak)``; the larger term names
-    the bound (memory or compute: the level's arithmetic intensity against the ridge point).  A fraction above
-    100% of the bound, or a memory-bound level whose *timed* working set (all the input sets the workers rotated
-    through, from their set-ups) fits in the L2 cache (then repeated calls need not reach device memory at all),
-    is *implausible*: it is kept with the reason and never counted
-    as headroom.  Returns ``{"levels": {key: {bound, intensity, fraction, implausible}}, "headroom": 1 - the
-    best plausible fraction (None without one), "bound": text}``.
-    """
-    data = collect(store, ws, version)
-    base_us: dict[str, float] = {}
-    best: dict[str, tuple[float, str]] = {}  # the fastest measured config per level: a confirmed win, else baseline
-    for v in data["variants"]:
-        for row in v["verdicts"]:
-            if row["base_us"]:
-                base_us.setdefault(row["level"], row["base_us"])
-            won = v["exp"]["verdict"] in ("accept", "mixed") and row["verdict"] == "improved"
-            if won and row["variant_us"] and row["variant_us"] < best.get(row["level"], (math.inf, ""))[0]:
-                best[row["level"]] = (row["variant_us"], v["exp"]["variant"])
-    for k, us in base_us.items():
-        best.setdefault(k, (us, "baseline"))
-    # what the timing read: the input sets the workers rotated through per level (their set-ups report it)
-    timed: dict[str, dict] = {}
-    for v in data["variants"]:
-        for k, t in (v["resources"].get("timed") or {}).items():
-            if t and t.get("working_set"):
-                timed.setdefault(k, t)
-    out: dict = {"levels": {}, "headroom": None, "bound": "unknown"}
-    ridge = matrix_tflops * 1e12 / (copy_gbps * 1e9) if copy_gbps and matrix_tflops else None
-    for lv in levels:
-        b, f = adapter.bytes_moved(lv), adapter.flops(lv)
-        roof = adapter.roofline(lv, copy_gbps, matrix_tflops)
-        if roof is None:
-            continue
-        floor, bound = roof
-        us, who = best.get(lv.key, (None, None))
-        fraction = floor / (us * 1e-6) if us else None
-        odd = None
-        if fraction is not None and fraction > 1.0:
-            odd = ("above 100% of the roofline, which no kernel reaches: the bytes or FLOPs it is charged, or the "
-                   "bound, are wrong for this level")  # fmt: skip
-        elif bound == "memory" and (t := timed.get(lv.key)) and t["working_set"] <= (t.get("l2_bytes") or l2_bytes or 0):
-            odd = (f"its timed working set ({t['working_set'] / 2**20:.1f} MiB) fits in L2 "
-                   f"({(t.get('l2_bytes') or l2_bytes) / 2**20:.0f} MiB), so a fraction of device-memory bandwidth "
-                   "says nothing there")  # fmt: skip
-        out["levels"][lv.key] = {"label": lv.label, "bound": bound, "intensity": f / b if b else None,
-                                 "fraction": fraction, "config": who, "implausible": odd}  # fmt: skip
-    fr = [x["fraction"] for x in out["levels"].values() if x["fraction"] and not x["implausible"]]
-    if fr:
-        out["headroom"] = max(0.0, 1.0 - max(fr))
-    out["implausible"] = [x["label"] for x in out["levels"].values() if x["implausible"]]
-    bounds = {x["bound"] for x in out["levels"].values()}
-    out["bound"] = ("copy bandwidth" if bounds == {"memory"} else "matrix peak" if bounds == {"compute"}
-                    else "copy bandwidth or matrix peak, by level") if bounds else "unknown"  # fmt: skip
-    out["ridge"] = ridge
-    return out
 
 
 def roofline_text(roof: dict) -> str:
@@ -261,26 +228,8 @@ def _exp(x: float) -> float:
     return math.exp(x)
 
 
-def results_conf(store: Store, data: dict) -> float | None:
-    """The per-look confidence the workstream's intervals were computed at (one value per workstream)."""
-    for v in data["variants"]:
-        for r in v["verdicts"]:
-            if r.get("conf"):
-                return r["conf"]
-    return None
-
-
 _MEASURED = MEASURED_VERDICTS
 """Verdicts that come from timing; a void, failed or unmeasured variant's rows are not data."""
-
-
-def _chg(log_ratio: float | None) -> str:
-    """A paired log-ratio as the throughput change a person reads: variant / baseline - 1."""
-    import math
-
-    if log_ratio is None or not math.isfinite(log_ratio):
-        return "—"
-    return f"{math.expm1(log_ratio):+.2%}"
 
 
 def _rules_lines(res: dict) -> list[str]:
@@ -303,91 +252,12 @@ def _rules_lines(res: dict) -> list[str]:
     return out + [""] if out else []
 
 
-def _reason(verdict: str | None, reason: str | None) -> str:
+def reason_text(verdict: str | None, reason: str | None) -> str:
     """The reason without the verdict word doubled in front of it ("void — void: ...")."""
     text = reason or ""
     if verdict and text.lower().startswith(verdict.lower() + ":"):
         text = text[len(verdict) + 1 :].strip()
     return text
-
-
-def verdict_objects(plan, data: dict, levels) -> list[summary.VariantVerdict]:
-    """Each of the plan's variants as the close-out's tables show it: its latest A/B of this version (the same
-    rows its table prints), or why it has none (a person rejected it, it was moot, it failed before timing, it
-    never ran).  The summary sentences are :func:`kinv.agent.summary.summarize` of these."""
-    by_exp = {}
-    for v in data["variants"]:
-        by_exp[v["exp"]["variant"]] = v  # the latest experiment of each variant wins
-    todos = {t["id"]: t for t in data["todos"]}
-    out = []
-    for var in plan.variants:
-        changes = var.title
-        v = by_exp.get(var.id)
-        e = v["exp"] if v else {}
-        todo = todos.get(planner.todo_id(plan.ws, var.id)) or {}
-        reason = todo.get("reason") or e.get("reason") or ""
-        if v and (e.get("verdict") or "") in _MEASURED and v["verdicts"]:
-            rows = {r["level"]: r for r in v["verdicts"]}
-            lvs = tuple(summary.LevelVerdict(lv.label, rows[lv.key]["verdict"], rows[lv.key]["effect"],
-                                             rows[lv.key]["ci_low"], rows[lv.key]["ci_high"],
-                                             rows[lv.key]["threshold"])
-                        if lv.key in rows else summary.LevelVerdict(lv.label, "unmeasured") for lv in levels)  # fmt: skip
-            out.append(summary.VariantVerdict(var.id, "measured", e["verdict"], lvs, changes=changes))
-        elif reason.startswith("rejected by a person"):
-            out.append(summary.VariantVerdict(var.id, "rejected", note=reason, changes=changes))
-        elif reason.startswith("moot"):
-            out.append(summary.VariantVerdict(var.id, "moot", note=reason, changes=changes))
-        elif e.get("verdict") == "void" and (e.get("rounds") or e.get("gpu_s")):  # timed, then voided by a rule
-            out.append(summary.VariantVerdict(var.id, "void", "void", note=_reason("void", e.get("reason")),
-                                              changes=changes))  # fmt: skip
-        elif e.get("verdict"):
-            out.append(summary.VariantVerdict(var.id, "failed", e["verdict"], note=_reason(e["verdict"], e.get(
-                "reason")), changes=changes))  # fmt: skip
-        else:
-            out.append(summary.VariantVerdict(var.id, "not run", note=reason if todo.get("status") == "cancelled"
-                                              else "", changes=changes))  # fmt: skip
-    return out
-
-
-def summarize(store: Store, plan, data: dict, ctx) -> summary.Summary:
-    """The close-out's sentences for this workstream: :func:`kinv.agent.summary.summarize` of its verdicts, with
-    the live file as it is on disk."""
-    from kinv.agent.tools import configs
-
-    try:
-        live = describe(configs.read_config(ctx.config_path, ctx.adapter.name))
-    except Exception:  # noqa: BLE001 - an unreadable live file is named as such, the close-out still written
-        live = "(unreadable)"
-    parent = plan.workstream.parent
-    campaign = parent if parent and store.campaign(parent) else None
-    return summary.summarize(verdict_objects(plan, data, ctx.levels()), baseline=describe(plan.baseline), live=live,
-                             live_file=Path(ctx.config_path).name, expect=plan.expect,
-                             expect_levels=tuple(plan.expect_levels), incumbent_of=campaign)  # fmt: skip
-
-
-def recordings_source(be, kernel: str) -> str:
-    """Where a replay's recordings come from, in their own words: the GPU their headers name, or "synthetic"
-    when their header says so (a test fixture, not a measurement)."""
-    try:
-        headers = be.for_kernel(kernel).headers
-    except Exception:  # noqa: BLE001 - a backend without per-kernel recordings: its first header
-        headers = getattr(getattr(be, "recording", None), "headers", []) or []
-    if any(h.get("synthetic") for h in headers):
-        return "synthetic recordings (not measurements)"
-    gpus = sorted({str((h.get("fingerprint") or {}).get("gpu")) for h in headers if (h.get("fingerprint") or {}).get("gpu")})
-    return f"{', '.join(gpus)} recordings" if gpus else "recordings that name no GPU"
-
-
-def _l2_bytes(be, kernel: str) -> int | None:
-    """The L2 size the samples were taken with: the recordings' fingerprint on replay, the visible GPU live."""
-    try:
-        if be.name == "replay":
-            return int(be.for_kernel(kernel).headers[0]["fingerprint"].get("l2_bytes") or 0) or None
-        import torch
-
-        return int(torch.cuda.get_device_properties(0).L2_cache_size) if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001 - unknown: no L2 check
-        return None
 
 
 def _predicted_table(pred: dict, label: dict | None = None) -> list[str]:
@@ -418,14 +288,13 @@ def _num(x: float | None) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.3g}"
 
 
-def render(store: Store, plan, state: dict, ctx) -> str:
+def render(cd: CloseoutData) -> str:
+    """The close-out's Markdown, from what the close-out node collected (no figure: :func:`plot` draws it)."""
+    plan, levels, data, be = cd.plan, cd.levels, cd.data, cd.backend
     ws = plan.ws
-    levels = ctx.levels()
-    data = collect(store, ws, getattr(ctx, "version", None))
-    wsrow = store.workstream(ws)
     bands = {n["level"]: n for n in data["noise"]}
-    results = state.get("results", {})
-    said = summarize(store, plan, data, ctx)
+    said = summary.summarize(cd.verdicts, baseline=cd.baseline, live=cd.live, live_file=cd.live_file, expect=plan.expect,
+                             expect_levels=tuple(plan.expect_levels), incumbent_of=cd.incumbent_of)  # fmt: skip
     titles = {v.id: v.title for v in plan.variants}
     out = [f"# Close-out {ws}: {plan.workstream.title}", ""]
     if plan.workstream.parent:
@@ -438,18 +307,12 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     out += said.lines + [""]
 
     # ---- backend -------------------------------------------------------------------
-    be = ctx.backend
-    loud = (f"REPLAY backend: no GPU is measured; serving {recordings_source(be, plan.kernel)}"
-            if be.name == "replay" else be.loud)  # fmt: skip
-    out += ["## Where this was measured", "", f"- Backend: `{be.name}` — {loud}"]
-    env = " ".join(f"{k}={v}" for k, v in plan.environment.items()) or "(none)"
+    out += ["## Where this was measured", "", f"- Backend: `{be.name}` — {be.loud}"]
+    env = fmt.kv(plan.environment) or "(none)"
     out += [f"- Environment expected and confirmed in every worker: {env}", ""]
 
     # ---- noise -------------------------------------------------------------------
-    lost: dict[int, list[str]] = {}  # experiment -> its lost samples' lines (a command that failed, hung, printed none)
-    for ev in store.events(ws, limit=100_000):
-        if ev["kind"] == "sample.lost":
-            lost.setdefault(json.loads(ev["data"] or "{}").get("experiment"), []).append(ev["message"])
+    lost = cd.lost
     s = plan.stats
     out += ["## Noise (A/A of the baseline)", "",
             f"{s.aa_arms} baseline workers timed in every one of {s.aa_rounds} rounds; {be.each_sample}.", "",
@@ -457,10 +320,10 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             "outliers | threshold (plan) |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     label = {x.key: x.label for x in levels}
     for key, n in bands.items():
-        th = n.get("threshold") or state.get("thresholds", {}).get(key)
+        th = n.get("threshold") or cd.thresholds.get(key)
         lv = label.get(key, key)
-        out.append(f"| {lv} | ±{n['band']:.2%} | {(n.get('offset_sd') or 0):.2%} | {n['effect']:+.2%} "
-                   f"[{n['ci_low']:+.2%}, {n['ci_high']:+.2%}] | {n.get('outliers') or 0} | "
+        out.append(f"| {lv} | ±{n['band']:.2%} | {(n.get('offset_sd') or 0):.2%} | {fmt.signed(n['effect'])} "
+                   f"{fmt.interval(n['ci_low'], n['ci_high'])} | {n.get('outliers') or 0} | "
                    f"{th:.1%} |" if th else f"| {lv} | ±{n['band']:.2%} | | | | |")  # fmt: skip
     warnings = [n["warning"] for n in bands.values() if n.get("warning")]
     out += ["", "The threshold at each level is the plan's, fixed before any data were seen; the A/A never "
@@ -470,7 +333,7 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     if aa_lost:
         out += [f"Lost A/A samples: {len(aa_lost)}, each dropped with its round at that level for every worker; the "
                 f"last: {aa_lost[-1]}.", ""]  # fmt: skip
-    look = results_conf(store, data)
+    look = next((r["conf"] for v in data["variants"] for r in v["verdicts"] if r.get("conf")), None)
     if look:
         out += [f"Decision rule: a level is improved when its interval excludes 0 and the estimate reaches the "
                 f"threshold, regressed in the mirror case, equivalent when the interval lies inside ±threshold. "
@@ -483,28 +346,28 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     for v in data["variants"]:
         e = v["exp"]
         verdict_line = (said.outcome[e["variant"]] if latest.get(e["variant"]) == e["id"] and e["variant"] in said.outcome
-                        else f"**{e['verdict'] or e['status']}** — {_reason(e['verdict'] or e['status'], e['reason'])}")
+                        else f"**{e['verdict'] or e['status']}** — {reason_text(e['verdict'] or e['status'], e['reason'])}")
         out += [f"## {e['variant']}: {titles.get(e['variant'], '')}", "", f"Verdict: {verdict_line}", ""]  # fmt: skip
         if e["variant"] in [x.id for x in plan.variants]:
             var = plan.variant(e["variant"])
             src = f" + source patch `{var.source_patch}`" if var.source_patch else ""
             envs = "".join(f", {k}={val} in its processes (the baseline's: {plan.environment.get(k, 'unset')})"
                            for k, val in var.env.items())  # fmt: skip
-            out += [f"Config: `{describe(plan.variant_config(var))}`{src}{envs} against the baseline `{describe(plan.baseline)}`.", ""]
+            out += [f"Config: `{cd.variant_configs[var.id]}`{src}{envs} against the baseline `{cd.baseline}`.", ""]
         if e["void_reason"]:
             out += [f"**Void:** {e['void_reason']}", ""]
         out += _rules_lines(v["resources"])
         if v["verdicts"] and (e["verdict"] or "") in _MEASURED:
             conf = v["verdicts"][0].get("conf")
             label = f"{conf:.3%} CI" if conf else "CI"
-            unit = ctx.adapter.throughput_unit
+            unit = cd.adapter.throughput_unit
             out += [f"| level | baseline {unit} | variant {unit} | throughput change [{label}] | threshold | verdict |",
                     "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-            us = (lambda x: f" ({x:.1f} µs)") if ctx.adapter.shows_time else (lambda x: "")
+            us = (lambda x: f" ({x:.1f} µs)") if cd.adapter.shows_time else (lambda x: "")
             for lv, r in _ordered(v["verdicts"], levels):
-                out.append(f"| {lv.label} | {_num(ctx.adapter.throughput(lv, r['base_us']))}{us(r['base_us'])} | "
-                           f"{_num(ctx.adapter.throughput(lv, r['variant_us']))}{us(r['variant_us'])} | "
-                           f"{_chg(r['effect'])} [{_chg(r['ci_low'])}, {_chg(r['ci_high'])}] | {r['threshold']:.1%} | "
+                out.append(f"| {lv.label} | {_num(cd.adapter.throughput(lv, r['base_us']))}{us(r['base_us'])} | "
+                           f"{_num(cd.adapter.throughput(lv, r['variant_us']))}{us(r['variant_us'])} | "
+                           f"{fmt.change(r['effect'])} {fmt.change_interval(r['ci_low'], r['ci_high'])} | {r['threshold']:.1%} | "
                            f"{r['verdict']} |")  # fmt: skip
             out += ["", f"Rounds: {e['rounds']} (ABBA-paired), {be.time_word} {e['gpu_s'] or 0:.2f} s.", ""]
         out += _also_lines(v["resources"].get("also"), v["verdicts"], levels)
@@ -513,9 +376,9 @@ def render(store: Store, plan, state: dict, ctx) -> str:
             out += [f"Lost samples: {len(gone)}, each dropped with its round at that level; the last: "
                     f"{gone[-1]}.", ""]  # fmt: skip
         res = v["resources"]
-        if res and (ctx.adapter.resource_model or res.get("compiled")):
+        if res and (cd.adapter.resource_model or res.get("compiled")):
             out += _resource_lines(res, {x.key: x.label for x in levels}, replayed=be.name == "replay")
-        out += _profile_lines(store.profiles(exp_id=e["id"]), {x.key: x.label for x in levels})
+        out += _profile_lines(cd.profiles.get(e["id"], []), {x.key: x.label for x in levels})
         corr = v["correctness"]
         if corr:
             lv_rows = corr.get("levels") or []
@@ -534,38 +397,24 @@ def render(store: Store, plan, state: dict, ctx) -> str:
         out += ["## Not run", ""] + [f"- {t['id']}: {t['reason']}" for t in cancelled] + [""]
 
     # ---- state restored -----------------------------------------------------------
-    from kinv.agent.tools import configs
-
-    now_sha = configs.sha(ctx.config_path)
-    backups = [b for b in store.backups() if b["workstream"] == ws]
-    ok = now_sha == wsrow["baseline_hash"]
+    now_sha = cd.config_sha
+    ok = now_sha == cd.baseline_hash
     out += ["## State", "",
             f"- State restored: the config file's sha {'matches' if ok else 'DOES NOT MATCH'} the baseline's ({now_sha}), "
-            + (f"backup kept at {backups[-1]['backup_path']}." if backups else "no backup was needed (no file was patched)."),
-            f"- Open patches in the journal: {len(store.dangling_patches())}.", ""]  # fmt: skip
+            + (f"backup kept at {cd.backup_path}." if cd.backup_path else "no backup was needed (no file was patched)."),
+            f"- Open patches in the journal: {cd.open_patches}.", ""]  # fmt: skip
 
     # ---- recommendation -----------------------------------------------------------
-    adapter = ctx.adapter
-    from kinv.agent.tools.sequential import matrix_peak
-    from kinv.kernels.devices import get_device
-
-    ceil = be.ceilings()
-    roof = roofline(store, ws, adapter, levels, ceil.get("copy_gbps"), matrix_peak(ceil, get_device(plan.device).matrix_tflops)[0],
-                    version=getattr(ctx, "version", None), l2_bytes=_l2_bytes(be, plan.kernel))  # fmt: skip
+    roof = cd.roof
     if roof["levels"]:
         out += ["## Roofline", "", roofline_text(roof), ""]
-    winners = sorted({x["config"] for x in roof["levels"].values()
-                      if x.get("config") not in (None, "baseline") and not x["implausible"]})  # fmt: skip
-    never = [v.id for v in verdict_objects(plan, data, levels) if v.status in ("rejected", "not run")]
-    ranked = planner.recommend(plan, results, roof["headroom"], roof["bound"], measured_by=", ".join(winners),
-                               unmeasured=never, implausible=roof["implausible"])  # fmt: skip
+    ranked = cd.ranked
     if ranked:
         top = ranked[0]
         out += ["## Recommendation", "", f"Next: **{top['id']} — {top['title']}**. {top['rationale']}", "",
                 "| rank | candidate | score | evidence |", "| --- | --- | --- | --- |"]  # fmt: skip
         out += [f"| {i + 1} | {r['id']}: {r['title']} | {r['score']:.2f} | {r['evidence']} |" for i, r in enumerate(ranked)]
         out.append("")
-        store.update_workstream(ws, recommendation=f"{top['id']}: {top['title']}")
     proposed = {t["id"].rsplit(".", 1)[-1].removesuffix("-cond"): t for t in data["todos"]
                 if (t["reason"] or "").startswith("proposed:")}  # fmt: skip
     follow = [f"- {line}" + (f" ({proposed[vid]['content']})" if vid in proposed else "")
@@ -573,11 +422,9 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     if follow:
         out += ["Proposed follow-ups:"] + follow + [""]
 
-    profs = store.profiles(ws)
+    profs = cd.ws_profiles
     base_prof = next((p for p in profs if p["arm"] == "base"), None)
     if base_prof:  # what the profiler says bounds the baseline points the next step one way or the other
-        from kinv.agent.tools.profile import bound_of, next_step
-
         f = base_prof["figures"]
         where = next((x.label for x in levels if x.key == base_prof["level"]), base_prof["level"])
         out += [f"Profiled baseline at {where}: {bound_of(f)}; "
@@ -586,22 +433,20 @@ def render(store: Store, plan, state: dict, ctx) -> str:
     # ---- ledger --------------------------------------------------------------------
     gpu = sum(e["gpu_s"] or 0 for e in data["experiments"])
     rounds = sum(e["rounds"] or 0 for e in data["experiments"])
-    n_samples = sum(store.sample_count(e["id"]) for e in data["experiments"])
+    n_samples = cd.samples
     n_lost = sum(len(x) for x in lost.values())
     out += ["## Ledger", "", f"- {be.time_word[0].upper() + be.time_word[1:]} in samples: {gpu:.2f} s "
             f"({'recorded' if be.name == 'replay' else 'measured'}); rounds: {rounds}; samples stored: {n_samples}"
             f"{f'; samples lost: {n_lost} (events sample.lost)' if n_lost else ''}; budget {plan.budget.gpu_seconds:.0f} s"
-            f"{' — spent, close-out written anyway' if state.get('budget_exhausted') else ''}.",
-            f"- Plan: `{ctx.plan_path}` (sha {ctx.plan_hash}); written {stamp(time.time())}.", ""]  # fmt: skip
-    skipped = [e["message"] for e in store.events(ws) if e["kind"] == "profile.skipped"]
-    if skipped and not profs:
-        out.insert(-1, f"- Profile step: skipped — {skipped[-1]}.")
+            f"{' — spent, close-out written anyway' if cd.budget_exhausted else ''}.",
+            f"- Plan: `{cd.plan_path}` (sha {cd.plan_hash}); written {stamp(cd.written)}.", ""]  # fmt: skip
+    if cd.profile_skipped and not profs:
+        out.insert(-1, f"- Profile step: skipped — {cd.profile_skipped}.")
     if profs:
         live = sum(p["seconds"] or 0 for p in profs)
         how = "recorded, served by replay" if be.name == "replay" else f"{live:.1f} s of Nsight Compute on the GPU"
         out.insert(-1, f"- Profile step: {len(profs)} profiles ({how}).")
-    places = store.places([e["id"] for e in data["experiments"] if e["kind"] != "screen"])
-    screened_on = store.places([e["id"] for e in data["experiments"] if e["kind"] == "screen"])
+    places, screened_on = cd.places, cd.screened_on
     label = {lv.key: lv.label for lv in levels}
     if screened_on:
         out.insert(-1, f"- Screening spread its candidates over {', '.join(screened_on)} (each candidate paired with "
@@ -611,9 +456,8 @@ def render(store: Store, plan, state: dict, ctx) -> str:
                        "their paired effects): " + "; ".join(f"{p}: {', '.join(label.get(k, k) for k in lvs)}"
                                                               for p, lvs in places.items())
                    + ".")  # fmt: skip
-        gone_gpus = [e["message"] for e in store.events(ws) if e["kind"] == "executor-loss"]
-        if gone_gpus:
-            out.insert(-1, f"- Lost during the workstream: {'; '.join(gone_gpus)}.")
+        if cd.gpus_lost:
+            out.insert(-1, f"- Lost during the workstream: {'; '.join(cd.gpus_lost)}.")
     return "\n".join(out)
 
 
@@ -636,16 +480,69 @@ def _also_lines(also: dict | None, verdicts: list[dict], levels) -> list[str]:
         for k in keys:
             mb = sum(b[k]) / len(b[k]) if b.get(k) else None
             mv = sum(v[k]) / len(v[k]) if v.get(k) else None
-            chg = f" ({mv / mb - 1:+.1%})" if mb and mv else ""
+            chg = f" ({fmt.signed(mv / mb - 1, 1)})" if mb and mv else ""
             cells.append(f"{_num(mb)} → {_num(mv)}{chg}")
-        rows.append(f"| {lv.label} | " + " | ".join(cells) + f" | {_chg(effect.get(lv.key))} |")
+        rows.append(f"| {lv.label} | " + " | ".join(cells) + f" | {fmt.change(effect.get(lv.key))} |")
     return rows + [""]
+
+
+# ---- the profiler's figures and the compiler's, in words ------------------------------------------------
+def explain(base: dict, var: dict) -> str:
+    """One sentence of why a variant's time moved, from its profile and the baseline's at one level."""
+    def f(x, key, fmt="{:g}"):
+        return fmt.format(x[key]) if x.get(key) is not None else "?"
+
+    parts = [f"{f(var, 'registers', '{:.0f}')} registers/thread (baseline {f(base, 'registers', '{:.0f}')}) → "
+             f"{f(var, 'ctas_per_sm', '{}')} CTAs/SM, limited by {var.get('limited_by', '?')} (baseline "
+             f"{f(base, 'ctas_per_sm', '{}')}, {base.get('limited_by', '?')})",
+             f"{f(var, 'waves', '{:.2f}')} waves per SM (baseline {f(base, 'waves', '{:.2f}')})",
+             f"DRAM throughput {f(var, 'dram_pct', '{:.0f}')}% of peak (baseline {f(base, 'dram_pct', '{:.0f}')}%)",
+             f"achieved occupancy {f(var, 'achieved_occupancy_pct', '{:.0f}')}% (baseline "
+             f"{f(base, 'achieved_occupancy_pct', '{:.0f}')}%)"]  # fmt: skip
+    if var.get("top_stalls"):
+        parts.append("top stall " + ", ".join(f"{k} ({v:g} warps/issue)" for k, v in var["top_stalls"][:2]))
+    return "; ".join(parts)
+
+
+def bound_of(p: dict) -> str:
+    """What a profile says limits the kernel: bandwidth-bound near the DRAM peak, a tail of a partial wave, or
+    latency-bound (neither memory nor issue slots busy)."""
+    dram, waves = p.get("dram_pct") or 0.0, p.get("waves")
+    tail = ""
+    if waves is not None and waves <= 1.05:
+        tail = f" and limited by one wave ({waves:.2f} waves per SM: the GPU is not filled twice)"
+    elif waves is not None and waves % 1 and waves % 1 < 0.5:
+        tail = f", with a partial last wave ({waves:.2f} waves per SM)"
+    if dram >= 60:
+        return f"bandwidth-bound at {dram:.0f}% of DRAM peak{tail}"
+    return f"latency-bound at {dram:.0f}% of DRAM peak (issue {p.get('issued_per_cycle', 0):.2f}/cycle){tail}"
+
+
+def next_step(p: dict) -> str:
+    """What a baseline's profile points to: fewer bytes where it is bandwidth-bound; more work in flight (more CTAs
+    per SM, fewer registers, a fuller wave) where it is latency-bound."""
+    if (p.get("dram_pct") or 0) >= 60:
+        return "what it moves limits it: fewer bytes (a compressed KV, fused reads) pays, more parallelism does not"
+    if p.get("waves") is not None and p["waves"] <= 1.05:
+        return (f"it runs one wave at {p.get('ctas_per_sm', '?')} CTAs/SM (limited by {p.get('limited_by', '?')}): "
+                "more memory in flight per SM (fewer registers per thread, deeper pipelining) is where time is, not "
+                "more CTAs that would need a second wave")  # fmt: skip
+    return "neither memory nor issue slots are busy: more independent work per SM (occupancy, pipelining)"
+
+
+def compiled_line(level_label: str, base: dict | None, var: dict | None) -> str:
+    """One level of the compiled table: ``base -> variant`` for each figure."""
+    def pair(key, fmt=str):
+        b = fmt(base[key]) if base and base.get(key) is not None else "?"
+        v = fmt(var[key]) if var and var.get(key) is not None else "?"
+        return b if b == v else f"{b} → {v}"
+
+    return (f"| {level_label} | {pair('registers')} | {pair('spills')} | {pair('smem', lambda x: f'{x / 1024:.1f}')} | "
+            f"{pair('ctas_per_sm')} | {pair('limited_by')} | {pair('waves')} |")
 
 
 def _profile_lines(profs: list[dict], label: dict) -> list[str]:
     """A decided variant's profile, as the sentence that explains its verdict (figures of the baseline beside)."""
-    from kinv.agent.tools.profile import explain
-
     by = {(p["arm"], p["level"]): p for p in profs}
     out = []
     for (arm, lv), p in by.items():
@@ -661,8 +558,6 @@ def _profile_lines(profs: list[dict], label: dict) -> list[str]:
 def compiled_table(compiled: dict, label: dict | None = None, where: str = "as the GPU's compiler built them") -> list[str]:
     """Baseline -> variant compiled resources per level (registers, spills, shared memory, CTAs per SM and the
     limit that binds, waves), from the arms' set-ups or a compile-only run."""
-    from kinv.agent.tools.resources import compiled_line
-
     rows = [(lv, c) for lv, c in (compiled or {}).items() if isinstance(c, dict) and (c.get("base") or c.get("variant"))]
     if not rows:
         return []
@@ -702,20 +597,4 @@ def _resource_lines(res: dict, label: dict | None = None, replayed: bool = False
         lines += _predicted_table(pred, label)
     return lines + [""] if lines else []
 
-
-def write_closeout(store: Store, plan, state: dict, ctx, out_dir: Path | None = None) -> Path:
-    out_dir = Path(out_dir or store.dir / "reports")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = plan.ws.lstrip("#") + "-closeout"
-    md = render(store, plan, state, ctx)
-    be = ctx.backend
-    mark = f"REPLAY of {recordings_source(be, plan.kernel)}" if be.name == "replay" else f"live, {be.name}"
-    png = plot(collect(store, plan.ws, getattr(ctx, "version", None)), out_dir / f"{stem}.png", ctx.adapter, ctx.levels(),
-               title=f"{plan.ws} {plan.workstream.title} [{mark}]", baseline=describe(plan.baseline))  # fmt: skip
-    if png:
-        md += f"\n![throughput by level]({png.name})\n"
-    path = out_dir / f"{stem}.md"
-    path.write_text(md)
-    store.update_workstream(plan.ws, report_path=str(path), status="closed", closed=time.time())
-    return path
 

@@ -99,6 +99,8 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
+from kinv.agent.fmt import signed
+
 LEVEL_VERDICTS = ("improved", "regressed", "equivalent", "undecided")
 VARIANT_VERDICTS = ("accept", "reject", "mixed", "inconclusive")
 
@@ -261,7 +263,7 @@ def robust_scale(x: Sequence[float]) -> float:
 
 def _pct(x: float) -> str:
     """A log-ratio as a signed percent change of throughput."""
-    return f"{math.expm1(x) * 100:+.2f}%"
+    return signed(math.expm1(x))
 
 
 # --------------------------------------------------------------------------------------------------

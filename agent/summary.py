@@ -16,20 +16,13 @@ regression *not ruled out*.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
+from kinv.agent import fmt
 from kinv.agent.enums import LevelVerdict
 
 LEVEL_VERDICTS = tuple(LevelVerdict)
 STATUSES = ("measured", "rejected", "moot", "failed", "void", "not run")
-
-
-def pct(log_ratio: float | None) -> str:
-    """A paired log-ratio as the throughput change a person reads (variant / baseline - 1)."""
-    if log_ratio is None or not math.isfinite(log_ratio):
-        return "—"
-    return f"{math.expm1(log_ratio):+.2%}"
 
 
 @dataclass(frozen=True)
@@ -56,8 +49,8 @@ class LevelVerdict:
         """``b96 (+0.56% [+0.06%, +1.09%])``: the label, the change and, where known, its interval."""
         if self.effect is None:
             return self.label
-        ci = f" [{pct(self.ci_low)}, {pct(self.ci_high)}]" if self.ci_low is not None and self.ci_high is not None else ""
-        return f"{self.label} ({pct(self.effect)}{ci})"
+        ci = f" {fmt.change_interval(self.ci_low, self.ci_high)}" if self.ci_low is not None and self.ci_high is not None else ""
+        return f"{self.label} ({fmt.change(self.effect)}{ci})"
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ def test_kinv_env_applies_the_plugins_rule_to_the_shell(plugin, tmp_path):
 
 
 def test_a_replay_close_out_names_the_gpu_its_recordings_name(tmp_path, monkeypatch):
-    from kinv.agent import report
+    from kinv.agent import closeout, report
     from tests.closeout_fixture import FakeReplay, build
 
     be = FakeReplay([{"fingerprint": {"gpu": "NVIDIA B200", "sms": 148, "l2_bytes": 132 << 20}}])
@@ -100,7 +100,7 @@ def test_a_replay_close_out_names_the_gpu_its_recordings_name(tmp_path, monkeypa
     store, plan, state, ctx = build(tmp_path, measured=measured, backend=be)
     titles = []
     monkeypatch.setattr(report, "plot", lambda data, path, adapter, levels, title="", **kw: titles.append(title))
-    text = report.write_closeout(store, plan, state, ctx, out_dir=tmp_path / "reports").read_text()
+    text = closeout.write_closeout(store, plan, state, ctx, out_dir=tmp_path / "reports").read_text()
     where = text.split("## Where this was measured")[1].split("##")[0]
     assert "NVIDIA B200 recordings" in where, where
     assert titles and "NVIDIA B200" in titles[0], titles

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kinv.agent import report
+from kinv.agent import closeout, report
 from tests.closeout_fixture import build, outcome
 
 ALL = ("b1", "b8", "b32", "b64", "b96")
@@ -18,7 +18,7 @@ def _levels(verdict, change, lo, hi, labels=ALL):
 
 def _render(tmp_path, **kw):
     store, plan, state, ctx = build(tmp_path, **kw)
-    return report.render(store, plan, state, ctx)
+    return report.render(closeout.collect(store, plan, state, ctx))
 
 
 # ---- behaviour that was right before the sentences were derived from the verdicts, pinned --------------------
@@ -124,7 +124,7 @@ def test_roofline_fractions_above_one_or_inside_l2_are_flagged_never_stated(tmp_
         exp = next(e["id"] for e in store.experiments(plan.ws) if e["kind"] == "ab")
         key = next(lv.key for lv in plan.levels() if lv.label == "b1")
         store.merge_resources(exp, timed={key: {"working_set": per_set_sets, "l2_bytes": 60 * 2**20}})
-        roof = report.render(store, plan, state, ctx).split("## Roofline", 1)[1].split("\n## ", 1)[0]
+        roof = report.render(closeout.collect(store, plan, state, ctx)).split("## Roofline", 1)[1].split("\n## ", 1)[0]
         if name == "rotated":
             assert "b1 memory-bound at" in roof and "fits in L2" not in roof, roof
         else:
@@ -160,7 +160,7 @@ def test_a_new_plan_versions_close_out_shows_only_its_own_experiments(tmp_path):
     from tests.closeout_fixture import level_row
 
     store.add_verdicts(old, [level_row(lv.key, "improved", 0.2, 0.1, 0.3) for lv in plan.levels()])
-    text = report.render(store, plan, state, ctx)
+    text = report.render(closeout.collect(store, plan, state, ctx))
     assert "## V2" not in text and "+20.00%" not in text
     assert "GPU time in samples: 2.00 s" in text, text.split("## Ledger")[1]  # noise + V1 of version 2 only
 
@@ -173,7 +173,7 @@ def test_a_replay_close_out_names_where_its_recordings_come_from(tmp_path, monke
                                     backend=be)  # fmt: skip
     titles = []
     monkeypatch.setattr(report, "plot", lambda data, path, adapter, levels, title="", **kw: titles.append(title))
-    path = report.write_closeout(store, plan, state, ctx, out_dir=tmp_path / "reports")
+    path = closeout.write_closeout(store, plan, state, ctx, out_dir=tmp_path / "reports")
     assert titles and "H200" not in titles[0] and "synthetic" in titles[0], titles
     assert "H200" not in path.read_text()
 
@@ -203,3 +203,72 @@ def test_an_archived_plan_version_keeps_its_own_close_out_which_the_next_version
     link = Path(old).read_text().split("](", 1)[1].split(")", 1)[0]
     assert (Path(old).parent / link).read_bytes() == b"png of version 1", link  # its own plot, not version 2's
     assert Path(old) != reports / "3a-closeout.md"  # the path version 2's close-out writes
+
+
+# ---- the renderer renders what it is handed -------------------------------------------------------------------
+RENDERERS = ("agent/report.py", "agent/summary.py", "agent/render.py", "agent/fmt.py")
+COLLECTORS = ("kinv.agent.store", "kinv.agent.tools", "kinv.agent.planner", "kinv.agent.closeout", "kinv.agent.views",
+              "kinv.agent.graph", "kinv.agent.investigation", "sqlite3", "subprocess", "torch")  # fmt: skip
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at its top or inside a function (``from kinv.agent import planner`` counts as
+    ``kinv.agent.planner``)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+@pytest.mark.parametrize("module", RENDERERS)
+def test_the_close_out_renderer_reads_asks_and_measures_nothing(module):
+    """What a close-out shows is collected once by the close-out node: the renderer imports no store, backend,
+    planner, tool or collector, and opens no file to read."""
+    path = Path(__file__).resolve().parents[1] / module
+    reached = sorted(n for n in _imports(path) for c in COLLECTORS if n == c or n.startswith(c + "."))
+    assert not reached, f"{module} imports {reached}: hand the renderer the data instead"
+    text = path.read_text()
+    assert ".read_text(" not in text and ".read_bytes(" not in text and "open(" not in text, module
+
+
+def test_a_close_out_rendered_twice_from_the_same_collected_data_is_the_same_text(tmp_path):
+    """Rendering changes nothing it was handed and reads nothing else: the same data gives the same Markdown, and
+    collecting does not record the recommendation (writing the close-out does)."""
+    store, plan, state, ctx = build(tmp_path, measured={"V1": ("accept", _levels("improved", 0.05, 0.03, 0.07)),
+                                                        "V2": ("reject", _levels("regressed", -0.3, -0.32, -0.28))})  # fmt: skip
+    cd = closeout.collect(store, plan, state, ctx)
+    before = dict(store.workstream(plan.ws))
+    assert report.render(cd) == report.render(cd)
+    assert dict(store.workstream(plan.ws)) == before
+    assert "## Recommendation" in report.render(cd) and cd.ranked
+
+
+GOLDEN = Path(__file__).parent / "data" / "closeouts"
+SCENARIOS = {
+    "mixed": {"measured": {"V1": ("mixed", {**_levels("improved", 0.0405, 0.012, 0.034, ALL[:2]),
+                                            **_levels("regressed", -0.02, -0.03, -0.011, ALL[2:])}),
+                           "V2": ("inconclusive", {**_levels("equivalent", 0.001, -0.002, 0.004, ALL[:3]),
+                                                   **_levels("undecided", 0.006, -0.02, 0.03, ALL[3:])})},
+              "cancelled": {"V3": "moot: V1 regressed at every level"}},
+    "failed": {"measured": {"V1": ("accept", _levels("improved", 0.12, 0.08, 0.16))},
+               "failed": {"V2": ("incorrect", "max abs error 3.1 at b8 over atol 0.01")},
+               "cancelled": {"V3": "rejected by a person: not worth the registers"}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_a_close_out_reads_word_for_word_as_pinned(name, tmp_path):
+    """The whole Markdown of a close-out, every table, sentence and figure, as the close-out wrote it before it
+    was split into collecting and rendering (tests/data/closeouts/; only the temporary path and the time vary).
+    A deliberate change of wording rewrites the pinned file in the same commit."""
+    import re
+
+    store, plan, state, ctx = build(tmp_path, **SCENARIOS[name])
+    text = report.render(closeout.collect(store, plan, state, ctx)).replace(str(tmp_path), "TMP")
+    text = re.sub(r"written \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", "written TIME", text)
+    assert text == (GOLDEN / f"{name}.md").read_text()

@@ -18,6 +18,7 @@ from kinv.agent.campaign.levels import per_level, with_params
 from kinv.agent.campaign.results import FINAL, CampaignError
 from kinv.agent.campaign.screen import Screening
 from kinv.agent.campaign.steps import Confirmation
+from kinv.agent.fmt import kv
 from kinv.agent.models import Plan, load_plan
 from kinv.agent.store import Store
 from kinv.kernels.errors import ExitCode
@@ -374,7 +375,7 @@ class Campaign(Screening, Confirmation, Ending):
         steps = self.row["steps"]
         start, inc = self.row["start_config"], self.row["incumbent"]
         if config_hash(start) == config_hash(inc):
-            found = "; ".join(f"{lv} with {' '.join(f'{k}={v}' for k, v in x['env'].items())} ({st['ws']})"
+            found = "; ".join(f"{lv} with {kv(x['env'])} ({st['ws']})"
                               for st in steps if st.get("env_found") for lv, x in st["env_found"].items())  # fmt: skip
             note = ("no confirmed config win: nothing to adopt in the config file; the environment improved "
                     f"{found}: set it where the kernel runs" if found else "no confirmed win: nothing to adopt")

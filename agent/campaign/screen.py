@@ -10,6 +10,7 @@ import time
 from kinv.agent.campaign.levels import per_level, with_params
 from kinv.agent.campaign.results import STUDY_DB, CampaignError, Screened
 from kinv.agent.campaign.search import open_search
+from kinv.agent.fmt import signed
 from kinv.kernels.launch_config import config_hash, describe
 
 
@@ -107,9 +108,9 @@ class Screening:
             self.store.update_workstream(ws, status="closed", closed=time.time(), recommendation=step["note"])
             return
         if not finalists:
-            step.update(phase="done", note=f"no screened candidate beat the incumbent by {c.screen.min_gain:+.1%} "
+            step.update(phase="done", note=f"no screened candidate beat the incumbent by {signed(c.screen.min_gain, 1)} "
                         "at any level: no workstream to confirm", levels={})  # fmt: skip
-            self.say(f"{ws}: {len(screened)} candidates screened, none above {c.screen.min_gain:+.1%}: "
+            self.say(f"{ws}: {len(screened)} candidates screened, none above {signed(c.screen.min_gain, 1)}: "
                      f"{item.id} closed without a confirmation workstream")  # fmt: skip
             self._update_step(step)
             self.store.update_workstream(ws, status="closed", closed=time.time(), recommendation=step["note"])

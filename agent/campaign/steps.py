@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kinv.agent.campaign.levels import compose, patch_of, per_level
 from kinv.agent.campaign.results import FINAL, best_accepted, read_workstream
+from kinv.agent.fmt import interval, kv, signed
 from kinv.agent.models import load_plan
 from kinv.kernels.launch_config import config_hash, describe
 
@@ -17,7 +18,7 @@ def _interval(ci) -> str:
     """A screened change's 95% interval as ``[low, high]``; nothing after a single round (it has none)."""
     if not ci or ci[0] is None or ci[1] is None:
         return ""
-    return f" [{ci[0]:+.1%}, {ci[1]:+.1%}]"
+    return f" {interval(ci[0], ci[1], 1)}"
 
 
 class Confirmation:
@@ -38,7 +39,7 @@ class Confirmation:
         labels = {lv.key: lv.label for lv in plan.levels()}
         for n, cfg in enumerate(step["finalists"], 1):
             s = screened.get(config_hash(cfg))
-            where = (", ".join(f"{labels[k]} {g:+.1%}{_interval((s.gain_ci or {}).get(k))}"
+            where = (", ".join(f"{labels[k]} {signed(g, 1)}{_interval((s.gain_ci or {}).get(k))}"
                                for k, g in s.gains.items()) if s else "")  # fmt: skip
             env = cfg.get("env") or {}  # a candidate over environment variables: the incumbent config in its env
             variants.append({"id": f"V{n}", "title": describe(cfg)[:200],
@@ -151,6 +152,6 @@ class Confirmation:
                      (f"; incumbent now {describe(new)}" if changed else "; the incumbent stays"))  # fmt: skip
             if step.get("env_found"):
                 self.say(f"{ws}: the environment improved " + "; ".join(
-                    f"{lv} with {' '.join(f'{k}={v}' for k, v in x['env'].items())}" for lv, x in step["env_found"].items())
+                    f"{lv} with {kv(x['env'])}" for lv, x in step["env_found"].items())
                     + ": a deployment's setting, not the config file's (the campaign's config is unchanged)")  # fmt: skip
         return ExitCode.OK, line

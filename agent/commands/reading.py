@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from kinv.agent import fmt
 from kinv.agent.commands.common import (
     EXIT_BAD_INPUT,
     EXIT_FAIL,
@@ -141,7 +142,7 @@ def compare(exp_a: int = typer.Argument(..., help="experiment id"), exp_b: int =
     def cell(r):
         if r is None or r.change is None:
             return "—"
-        return f"{r.change:+.2%} [{r.change_low:+.2%}, {r.change_high:+.2%}] {r.verdict}"
+        return f"{fmt.signed(r.change)} {fmt.interval(r.change_low, r.change_high)} {r.verdict}"
 
     from kinv.agent.stats import level_names
 
@@ -151,7 +152,7 @@ def compare(exp_a: int = typer.Argument(..., help="experiment id"), exp_b: int =
     t = table("level", f"#{exp_a}", f"#{exp_b}", "difference", "overlap",
               title=f"throughput change at {common}" if common else "throughput change")  # fmt: skip
     for r in rows:
-        t.add_row(short[r.level], cell(r.a), cell(r.b), "—" if r.difference is None else f"{r.difference:+.2%}",
+        t.add_row(short[r.level], cell(r.a), cell(r.b), "—" if r.difference is None else fmt.signed(r.difference),
                   "—" if r.overlap is None else ("yes" if r.overlap else "NO"))
     _console().print(t)
 

@@ -19,7 +19,6 @@ replay backend serves the new shipped config.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -186,7 +185,9 @@ def prepare(store: Store, ws: str, vid: str, backend: str | None = None, progres
         kind = "overrides"
         arms = {lv.key: ("B" if lv.key in won else "A") for lv in levels}
         if new_raw is None:
-            said = ", ".join(f"{label.get(v['level'], v['level'])} {math.expm1(v['effect']):+.2%} {v['verdict']}"
+            from kinv.agent import fmt
+
+            said = ", ".join(f"{label.get(v['level'], v['level'])} {fmt.change(v['effect'])} {v['verdict']}"
                              for v in verdicts)  # fmt: skip
             what = "the live file" if against_live else f"the live file {describe(live)} (confirming A/B, experiment {used['id']})"
             raise NoGain(f"{ws} {vid} improves on {what} at no level ({said}); nothing to adopt: "
@@ -248,14 +249,14 @@ def _header(kernel, ws, vid, title, what, live, exp) -> list[str]:
 
 
 def _level_lines(verdicts: list[dict], label: dict, won: list[str] | None = None) -> list[str]:
+    from kinv.agent import fmt
     from kinv.agent.stats import level_names
 
     _, short = level_names(v["level"] for v in verdicts)
     out = []
     for v in verdicts:
-        lo, hi = math.expm1(v["ci_low"]), math.expm1(v["ci_high"])
         tail = "" if won is None else ("  -> written" if v["level"] in won else "  -> the live file's choice stays")
-        out.append(f"  {short[v['level']]:>8s}  {math.expm1(v['effect']):+.2%} [{lo:+.2%}, {hi:+.2%}] "
+        out.append(f"  {short[v['level']]:>8s}  {fmt.change(v['effect'])} {fmt.change_interval(v['ci_low'], v['ci_high'])} "
                    f"({v['conf']:.3%} CI)  {v['verdict']}{tail}")  # fmt: skip
     return out
 

@@ -18,6 +18,7 @@ import math
 import os
 from typing import TYPE_CHECKING
 
+from kinv.agent.fmt import kv
 from kinv.kernels.adapter import KernelAdapter, Level
 
 if TYPE_CHECKING:
@@ -387,7 +388,7 @@ def _verdict(adapter: KernelAdapter, run: Level, level: Level, entry: dict, outs
                  rtol=first.get("rtol"), norm=first.get("norm"), ok=not bad)  # fmt: skip
     if bad:
         mode, f, note = bad[0]
-        how = f" (launched with {', '.join(f'{k}={v}' for k, v in mode.items())})" if mode else ""
+        how = f" (launched with {kv(mode, ', ')})" if mode else ""
         total = sum(r.numel() for r in _tensors(ref)) * (len(plain) if not note else 1)
         f = {**f, "mismatched": entry["mismatched"], "nonfinite": entry["nonfinite"]} if not note else f
         entry["reason"] = (_why(f, total, level.key, how) or f["reason"]) + note

@@ -1,4 +1,5 @@
-"""The profile step: Nsight Compute on a config at a level, parsed into the figures that explain a verdict.
+"""The profile step: Nsight Compute on a config at a level, parsed into the figures that explain a verdict
+(the close-out, agent/report.py, puts them in words).
 
 ``ncu --csv --page raw`` prints, after the profiled program's own output, a header row (``"ID",...``), a units row
 and one row per profiled launch.  :func:`parse_raw` reads that; :func:`summarize` keeps, as the mean over the
@@ -129,37 +130,6 @@ def run(adapter, config: dict, level, env: dict, pythonpath: list[str] | None = 
     return summary, "", wall
 
 
-def explain(base: dict, var: dict) -> str:
-    """One sentence of why a variant's time moved, from its profile and the baseline's at one level."""
-    def f(x, key, fmt="{:g}"):
-        return fmt.format(x[key]) if x.get(key) is not None else "?"
-
-    parts = [f"{f(var, 'registers', '{:.0f}')} registers/thread (baseline {f(base, 'registers', '{:.0f}')}) → "
-             f"{f(var, 'ctas_per_sm', '{}')} CTAs/SM, limited by {var.get('limited_by', '?')} (baseline "
-             f"{f(base, 'ctas_per_sm', '{}')}, {base.get('limited_by', '?')})",
-             f"{f(var, 'waves', '{:.2f}')} waves per SM (baseline {f(base, 'waves', '{:.2f}')})",
-             f"DRAM throughput {f(var, 'dram_pct', '{:.0f}')}% of peak (baseline {f(base, 'dram_pct', '{:.0f}')}%)",
-             f"achieved occupancy {f(var, 'achieved_occupancy_pct', '{:.0f}')}% (baseline "
-             f"{f(base, 'achieved_occupancy_pct', '{:.0f}')}%)"]  # fmt: skip
-    if var.get("top_stalls"):
-        parts.append("top stall " + ", ".join(f"{k} ({v:g} warps/issue)" for k, v in var["top_stalls"][:2]))
-    return "; ".join(parts)
-
-
-def bound_of(p: dict) -> str:
-    """What a profile says limits the kernel: bandwidth-bound near the DRAM peak, a tail of a partial wave, or
-    latency-bound (neither memory nor issue slots busy)."""
-    dram, waves = p.get("dram_pct") or 0.0, p.get("waves")
-    tail = ""
-    if waves is not None and waves <= 1.05:
-        tail = f" and limited by one wave ({waves:.2f} waves per SM: the GPU is not filled twice)"
-    elif waves is not None and waves % 1 and waves % 1 < 0.5:
-        tail = f", with a partial last wave ({waves:.2f} waves per SM)"
-    if dram >= 60:
-        return f"bandwidth-bound at {dram:.0f}% of DRAM peak{tail}"
-    return f"latency-bound at {dram:.0f}% of DRAM peak (issue {p.get('issued_per_cycle', 0):.2f}/cycle){tail}"
-
-
 def step(store, ws: str, backend, adapter, env: dict, baseline: dict, decided: list[tuple[int, str, dict, dict]],
          levels) -> list[str]:  # fmt: skip
     """Profile the baseline (in ``env``) and each decided variant (``(experiment, variant id, config, its environment)``) at the level where its
@@ -193,16 +163,4 @@ def step(store, ws: str, backend, adapter, env: dict, baseline: dict, decided: l
     return notes
 
 
-def next_step(p: dict) -> str:
-    """What a baseline's profile points to: fewer bytes where it is bandwidth-bound; more work in flight (more CTAs
-    per SM, fewer registers, a fuller wave) where it is latency-bound."""
-    if (p.get("dram_pct") or 0) >= 60:
-        return "what it moves limits it: fewer bytes (a compressed KV, fused reads) pays, more parallelism does not"
-    if p.get("waves") is not None and p["waves"] <= 1.05:
-        return (f"it runs one wave at {p.get('ctas_per_sm', '?')} CTAs/SM (limited by {p.get('limited_by', '?')}): "
-                "more memory in flight per SM (fewer registers per thread, deeper pipelining) is where time is, not "
-                "more CTAs that would need a second wave")  # fmt: skip
-    return "neither memory nor issue slots are busy: more independent work per SM (occupancy, pipelining)"
-
-
-__all__ = ["METRICS", "available", "bound_of", "explain", "next_step", "parse_raw", "run", "step", "summarize"]
+__all__ = ["METRICS", "available", "parse_raw", "run", "step", "summarize"]

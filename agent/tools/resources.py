@@ -126,16 +126,5 @@ def compiled_of(setups_by_arm: dict[str, dict]) -> dict:
     return out
 
 
-def compiled_line(level_label: str, base: dict | None, var: dict | None) -> str:
-    """One level of the compiled table: ``base -> variant`` for each figure."""
-    def pair(key, fmt=str):
-        b = fmt(base[key]) if base and base.get(key) is not None else "?"
-        v = fmt(var[key]) if var and var.get(key) is not None else "?"
-        return b if b == v else f"{b} → {v}"
-
-    return (f"| {level_label} | {pair('registers')} | {pair('spills')} | {pair('smem', lambda x: f'{x / 1024:.1f}')} | "
-            f"{pair('ctas_per_sm')} | {pair('limited_by')} | {pair('waves')} |")
-
-
-__all__ = ["ResourceError", "assess", "compiled_figures", "compiled_line", "compiled_of", "predicted_change",
+__all__ = ["ResourceError", "assess", "compiled_figures", "compiled_of", "predicted_change",
            "record"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kinv.agent.report import bound_of, explain, next_step
 from kinv.agent.tools import profile
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ncu"
@@ -44,7 +45,7 @@ def test_a_launch_of_another_kernel_or_program_output_before_the_table_is_not_a_
 
 
 def test_the_variant_sentence_states_its_register_limit_and_its_waves(w4, w8):
-    s = profile.explain(w4, w8)
+    s = explain(w4, w8)
     assert "93 registers/thread (baseline 126)" in s
     assert "2 CTAs/SM, limited by registers (baseline 4, registers)" in s
     assert "1.94 waves per SM (baseline 0.97)" in s
@@ -52,11 +53,11 @@ def test_the_variant_sentence_states_its_register_limit_and_its_waves(w4, w8):
 
 
 def test_the_baselines_bound_points_the_next_step(w4):
-    assert profile.bound_of(w4).startswith("latency-bound at 50% of DRAM peak")
-    assert "one wave" in profile.bound_of(w4)
-    assert "more CTAs that would need a second wave" in profile.next_step(w4)
+    assert bound_of(w4).startswith("latency-bound at 50% of DRAM peak")
+    assert "one wave" in bound_of(w4)
+    assert "more CTAs that would need a second wave" in next_step(w4)
     busy = {**w4, "dram_pct": 88.0, "waves": 3.0}
-    assert profile.bound_of(busy).startswith("bandwidth-bound at 88%") and "fewer bytes" in profile.next_step(busy)
+    assert bound_of(busy).startswith("bandwidth-bound at 88%") and "fewer bytes" in next_step(busy)
 
 
 def test_without_ncu_the_step_is_one_line_and_no_failure(monkeypatch, tmp_path):
