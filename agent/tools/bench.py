@@ -30,13 +30,13 @@ from kinv.agent.tools.backends import (  # noqa: F401 - re-exported
 )
 from kinv.agent.tools.protocol import (  # noqa: F401 - re-exported
     ROUND_SEED0,
+    RoundLoop,
     device_of,
     open_arms,
     run_aa,
     sample_row,
     stored_rounds,
 )
-from kinv.agent.tools.protocol import RoundLoop
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.launch_config import describe
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kinv.agent import stats
 from kinv.agent.tools.backends.base import Arm, Backend, harness_hash, reference_hash
@@ -185,14 +185,16 @@ class RoundLoop:
     round, are seen by the next.  The loop stores nothing: each caller's ``on_round`` stores the round."""
 
     def __init__(self, arms: list, levels: Sequence[Level], *, abba: bool = False, whole: bool = True,
-                 round0: int = 0, sample_round: Callable | None = None, ledger: Ledger | None = None) -> None:  # fmt: skip
+                 round0: int = 0, sample_round: Callable | None = None, ledger: Ledger | None = None,
+                 order: Callable[[int], list[int]] | None = None) -> None:  # fmt: skip
         self.arms, self.levels, self.abba, self.whole, self.round0 = arms, list(levels), abba, whole, round0
         self.sample_round = sample_round or sample_in_turn
         self.ledger = Ledger() if ledger is None else ledger
+        self.order = order  # the arms a round times, in its order (the recorder's pairs); else round_order
 
     def take(self, r: int) -> Round:
         """Round ``r`` of every arm at every level, booked in the ledger."""
-        order = round_order(len(self.arms), r, abba=self.abba)
+        order = self.order(r) if self.order else round_order(len(self.arms), r, abba=self.abba)
         got = self.sample_round(self.arms, self.levels, self.round0 + r, {lv.key: order for lv in self.levels})
         rnd = Round(self.round0 + r, order, got, self.whole)
         for lv in self.levels:
@@ -336,7 +338,8 @@ def run_aa(store, exp_id: int, backend: Backend, kernel: str, config: dict, env:
                         acc[lv][j].append(us)
                 continue
             if not arms:
-                arms.extend(open_arms(backend, [((tags[j], kernel, config, env), {"replica": j}) for j in range(n_arms)]))
+                specs = [((tags[j], kernel, config, env), {"replica": j}) for j in range(n_arms)]
+                arms.extend(open_arms(backend, specs))
                 backend.prepare(arms, levels)
             yield r
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kinv.agent.store.screened import Screened
-from kinv.agent.tools.protocol import Ledger, RoundLoop, screen_effect, sample_row
+from kinv.agent.tools.protocol import Ledger, RoundLoop, sample_row, screen_effect
 from kinv.kernels.errors import KinvError
 
 
