@@ -13,12 +13,15 @@ statistics a live one does:
   screening's estimate (:func:`screen_effect`) use one estimator, agent.stats.paired_effect;
 * **outliers**: an A/A's outlier samples are winsorized by agent.stats.aa_noise, and the paired
   estimator is robust to the rest (Hodges-Lehmann from 12 rounds on);
-* **the GPU-second ledger**: every sample carries ``gpu_s``; :func:`gpu_seconds` is the one sum of them;
+* **the round loop**: :class:`RoundLoop` takes every round of every measurement (the A/A, the A/B, a screening's
+  shard, ``kinv bench`` of a config, the recorder);
+* **the GPU-second ledger**: every sample carries ``gpu_s``; :class:`Ledger` counts every sample a loop took,
+  kept or lost, and reads the same figure back from kinv.db for the budgets and the close-out;
 * **lost samples**: a sample a backend could not take (``lost``: a command that failed, hung or printed no
   metric) drops that level of that round for every arm, with one recorded event; an arm that loses more than
   :data:`LOST_SHARE` of a level's rounds (and at least :data:`LOST_MIN`) fails (:func:`check_lost`).
 
-Every loop here stores each round's samples together (a killed run resumes from the committed rounds).
+The A/A and the A/B store each round's samples together (a killed run resumes from the committed rounds).
 """
 
 from __future__ import annotations

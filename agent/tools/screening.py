@@ -1,11 +1,13 @@
 """Screening a batch of candidates against one incumbent worker, on one GPU: the unit a campaign spreads.
 
 ``screen_shard`` touches no store: it opens the arms (a worker per config on the GPU this process sees, or the
-replay's recorded workers), times every arm at every level in every round in an order rotated by the round
-(agent/tools/protocol.py), and returns the sample rows, each candidate's paired per-level change against the incumbent *of the same
-GPU*, and what failed.  The campaign's driver stores the rows and tells the optimizer; the same function runs
-in-process (one GPU) or inside a Ray actor that holds one GPU (agent/tools/executor.py).  Results from
-different GPUs meet only as these per-GPU paired effects, never as pooled raw times.
+replay's recorded workers), times every arm at every level in every round on the protocol's round loop
+(agent.tools.protocol.RoundLoop, its order rotated by the round), and returns a :class:`Shard`: the sample rows,
+each candidate as a :class:`~kinv.agent.store.screened.Screened` (measured: its paired per-level change against the
+incumbent *of the same GPU*; or failed), the lost samples and the ledger.  The campaign's driver stores them and
+tells the optimizer; the same function runs in-process (one GPU) or inside a Ray actor that holds one GPU
+(agent/tools/executor.py).  Results from different GPUs meet only as these per-GPU paired effects, never as pooled
+raw times.
 """
 
 from __future__ import annotations

@@ -60,3 +60,37 @@ def test_a_run_that_loses_samples_reports_the_same_gpu_seconds_in_its_budget_clo
     assert n == sum(store.sample_count(e["id"]) for e in store.experiments("#11a"))  # the samples it stored
     assert close_out == pytest.approx(budget, abs=0.006)  # the close-out prints two decimals
     assert Ledger.of(store, workstreams=["#11a"]).lost == len(lost)
+
+
+def _loops_that_sample(text: str) -> list[int]:
+    """Lines of ``for ... in range(...)`` loops whose body takes a sample (``x.sample(...)`` or a worker's
+    ``request("sample", ...)``): a round loop written by hand."""
+    import ast
+
+    def samples(node) -> bool:
+        for n in ast.walk(node):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+                if n.func.attr == "sample" or (
+                    n.func.attr == "request"
+                    and n.args
+                    and isinstance(n.args[0], ast.Constant)
+                    and n.args[0].value == "sample"
+                ):
+                    return True
+        return False
+
+    return [node.lineno for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.For) and isinstance(node.iter, ast.Call)
+            and getattr(node.iter.func, "id", "") == "range" and any(samples(b) for b in node.body)]  # fmt: skip
+
+
+def test_every_measurement_takes_its_rounds_through_the_one_round_loop():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    paths = sorted((root / "agent").rglob("*.py")) + [root / "benchmarks" / "record.py"]
+    found = [f"{p.relative_to(root)}:{line}" for p in paths if p.name != "protocol.py"
+             for line in _loops_that_sample(p.read_text())]  # fmt: skip
+    assert found == [], f"a round loop outside agent/tools/protocol.py's RoundLoop: {found}"
+    old = "for r in range(rounds):\n    for lv in lvs:\n        smp = a.sample(lv, r)\n"
+    assert _loops_that_sample(old) == [1]  # what the rule catches
