@@ -476,8 +476,13 @@ class Store(ScreenedRows):
         marks = ",".join("?" * (len(experiments) or len(workstreams)))
         which = (f"e.id in ({marks})" if experiments else f"e.workstream in ({marks})")
         args = experiments or workstreams
-        kept = self.conn.execute(f"select coalesce(sum(s.gpu_s), 0), count(*) from samples s join experiments e on "
-                                 f"s.experiment = e.id where {which}", args).fetchone()  # fmt: skip
+        if experiments:  # summed here in the order stored, as each experiment's own ledger always was
+            got = [r[0] for r in self.conn.execute(f"select gpu_s from samples where experiment in ({marks}) order by "
+                                                   "experiment, id", args)]  # fmt: skip
+            kept = (sum(g or 0.0 for g in got), len(got))
+        else:
+            kept = self.conn.execute(f"select coalesce(sum(s.gpu_s), 0), count(*) from samples s join experiments e "
+                                     f"on s.experiment = e.id where {which}", args).fetchone()  # fmt: skip
         lost = self.conn.execute(f"select coalesce(sum(json_extract(v.data, '$.gpu_s')), 0), count(*) from events v "
                                  f"join experiments e on json_extract(v.data, '$.experiment') = e.id where "
                                  f"v.kind = 'sample.lost' and {which}", args).fetchone()  # fmt: skip
