@@ -197,7 +197,7 @@ def noise(state: State, runtime: Runtime[Context]) -> dict:
     thresholds = _thresholds(ctx)
     bands = protocol.noise_bands(plan, levels, acc)
     store.add_noise(exp, ws, [b.__dict__ for b in bands])
-    gpu_total = protocol.gpu_seconds(store.samples(exp))
+    gpu_total = protocol.Ledger.of(store, [exp]).gpu_s
     store.update_experiment(exp, status="done", rounds=s.aa_rounds, gpu_s=gpu_total,
                             wall_s=time.time() - t0, finished=time.time())  # fmt: skip
     warnings = stats.check_aa(bands)  # HarnessBroken only on evidence that the harness is broken

@@ -13,7 +13,8 @@ investigation sees the same statistics as a live one:
 * the A/A has ``--aa-arms`` baseline workers, all timed in every round;
 * nothing wraps around: the replay backend refuses a round the recording does not have.
 
-Rounds interleave every pair and level in a rotated order, so slow drifts spread over all of them.
+Rounds run on the protocol's round loop (agent.tools.protocol.RoundLoop): at each level of round r, every pair
+(ABBA within it) in a rotated order and then the A/A's arms, rotated, so slow drifts spread over all of them.
 
 ``--sweep PLAN`` records a campaign's whole space instead (plans/7-decode-ceiling.yaml): every config of
 ``campaign.space`` that the resource model passes, as ``--replicas`` independent workers each, all timed in
@@ -60,6 +61,30 @@ def from_plans(paths: list[str]):
             if config_hash(cfg) != config_hash(base) and cfg not in variants.values():
                 variants[f"{plan.ws} {v.id} {v.title}"] = cfg
     return first.kernel, adapter, base, variants, first.levels(), dict(first.environment)
+
+
+class Worker:
+    """One recorded arm: a benchmark worker and its setups at each level, sampled as the round loop asks
+    (agent.tools.protocol.RoundLoop: round r draws seed protocol.round_seed(r) for every arm)."""
+
+    def __init__(self, name: str, w: WorkerProcess, hello: dict, sets: dict[str, dict]) -> None:
+        self.name, self.w, self.hello, self.sets = name, w, hello, sets
+
+    def sample(self, level, round_index: int) -> dict:
+        t_req = time.perf_counter()
+        smp = self.w.request("sample", key=self.sets[level.key]["key"], seed=protocol.round_seed(round_index))
+        return {**smp, "request_wall_s": time.perf_counter() - t_req}
+
+    def line(self, kind: str, pair: str, role: str, chash: str, level: str, r: int, smp: dict) -> dict:
+        """The recording's line of one sample."""
+        s = self.sets[level]
+        return {
+            "type": "sample", "kind": kind, "pair": pair, "role": role, "arm": self.name, "round": r,
+            "config_hash": chash, "level": s["level"], "us": smp["us"], "us_min": smp["us_min"],
+            "us_max": smp["us_max"], "replays": smp["replays"], "gpu_s": smp["gpu_s"], "reset_s": smp["reset_s"],
+            "request_wall_s": smp["request_wall_s"], "t": smp["t"], "env": self.hello["env"],
+            "derived_env": s["derived_env"], "launches": s["launches_per_replay"], "pid": self.hello["pid"],
+        }  # fmt: skip
 
 
 def main() -> int:
@@ -126,37 +151,31 @@ def main() -> int:
     header["setup_s"] = time.time() - t0
 
     lines = [header]
-
-    def take(name: str, lv: dict, r: int) -> None:
-        kind, pair, role, cfg = arms[name]
-        w, hello = workers[name]
-        s = setups[(name, adapter.level(lv).key)]
-        t_req = time.perf_counter()
-        smp = w.request("sample", key=s["key"], seed=protocol.round_seed(r))  # the same data for every arm of round r
-        lines.append({
-            "type": "sample", "kind": kind, "pair": pair, "role": role, "arm": name, "round": r,
-            "config_hash": config_hash(cfg), "level": s["level"], "us": smp["us"], "us_min": smp["us_min"],
-            "us_max": smp["us_max"], "replays": smp["replays"], "gpu_s": smp["gpu_s"], "reset_s": smp["reset_s"],
-            "request_wall_s": time.perf_counter() - t_req, "t": smp["t"], "env": hello["env"],
-            "derived_env": s["derived_env"], "launches": s["launches_per_replay"], "pid": hello["pid"],
-        })  # fmt: skip
-
+    every = [Worker(name, w, hello, {k: s for (n, k), s in setups.items() if n == name})
+             for name, (w, hello) in workers.items()]  # fmt: skip
+    at = {wk.name: j for j, wk in enumerate(every)}
     names = list(var)
-    for r in range(max(args.rounds, args.aa_rounds)):
-        order = protocol.rotated(names, r)
-        units = []
+
+    def order(r: int) -> list[int]:
+        """Round r: every pair (ABBA within it) in a rotated order, then the A/A's arms rotated."""
+        out = []
         if r < args.rounds:
-            for name in order:
+            for name in protocol.rotated(names, r):
                 ab = [f"{name}: baseline", f"{name}: variant"]
-                units.append([ab[j] for j in protocol.round_order(2, r, abba=True)])  # ABBA within each pair
+                out += [at[ab[j]] for j in protocol.round_order(2, r, abba=True)]
         if r < args.aa_rounds and args.aa_arms:
-            aa = [f"A/A arm {j}" for j in range(args.aa_arms)]
-            units.append(protocol.rotated(aa, r))
-        for unit in units:
-            for lv in levels:
-                for name in unit:
-                    take(name, lv, r)
-        print(f"# round {r + 1} at {time.time() - t0:.0f}s", flush=True)
+            out += protocol.rotated([at[f"A/A arm {j}"] for j in range(args.aa_arms)], r)
+        return out
+
+    def stored(rnd: protocol.Round) -> None:
+        for lv in lvs:
+            for j, smp in rnd.kept(lv.key).items():
+                kind, pair, role, cfg = arms[every[j].name]
+                lines.append(every[j].line(kind, pair, role, config_hash(cfg), lv.key, rnd.index, smp))
+        print(f"# round {rnd.index + 1} at {time.time() - t0:.0f}s", flush=True)
+
+    lvs = [adapter.level(lv) for lv in levels]
+    protocol.RoundLoop(every, lvs, whole=False, order=order).run(range(max(args.rounds, args.aa_rounds)), stored)
     resources = [{"arm": n, "level": lv, "resources": s["resources"], "compile_s": s["compile_s"],
                   "rel_err": s["rel_err"], "l2": s.get("l2")} for (n, lv), s in setups.items()]  # fmt: skip
     for w, _ in workers.values():
@@ -295,25 +314,17 @@ def _sweep(args, plan, configs: list[dict], pruned: list[dict], plan_name: str,
     header["copy_gbps"] = w0.request("copy_bandwidth", mib=2048)["gbps"]
     print(f"# {len(workers)} workers set up in {header['setup_s']:.0f}s", flush=True)
     lines = [header]
-    names = list(arms)
-    for r in range(args.rounds):
-        order = protocol.rotated(names, r)
-        for lv in levels:
-            for name in order:
-                chash, role, cfg = arms[name]
-                w, hello, sets = workers[name]
-                s = sets[adapter.level(lv).key]
-                t_req = time.perf_counter()
-                smp = w.request("sample", key=s["key"], seed=protocol.round_seed(r))
-                lines.append({
-                    "type": "sample", "kind": "sw", "pair": chash, "role": role, "arm": name, "round": r,
-                    "config_hash": chash, "level": s["level"], "us": smp["us"], "us_min": smp["us_min"],
-                    "us_max": smp["us_max"], "replays": smp["replays"], "gpu_s": smp["gpu_s"],
-                    "reset_s": smp["reset_s"], "request_wall_s": time.perf_counter() - t_req, "t": smp["t"],
-                    "env": hello["env"], "derived_env": s["derived_env"], "launches": s["launches_per_replay"],
-                    "pid": hello["pid"],
-                })  # fmt: skip
-        print(f"# round {r + 1} at {time.time() - t0:.0f}s", flush=True)
+    every = [Worker(name, *workers[name]) for name in arms]
+
+    def stored(rnd: protocol.Round) -> None:
+        for lv in lvs:
+            for j, smp in rnd.kept(lv.key).items():
+                chash, role, _cfg = arms[every[j].name]
+                lines.append(every[j].line("sw", chash, role, chash, lv.key, rnd.index, smp))
+        print(f"# round {rnd.index + 1} at {time.time() - t0:.0f}s", flush=True)
+
+    lvs = [adapter.level(lv) for lv in levels]
+    protocol.RoundLoop(every, lvs, whole=False).run(range(args.rounds), stored)  # every worker, rotated per round
     resources = [{"arm": n, "level": lv, "resources": s["resources"], "compile_s": s["compile_s"],
                   "rel_err": s["rel_err"]} for n, (_w, _h, sets) in workers.items() for lv, s in sets.items()]  # fmt: skip
     for w, _h, _s in workers.values():

@@ -181,7 +181,11 @@ class Campaign(Screening, Confirmation, Ending):
         return [st["ws"] for st in self.row["steps"] if st.get("ws")]
 
     def spent(self) -> tuple[float, int]:
-        return self.store.campaign_gpu_s(self.ws_list())
+        """The campaign's GPU seconds (its ledger: every sample taken, lost ones included) and samples stored."""
+        from kinv.agent.tools.protocol import Ledger
+
+        led = Ledger.of(self.store, workstreams=self.ws_list())
+        return led.gpu_s, led.kept
 
     def wall(self) -> float:
         """Seconds the campaign has spent running: its screenings and its workstreams' graph nodes (kinv.db's
@@ -352,7 +356,7 @@ class Campaign(Screening, Confirmation, Ending):
                 continue
             for e in self.store.experiments(step["ws"]):
                 if e["kind"] == "noise" and e["status"] == "done":
-                    aa = protocol.gpu_seconds(self.store.samples(e["id"]))
+                    aa = protocol.Ledger.of(self.store, [e["id"]]).gpu_s
                     return aa * (1 + 2 * st.max_rounds / (st.aa_rounds * st.aa_arms))
         return 0.0
 

@@ -1,11 +1,12 @@
-"""What a campaign's steps produce, as typed models read from kinv.db: a screened candidate (the screened table)
-and a confirmation workstream's result (its A/B experiments and verdicts), never a workstream's message text."""
+"""What a campaign's steps produce, as typed models read from kinv.db: a confirmation workstream's result (its A/B
+experiments and verdicts), never a workstream's message text.  A screened candidate is
+agent.store.screened.Screened, one row of the screened table."""
 
 from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from kinv.kernels.errors import KinvError
 
@@ -16,24 +17,6 @@ BEATEN = ("void", "incorrect", "infeasible", "failed")  # A/B verdicts that say 
 
 class CampaignError(KinvError, RuntimeError):
     """A campaign cannot go on; one line saying why."""
-
-
-class Screened(BaseModel):
-    """One candidate a screening timed against the incumbent: its throughput change at every level."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    trial: int
-    config: str
-    config_hash: str
-    config_json: dict
-    gains: dict[str, float]
-    gain_ci: dict[str, list[float | None]] | None = None  # level -> the change's interval (none after one round)
-    measured_on: str | None = None
-
-    @classmethod
-    def of(cls, row: dict) -> Screened:
-        return cls(**row)
 
 
 class LevelResult(BaseModel):

@@ -8,9 +8,11 @@ import json
 import time
 
 from kinv.agent.campaign.levels import per_level, with_params
-from kinv.agent.campaign.results import STUDY_DB, CampaignError, Screened
+from kinv.agent.campaign.results import STUDY_DB, CampaignError
 from kinv.agent.campaign.search import open_search
 from kinv.agent.fmt import signed
+from kinv.agent.store.screened import Screened
+from kinv.agent.tools.protocol import Ledger
 from kinv.kernels.launch_config import config_hash, describe
 
 
@@ -43,9 +45,9 @@ class Screening:
             return [gains[lv.key] for lv in levels] if c.per_level else [sum(gains.values()) / len(gains)]
 
         # what a killed screening measured already is kinv.db's: told again, never timed again
-        known = {r["config_hash"]: objective(r["gains"]) for r in self.store.screened(exp)
-                 if r["status"] in ("measured", "incumbent")}  # fmt: skip
-        gpu, first = 0.0, True
+        known = {r.config_hash: objective(r.gains) for r in self.store.screened(exp)
+                 if r.status in ("measured", "incumbent")}  # fmt: skip
+        first = True
         round0 = plan.stats.max_rounds  # the A/B's rounds are 0..max_rounds-1: screening never re-uses them
         while search.finished() < search.budget:
             asked, todo = [], []
@@ -75,10 +77,10 @@ class Screening:
                     known[h] = [0.0] * search.n_objectives
                     continue
                 todo.append((t, cand, h))
-            gpu += self._measure_batch(be, exp, incumbent, todo, c.screen.rounds, round0)
+            self._measure_batch(exp, incumbent, todo, c.screen.rounds, round0)
             for r in self.store.screened(exp):
-                if r["status"] == "measured" and r["config_hash"] not in known:
-                    known[r["config_hash"]] = objective(r["gains"])
+                if r.status == "measured" and r.config_hash not in known:
+                    known[r.config_hash] = objective(r.gains)
             for t, h in asked:
                 if search.is_told(t.number):
                     continue  # told above (pruned)
@@ -87,15 +89,17 @@ class Screening:
                 else:
                     search.fail(t)  # its worker failed on the GPU (the reason is stored)
             first = False
-        self.store.update_experiment(exp, status="done", gpu_s=gpu, finished=time.time(), rounds=c.screen.rounds)
+        ledger = Ledger.of(self.store, [exp])  # every batch's, a killed screening's before it included
+        self.store.update_experiment(exp, status="done", gpu_s=ledger.gpu_s, finished=time.time(),
+                                     rounds=c.screen.rounds)  # fmt: skip
         rows = self.store.screened(exp)
-        screened = [Screened.of(r) for r in rows if r["status"] in ("measured", "incumbent")]
+        screened = [r for r in rows if r.status in ("measured", "incumbent")]
         finalists = self._finalists(screened)
-        pruned = [r for r in rows if r["status"] == "pruned"]
-        failed = [r["reason"] for r in rows if r["status"] == "failed"]
-        n_pruned = sum(r["asked"] for r in pruned)
+        pruned = [r for r in rows if r.status == "pruned"]
+        failed = [r.reason for r in rows if r.status == "failed"]
+        n_pruned = sum(r.asked for r in pruned)
         step.update(screened=len(screened), pruned=n_pruned,
-                    pruned_why=sorted({r["reason"] for r in pruned if r["reason"]})[:4],
+                    pruned_why=sorted({r.reason for r in pruned if r.reason})[:4],
                     failed=failed[:4],
                     finalists=[f.config_json for f in finalists], sampler=search.label,
                     trials=len(search.study.trials), screen_exp=exp, exhaustive=search.exhaustive,
@@ -127,24 +131,23 @@ class Screening:
         """The step's screened candidates (kinv.db's screened table), in the order first asked."""
         if not step.get("screen_exp"):
             return []
-        return [Screened.of(r) for r in self.store.screened(step["screen_exp"])
-                if r["status"] in ("measured", "incumbent")]  # fmt: skip
+        return [r for r in self.store.screened(step["screen_exp"]) if r.status in ("measured", "incumbent")]
 
     def tried(self, step: dict) -> list[dict]:
         """Every config the step's screening asked for and did not lose to a failure (timed or pruned)."""
         if not step.get("screen_exp"):
             return []
-        return [r["config_json"] for r in self.store.screened(step["screen_exp"]) if r["status"] != "failed"]
+        return [r.config_json for r in self.store.screened(step["screen_exp"]) if r.status != "failed"]
 
-    def _measure_batch(self, be, exp, incumbent, todo, rounds, round0) -> float:
+    def _measure_batch(self, exp, incumbent, todo, rounds, round0) -> None:
         """Time a batch of candidates against the incumbent: split into one shard per executor place (each with
-        its own incumbent worker: every paired comparison on one GPU), run, store every row and every candidate's
-        outcome here.  Returns the GPU s.  A candidate whose worker fails is recorded failed (with the reason); a
-        lost actor's shard re-runs and the loss is recorded."""
+        its own incumbent worker: every paired comparison on one GPU), run, store every row, every lost sample
+        (its GPU seconds in the ledger) and every candidate's outcome here.  A candidate whose worker fails is
+        recorded failed (with the reason); a lost actor's shard re-runs and the loss is recorded."""
         from kinv.agent.tools.screening import IncumbentFailed
 
         if not todo:
-            return 0.0
+            return
         ex = self.executor
         n = max(1, min(ex.width, len(todo)))
         shards = [todo[i::n] for i in range(n)]
@@ -160,17 +163,15 @@ class Screening:
             self.store.event(None, "executor-loss", f"{self.cid}: {loss}")
             self.say(loss)
         self.losses += losses
-        gpu = 0.0
-        for res in results:
-            device = self.store.device(res["fingerprint"]) if res["fingerprint"] else None
-            self.store.add_samples([{**row, "device": device} for row in res["rows"]])
-            gpu += res["gpu_s"]
-            for h, g in res["gains"].items():
-                self.store.screen_result(exp, h, "measured", gains=g, measured_on=res["where"],
-                                         gain_ci=res.get("intervals", {}).get(h))
-            for h, why in res["failed"].items():
-                self.store.screen_result(exp, h, "failed", reason=why)
-        return gpu
+        ws = self.store.experiment(exp)["workstream"]
+        for shard in results:
+            device = self.store.device(shard.fingerprint) if shard.fingerprint else None
+            self.store.add_samples([{**row, "device": device} for row in shard.rows])
+            for ev in shard.lost:
+                self.store.event(ws, "sample.lost", f"round {ev['round']}: {ev['why']}",
+                                 {k: v for k, v in ev.items() if k != "why"})  # fmt: skip
+            for s in shard.screened:
+                self.store.screen_result(exp, s)
 
     def _finalists(self, screened: list[Screened]) -> list[Screened]:
         """The best screened candidate at each level (per_level), or the best on average; only gains above

@@ -467,14 +467,26 @@ class Store(ScreenedRows):
     def campaigns(self) -> list[dict]:
         return [self.campaign(r["id"]) for r in self._rows("campaigns", order_by="created")]
 
-    def campaign_gpu_s(self, ws_ids: list[str]) -> tuple[float, int]:
-        """GPU seconds and samples of every experiment of these workstreams (screening included)."""
-        if not ws_ids:
-            return 0.0, 0
-        marks = ",".join("?" * len(ws_ids))
-        row = self.conn.execute(f"select coalesce(sum(s.gpu_s), 0), count(*) from samples s join experiments e on "
-                                f"s.experiment = e.id where e.workstream in ({marks})", ws_ids).fetchone()  # fmt: skip
-        return float(row[0]), int(row[1])
+    def ledger_sums(self, experiments: list[int], workstreams: list[str]) -> tuple[float, int, float, int]:
+        """kinv.db's side of the GPU-second ledger (agent.tools.protocol.Ledger) of these experiments, or of every
+        experiment of these workstreams (screening included): the stored samples' GPU s and count, and the GPU s
+        and count of the lost samples' events (a level of a round that lost a sample: nothing of it is stored)."""
+        if not experiments and not workstreams:
+            return 0.0, 0, 0.0, 0
+        marks = ",".join("?" * (len(experiments) or len(workstreams)))
+        which = (f"e.id in ({marks})" if experiments else f"e.workstream in ({marks})")
+        args = experiments or workstreams
+        if experiments:  # summed here in the order stored, as each experiment's own ledger always was
+            got = [r[0] for r in self.conn.execute(f"select gpu_s from samples where experiment in ({marks}) order by "
+                                                   "experiment, id", args)]  # fmt: skip
+            kept = (sum(g or 0.0 for g in got), len(got))
+        else:
+            kept = self.conn.execute(f"select coalesce(sum(s.gpu_s), 0), count(*) from samples s join experiments e "
+                                     f"on s.experiment = e.id where {which}", args).fetchone()  # fmt: skip
+        lost = self.conn.execute(f"select coalesce(sum(json_extract(v.data, '$.gpu_s')), 0), count(*) from events v "
+                                 f"join experiments e on json_extract(v.data, '$.experiment') = e.id where "
+                                 f"v.kind = 'sample.lost' and {which}", args).fetchone()  # fmt: skip
+        return float(kept[0]), int(kept[1]), float(lost[0]), int(lost[1])
 
     def campaign_wall_s(self, ws_ids: list[str]) -> float:
         """Wall seconds these workstreams spent running: their screenings (a running one until now) and their graph

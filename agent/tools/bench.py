@@ -30,11 +30,9 @@ from kinv.agent.tools.backends import (  # noqa: F401 - re-exported
 )
 from kinv.agent.tools.protocol import (  # noqa: F401 - re-exported
     ROUND_SEED0,
-    PairedRounds,
-    aa_round,
+    RoundLoop,
     device_of,
     open_arms,
-    paired_round,
     run_aa,
     sample_row,
     stored_rounds,
@@ -85,13 +83,16 @@ def measure_config(store, exp_id, backend: Backend, kernel: str, config: dict, e
     device = store.device(arm.fingerprint) if arm.fingerprint else None
     out = []
     try:
-        for level in levels:
+        for level in levels:  # one level at a time: each is reported as it is done
             setup = arm.setup(level)
             rows, us = [], []
-            for r in range(samples):
-                s = arm.sample(level, r)
+
+            def stored(rnd, level=level, rows=rows, us=us) -> None:
+                s = rnd.got[level.key][0]
                 us.append(s["us"])
-                rows.append(sample_row(exp_id, arm, level, r, "A", s, backend.name, hashes, device))
+                rows.append(sample_row(exp_id, arm, level, rnd.index, "A", s, backend.name, hashes, device))
+
+            RoundLoop([arm], [level], sample_round=backend.sample_round).run(range(samples), stored)
             store.add_samples(rows)
             med = statistics.median(us)
             gbps = adapter.bytes_moved(level) / (med * 1e-6) / 1e9

@@ -13,12 +13,15 @@ statistics a live one does:
   screening's estimate (:func:`screen_effect`) use one estimator, agent.stats.paired_effect;
 * **outliers**: an A/A's outlier samples are winsorized by agent.stats.aa_noise, and the paired
   estimator is robust to the rest (Hodges-Lehmann from 12 rounds on);
-* **the GPU-second ledger**: every sample carries ``gpu_s``; :func:`gpu_seconds` is the one sum of them;
+* **the round loop**: :class:`RoundLoop` takes every round of every measurement (the A/A, the A/B, a screening's
+  shard, ``kinv bench`` of a config, the recorder);
+* **the GPU-second ledger**: every sample carries ``gpu_s``; :class:`Ledger` counts every sample a loop took,
+  kept or lost, and reads the same figure back from kinv.db for the budgets and the close-out;
 * **lost samples**: a sample a backend could not take (``lost``: a command that failed, hung or printed no
   metric) drops that level of that round for every arm, with one recorded event; an arm that loses more than
   :data:`LOST_SHARE` of a level's rounds (and at least :data:`LOST_MIN`) fails (:func:`check_lost`).
 
-Every loop here stores each round's samples together (a killed run resumes from the committed rounds).
+The A/A and the A/B store each round's samples together (a killed run resumes from the committed rounds).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kinv.agent import stats
 from kinv.agent.tools.backends.base import Arm, Backend, harness_hash, reference_hash
@@ -62,8 +65,43 @@ def round_order(n_arms: int, round_index: int, abba: bool = False) -> list[int]:
 
 
 def gpu_seconds(samples: Iterable[dict]) -> float:
-    """The GPU-second ledger: the GPU time the samples (stored rows or backend samples) spent."""
+    """The GPU time the samples (stored rows or backend samples) spent; a sample without one counts 0."""
     return sum(s.get("gpu_s") or 0.0 for s in samples)
+
+
+@dataclass
+class Ledger:
+    """THE GPU-second ledger: what a measurement's samples spent, kept or not.
+
+    A sample that is stored carries its ``gpu_s`` in kinv.db's samples; a level of a round that lost a sample is
+    kept by nobody, and its GPU seconds (the lost sample's and its partners') go on the round's first
+    ``sample.lost`` event (:func:`record_lost`).  The round loop fills a ledger as it samples
+    (:meth:`RoundLoop.take`), and :meth:`of` reads the same figure back from kinv.db: the workstream's budget,
+    the close-out's ledger and a campaign's budget all take it from here, so a run that loses samples gets one
+    figure everywhere."""
+
+    gpu_s: float = 0.0  # every sample taken: stored, dropped with its level's round, or lost
+    kept: int = 0  # samples stored
+    lost: int = 0  # samples lost (a command that failed, hung or printed no metric)
+
+    def book(self, samples: Iterable[dict], kept: bool) -> float:
+        """Count ``samples`` (stored when ``kept``, else dropped with their level's round); returns their GPU s."""
+        samples = list(samples)
+        spent = gpu_seconds(samples)
+        self.gpu_s += spent
+        if kept:
+            self.kept += len(samples)
+        self.lost += sum(1 for s in samples if s.get("lost"))
+        return spent
+
+    def __add__(self, other: Ledger) -> Ledger:
+        return Ledger(self.gpu_s + other.gpu_s, self.kept + other.kept, self.lost + other.lost)
+
+    @classmethod
+    def of(cls, store, experiments: Sequence[int] = (), workstreams: Sequence[str] = ()) -> Ledger:
+        """The ledger of these experiments' (or these workstreams' every experiment's) samples, as kinv.db has it."""
+        kept_s, kept, unkept_s, lost = store.ledger_sums(list(experiments), list(workstreams))
+        return cls(kept_s + unkept_s, kept, lost)
 
 
 def sequential_plan(settings, max_rounds: int | None = None) -> stats.SequentialPlan:
@@ -101,8 +139,82 @@ def screen_effect(base_us: Sequence[float], cand_us: Sequence[float], level: str
 
 
 # --------------------------------------------------------------------------- #
-# measurement loops (they store every sample)
+# THE round loop: every measurement takes its samples here
 # --------------------------------------------------------------------------- #
+def sample_in_turn(arms: Sequence, levels: Sequence[Level], round_index: int,
+                   orders: dict[str, list[int]]) -> dict[str, dict[int, dict]]:  # fmt: skip
+    """One round taken in this process: at each level, arm ``j`` for ``j`` in ``orders[level]`` (what
+    ``Backend.sample_round`` does unless a backend spreads a round over several GPUs)."""
+    return {lv.key: {j: arms[j].sample(lv, round_index) for j in orders[lv.key]} for lv in levels}
+
+
+@dataclass
+class Round:
+    """One round of a loop: ``got[level][j]`` is arm ``j``'s sample at that level, taken in ``order``."""
+
+    index: int  # the round the samples drew their inputs for (round_seed)
+    order: list[int]
+    got: dict[str, dict[int, dict]]
+    whole: bool = True  # a lost sample drops its level of the round for every arm (else only the lost arm's)
+
+    def lost(self, level: str) -> list[int]:
+        """The arms whose sample at ``level`` was lost (a command that failed, hung or printed no metric)."""
+        got = self.got.get(level, {})
+        return [j for j in self.order if j in got and got[j].get("lost")]
+
+    def kept(self, level: str) -> dict[int, dict]:
+        """The samples of ``level`` this round keeps, in the order taken: none once one is lost and the round is
+        kept whole (an A/A's or an A/B's), else every sample that was not lost (a screening's)."""
+        got = self.got.get(level, {})
+        if self.whole and self.lost(level):
+            return {}
+        return {j: got[j] for j in self.order if j in got and not got[j].get("lost")}
+
+    def unkept(self, level: str) -> list[dict]:
+        """The samples of ``level`` taken this round and not kept (their GPU seconds are still spent)."""
+        kept = self.kept(level)
+        return [s for j, s in self.got.get(level, {}).items() if j not in kept]
+
+
+class RoundLoop:
+    """THE round loop of every measurement: the A/A and the A/B (:func:`run_aa`, :func:`run_ab`), a screening's
+    shard (agent/tools/screening.py), ``kinv bench`` of a config (agent/tools/bench.py) and the recorder
+    (benchmarks/record.py).
+
+    Round r times every arm of ``arms`` at every level of ``levels`` in :func:`round_order` (ABBA for a pair
+    when ``abba``, else rotated by r), drawing the inputs of round ``round0 + r`` (:func:`round_seed`), through
+    ``sample_round`` (a backend's ``sample_round``; :func:`sample_in_turn` by default); every sample it takes is
+    booked in :attr:`ledger`.  ``arms`` is the caller's list: arms opened at the first round, or dropped after a
+    round, are seen by the next.  The loop stores nothing: each caller's ``on_round`` stores the round."""
+
+    def __init__(self, arms: list, levels: Sequence[Level], *, abba: bool = False, whole: bool = True,
+                 round0: int = 0, sample_round: Callable | None = None, ledger: Ledger | None = None,
+                 order: Callable[[int], list[int]] | None = None) -> None:  # fmt: skip
+        self.arms, self.levels, self.abba, self.whole, self.round0 = arms, list(levels), abba, whole, round0
+        self.sample_round = sample_round or sample_in_turn
+        self.ledger = Ledger() if ledger is None else ledger
+        self.order = order  # the arms a round times, in its order (the recorder's pairs); else round_order
+
+    def take(self, r: int) -> Round:
+        """Round ``r`` of every arm at every level, booked in the ledger."""
+        order = self.order(r) if self.order else round_order(len(self.arms), r, abba=self.abba)
+        got = self.sample_round(self.arms, self.levels, self.round0 + r, {lv.key: order for lv in self.levels})
+        rnd = Round(self.round0 + r, order, got, self.whole)
+        for lv in self.levels:
+            self.ledger.book(rnd.kept(lv.key).values(), kept=True)
+            self.ledger.book(rnd.unkept(lv.key), kept=False)
+        return rnd
+
+    def run(self, rounds: Iterable[int], on_round: Callable[[Round], bool | None]) -> Ledger:
+        """Take each round of ``rounds`` and hand it to ``on_round``; the loop stops when the rounds run out or
+        ``on_round`` returns True (its stop rule).  The sequential A/B's stop rule (agent.stats.run_sequential)
+        asks for one round at a time instead: :func:`run_ab` hands it :meth:`take`."""
+        for r in rounds:
+            if on_round(self.take(r)):
+                break
+        return self.ledger
+
+
 def sample_row(exp_id, arm, level: Level, round_index: int, tag: str, s: dict, backend: str,
                hashes: tuple[str, str], device: str | None) -> dict:  # fmt: skip
     """The stored row of one sample."""
@@ -115,19 +227,26 @@ def sample_row(exp_id, arm, level: Level, round_index: int, tag: str, s: dict, b
     }  # fmt: skip
 
 
-def record_lost(store, exp_id, level: Level, round_index: int, samples: list[tuple[Arm, dict]],
-                lost: dict[str, int]) -> bool:  # fmt: skip
+def lost_events(store, ws: str | None, exp_id, level: Level, rnd: Round, names: Sequence[str]) -> None:
+    """One ``sample.lost`` event for each lost sample of ``level`` in round ``rnd``; the first carries the GPU
+    seconds of the level's samples this round did not keep (the ledger reads them back: :meth:`Ledger.of`)."""
+    unkept = gpu_seconds(rnd.unkept(level.key))
+    for i, j in enumerate(rnd.lost(level.key)):
+        store.event(ws, "sample.lost", f"round {rnd.index}: {rnd.got[level.key][j]['lost']}",
+                    {"experiment": exp_id, "arm": names[j], "level": level.key, "round": rnd.index,
+                     "gpu_s": unkept if i == 0 else 0.0})  # fmt: skip
+
+
+def record_lost(store, exp_id, level: Level, rnd: Round, arms: Sequence[Arm], lost: dict[str, int]) -> bool:
     """Record the lost samples of one level of one round (one event each) and count them in ``lost``; True when
     the level has any (its round is dropped for every arm).  Raises VariantFailed once :func:`check_lost` says."""
-    gone = [(arm, s) for arm, s in samples if s.get("lost")]
+    gone = rnd.lost(level.key)
     if not gone:
         return False
     exp = store.experiment(exp_id) if exp_id is not None else None
-    for arm, s in gone:
-        store.event(exp["workstream"] if exp else None, "sample.lost", f"round {round_index}: {s['lost']}",
-                    {"experiment": exp_id, "arm": arm.name, "level": level.key, "round": round_index})  # fmt: skip
+    lost_events(store, exp["workstream"] if exp else None, exp_id, level, rnd, [a.name for a in arms])
     lost[level.key] = lost.get(level.key, 0) + 1
-    check_lost(gone[0][0], level, lost[level.key], round_index + 1, gone[0][1]["lost"])
+    check_lost(arms[gone[0]], level, lost[level.key], rnd.index + 1, rnd.got[level.key][gone[0]]["lost"])
     return True
 
 
@@ -141,73 +260,24 @@ def check_lost(arm: Arm, level: Level, n_lost: int, rounds: int, last: str) -> N
                             f"{LOST_SHARE:.0%}); the last: {last}")  # fmt: skip
 
 
-@dataclass
-class PairedRounds:
-    """Samples of two arms, paired by round: level -> (a_us list, b_us list).  A level of a round with a lost
-    sample has no pair (``lost`` counts them per level)."""
-
-    a: dict[str, list[float]] = field(default_factory=dict)
-    b: dict[str, list[float]] = field(default_factory=dict)
-    gpu_s: float = 0.0
-    rounds: int = 0
-    lost: dict[str, int] = field(default_factory=dict)
-
-    def add(self, level: str, a_us: float, b_us: float) -> None:
-        self.a.setdefault(level, []).append(a_us)
-        self.b.setdefault(level, []).append(b_us)
-
-
-def paired_round(store, exp_id, backend: Backend, arm_a: Arm, arm_b: Arm, levels: list[Level], round_index: int,
-                 acc: PairedRounds, device: str | None, tags=("A", "B")) -> dict[str, tuple[float, float]]:  # fmt: skip
-    """One round: every level, A then B on even rounds, B then A on odd (ABBA).
-
-    Every sample carries the harness and reference hashes as they are on disk during the round
-    (a variant that changes either is caught).  Returns ``{level: (a_us, b_us)}`` of this round,
-    the shape agent.stats.run_sequential wants; a level with a lost sample is left out.
-    """
-    hashes = (harness_hash(), reference_hash(arm_a.kernel))
-    rows, pairs = [], {}
-    order = round_order(2, round_index, abba=True)
-    got = backend.sample_round([arm_a, arm_b], levels, round_index, {lv.key: order for lv in levels})
-    for level in levels:
-        acc.gpu_s += sum(got[level.key][j].get("gpu_s") or 0.0 for j in order)
-        if record_lost(store, exp_id, level, round_index, [((arm_a, arm_b)[j], got[level.key][j]) for j in order],
-                       acc.lost):  # fmt: skip
-            continue
-        for j in order:
-            s = got[level.key][j]
-            rows.append(sample_row(exp_id, (arm_a, arm_b)[j], level, round_index, tags[j], s, backend.name, hashes,
-                                    device_of(store, s, device)))  # fmt: skip
-        a_us, b_us = got[level.key][0]["us"], got[level.key][1]["us"]
-        acc.add(level.key, a_us, b_us)
-        pairs[level.key] = (a_us, b_us)
-    store.add_samples(rows)  # the round's samples commit together
-    acc.rounds = round_index + 1
-    return pairs
-
-
-def aa_round(store, exp_id, backend: Backend, arms: list[Arm], levels: list[Level], round_index: int,
-             acc: dict[str, list[list[float]]], device: str | None, lost: dict[str, int] | None = None) -> float:  # fmt: skip
-    """One A/A round: every arm at every level, in an order rotated by the round.  Arm j is stored as
-    ``A<j>``; ``acc[level][j]`` collects its times (a level with a lost sample is dropped from the round, counted
-    in ``lost``).  Returns the GPU seconds spent."""
-    lost = {} if lost is None else lost
+def store_round(store, exp_id, backend: Backend, arms: Sequence[Arm], rnd: Round, levels: Sequence[Level],
+                tags: Sequence[str], lost: dict[str, int], device: str | None) -> dict[str, list[float]]:  # fmt: skip
+    """Store one round of an A/A or an A/B: its lost samples recorded (their level dropped for every arm), the
+    others' rows committed together (a killed run resumes from the committed rounds).  Every row carries the
+    harness and reference hashes as they are on disk during the round (a variant that changes either is caught).
+    Returns ``{level: [us of arm j]}`` of the levels kept."""
     hashes = (harness_hash(), reference_hash(arms[0].kernel))
-    rows, gpu_s = [], 0.0
-    order = round_order(len(arms), round_index)
-    got = backend.sample_round(arms, levels, round_index, {lv.key: order for lv in levels})
+    rows, out = [], {}
     for level in levels:
-        per = acc.setdefault(level.key, [[] for _ in arms])
-        gpu_s += sum(got[level.key][j].get("gpu_s") or 0.0 for j in order)
-        if record_lost(store, exp_id, level, round_index, [(arms[j], got[level.key][j]) for j in order], lost):
-            continue  # the A/A's rounds stay whole: the level's round is dropped for every arm
-        for j in order:
-            s = got[level.key][j]
-            per[j].append(s["us"])
-            rows.append(sample_row(exp_id, arms[j], level, round_index, f"A{j}", s, backend.name, hashes,
-                                    device_of(store, s, device)))  # fmt: skip
+        if record_lost(store, exp_id, level, rnd, arms, lost):
+            continue
+        kept = rnd.kept(level.key)
+        for j, s in kept.items():
+            rows.append(sample_row(exp_id, arms[j], level, rnd.index, tags[j], s, backend.name, hashes,
+                                   device_of(store, s, device)))  # fmt: skip
+        out[level.key] = [kept[j]["us"] for j in range(len(arms))]
     store.add_samples(rows)  # the round's samples commit together
-    return gpu_s
+    return out
 
 
 def device_of(store, s: dict, default: str | None) -> str | None:
@@ -252,14 +322,18 @@ def stored_rounds(store, exp_id: int, tags: list[str]) -> dict[int, dict[str, li
 
 def run_aa(store, exp_id: int, backend: Backend, kernel: str, config: dict, env: dict, levels: list[Level],
            rounds: int, n_arms: int, on_round: Callable | None = None) -> tuple[dict[str, list[list[float]]], float]:  # fmt: skip
-    """The A/A: ``n_arms`` workers of ``config`` timed at every level in every round (rounds already stored
-    for ``exp_id`` are reused: a killed run resumes).  Returns ``({level: [times of arm j]}, GPU s spent)``.
-    The graph's noise node and ``kinv noise`` both run this."""
-    done = stored_rounds(store, exp_id, [f"A{j}" for j in range(n_arms)])
+    """The A/A: ``n_arms`` workers of ``config`` timed at every level in every round, in an order rotated by the
+    round; arm j is stored as ``A<j>`` (rounds already stored for ``exp_id`` are reused: a killed run resumes).
+    Returns ``({level: [times of arm j]}, GPU s spent in this call)``.  The graph's noise node and ``kinv noise``
+    both run this."""
+    tags = [f"A{j}" for j in range(n_arms)]
+    done = stored_rounds(store, exp_id, tags)
     acc: dict[str, list[list[float]]] = {lv.key: [[] for _ in range(n_arms)] for lv in levels}
     arms: list[Arm] = []
-    gpu_s, lost = 0.0, {}
-    try:
+    lost: dict[str, int] = {}
+    loop = RoundLoop(arms, levels, sample_round=backend.sample_round)
+
+    def to_take():
         for r in range(rounds):
             if r in done:
                 for lv, times in done[r].items():
@@ -267,15 +341,25 @@ def run_aa(store, exp_id: int, backend: Backend, kernel: str, config: dict, env:
                         acc[lv][j].append(us)
                 continue
             if not arms:
-                arms = open_arms(backend, [((f"A{j}", kernel, config, env), {"replica": j}) for j in range(n_arms)])
+                specs = [((tags[j], kernel, config, env), {"replica": j}) for j in range(n_arms)]
+                arms.extend(open_arms(backend, specs))
                 backend.prepare(arms, levels)
-            gpu_s += aa_round(store, exp_id, backend, arms, levels, r, acc, store.device(arms[0].fingerprint), lost)
-            if on_round:
-                on_round(r)
+            yield r
+
+    def stored(rnd: Round) -> None:
+        kept = store_round(store, exp_id, backend, arms, rnd, levels, tags, lost, store.device(arms[0].fingerprint))
+        for lv, times in kept.items():  # the A/A's rounds stay whole: a level with a lost sample is dropped
+            for j, us in enumerate(times):
+                acc[lv][j].append(us)
+        if on_round:
+            on_round(rnd.index)
+
+    try:
+        loop.run(to_take(), stored)
     finally:
         for a in arms:
             a.close()
-    return acc, gpu_s
+    return acc, loop.ledger.gpu_s
 
 
 def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_cfg: dict, env: dict,
@@ -291,7 +375,8 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
     every rule (agent/tools/sequential.py) calls this: nobody else decides a verdict from its rounds."""
     done = {r: {lv: tuple(v) for lv, v in lvs.items()} for r, lvs in stored_rounds(store, exp_id, ["A", "B"]).items()}
     arms: list[Arm] = []
-    acc = PairedRounds()
+    lost: dict[str, int] = {}
+    loop = RoundLoop(arms, levels, abba=True, sample_round=backend.sample_round)
 
     def start() -> None:
         judged = {"judge_path": base_pythonpath} if base_pythonpath else {}  # the judge never imports the variant
@@ -304,15 +389,16 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
                 on_open(a)
         backend.prepare(arms, levels)
 
-    def sample_fn(r: int) -> dict:
+    def sample_fn(r: int) -> dict:  # the sequential rule asks for one round at a time
         if r in done:
             return done[r]
         if not arms:
             start()
-        pairs = paired_round(store, exp_id, backend, arms[0], arms[1], levels, r, acc, store.device(arms[0].fingerprint))
+        kept = store_round(store, exp_id, backend, arms, loop.take(r), levels, ("A", "B"), lost,
+                           store.device(arms[0].fingerprint))  # fmt: skip
         if on_round:
             on_round(r)
-        return pairs
+        return {lv: (a_us, b_us) for lv, (a_us, b_us) in kept.items()}
 
     try:
         res = stats.run_sequential(sample_fn, [lv.key for lv in levels], thresholds, plan, offset_sd=offset_sd,
@@ -332,4 +418,4 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
                 store.merge_resources(exp_id, also=also)
         for a in arms:
             a.close()
-    return res, acc.gpu_s
+    return res, loop.ledger.gpu_s

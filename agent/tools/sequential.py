@@ -153,7 +153,7 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
     device = check_device or {"cuda": "cuda", "command": "command"}.get(backend.name, "cpu")
 
     def stop(kind: str, reason: str, void: str | None = None, spent: float = 0.0) -> Outcome:
-        ledger = protocol.gpu_seconds(store.samples(exp_id))
+        ledger = protocol.Ledger.of(store, [exp_id]).gpu_s
         verdict = "void" if void else kind
         why = (void if reason in void else f"{void} (and then {kind}: {reason})") if void else reason
         timed = bool(store.sample_count(exp_id))
@@ -213,7 +213,7 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
     rows = verdict_rows(res)
     store.add_verdicts(exp_id, rows)
     samples = store.samples(exp_id)
-    ledger = protocol.gpu_seconds(samples)
+    ledger = protocol.Ledger.of(store, [exp_id]).gpu_s
     ceilings = backend.ceilings()
     peak, peak_source = matrix_peak(ceilings, matrix_fallback)
     ceilings = {**ceilings, "matrix_peak": peak, "matrix_source": peak_source}
