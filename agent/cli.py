@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from kinv.agent import logs, signals
+from kinv.agent import faults, logs, signals
 from kinv.agent.commands.common import Exit, app
 from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, KinvError
 
@@ -52,6 +52,7 @@ def main(argv=None) -> int:
 
 def _run(argv, handler) -> int:
     try:
+        faults.check_environment()
         app(args=argv, standalone_mode=False)
         return EXIT_OK
     except KinvError as e:  # Exit included: a command's own exit with its line
@@ -128,7 +129,7 @@ def _log_traceback(e: BaseException, handler: logs.StateDirLog) -> str:
         handler.retarget(tempfile.gettempdir())
     log.error("internal error in kinv %s", " ".join(sys.argv[1:] if _ARGV is None else _ARGV), exc_info=e)
     handler.flush()
-    if not handler.path.is_file():
+    if handler.failed is not None or not handler.path.is_file():
         return "(the log could not be written; set KINV_DEBUG=1 to see the traceback)"
     return str(handler.path)
 

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from kinv.agent import views  # the tools' return types: FastMCP reads them from the module's globals
 from kinv.agent.enums import Approval, BackendName
+from kinv.kernels.errors import BadInput
 
 # the tools' choices, from the enums (FastMCP reads annotations from the module's globals): a JSON-schema enum
 BackendChoice = Literal[tuple(m.value for m in BackendName)]
@@ -51,7 +52,7 @@ def print_config(client: str, state_dir: str | None) -> str:
         return json.dumps({"$schema": "https://opencode.ai/config.json",
                            "mcp": {"kinv": {"type": "local", "command": ["kinv", *args], "enabled": True}}},
                           indent=2)  # fmt: skip
-    raise ValueError(f"--print-config {client!r} is not a client kinv knows; use {' or '.join(CLIENTS)}")
+    raise BadInput(f"--print-config {client!r} is not a client kinv knows; use {' or '.join(CLIENTS)}")
 
 
 def build(state_dir: str | None = None, project: str | None = None, allow_approve: bool = False):

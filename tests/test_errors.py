@@ -8,6 +8,7 @@ import ast
 import errno
 import importlib
 import inspect
+import os
 import tempfile
 from pathlib import Path
 
@@ -219,3 +220,110 @@ def test_the_log_holds_the_records_from_before_the_state_dir_existed(tmp_path):
     assert len(text) == 2 and "INFO kinv.agent.test" in text[0] and "first, before the dir made" in text[0], text
     assert text[1].endswith("second") and not never.exists()
     assert not logging.getLogger("kinv").handlers  # detached: the library in-process logs nowhere
+
+
+def _unopenable_log(state_dir: Path) -> None:
+    """A kinv.log kinv cannot open (a directory in its place): what a read-only state dir is to a process that
+    can still read it, and the same for a root that chmod does not stop."""
+    log = state_dir / "kinv.log"
+    if log.exists():
+        log.unlink()
+    log.mkdir()
+
+
+@pytest.mark.parametrize("argv, code", [(["status"], 0), (["resume", "3a", "--backend", "replay"], 0),
+                                        (["revert"], 0)])  # fmt: skip
+def test_a_log_that_cannot_be_opened_costs_a_command_nothing(closed_3a, tmp_path, state_dir, argv, code):
+    """status, resume and revert on a state dir whose kinv.log cannot be opened end as they would with it: their
+    exit code and at most their own one line on stderr, never a traceback from the log."""
+    from tests.utils import replay_env, run_kinv
+
+    _unopenable_log(state_dir)
+    r = run_kinv(replay_env(tmp_path, state_dir, seed_config=False), *argv)
+    assert "Traceback" not in r.stderr and "Logging error" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode == code and len(r.stderr.strip().splitlines()) <= 1, (r.returncode, r.stderr)
+
+
+def test_a_failed_step_on_a_state_dir_whose_log_cannot_be_opened_is_its_one_line(state_dir, monkeypatch, capsys):
+    """A failed step is logged before its line is printed: a log that cannot be opened (a read-only state dir)
+    leaves the line and the exit code as they are."""
+    from kinv.agent import views
+    from kinv.agent.cli import main
+    from kinv.agent.store import StateDamaged, Store
+
+    Store(state_dir).close()
+    _unopenable_log(state_dir)
+
+    def broken(store):
+        raise StateDamaged("kinv.db is damaged: kinv doctor names the way back")
+
+    monkeypatch.setattr(views, "status", broken)
+    rc = main(["status"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and err == ["kinv: kinv.db is damaged: kinv doctor names the way back"], err
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes a read-only dir anyway")
+def test_a_read_only_state_dir_gets_its_one_line(state_dir, monkeypatch, capsys):
+    from kinv.agent import views
+    from kinv.agent.cli import main
+    from kinv.agent.store import StateDamaged, Store
+
+    Store(state_dir).close()
+    state_dir.chmod(0o555)
+    try:
+        monkeypatch.setattr(views, "status", lambda store: (_ for _ in ()).throw(StateDamaged("damaged")))
+        rc = main(["status"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 1 and err == ["kinv: damaged"], err
+    finally:
+        state_dir.chmod(0o755)
+
+
+def test_a_full_disk_is_one_line_even_when_the_log_cannot_be_written(state_dir, monkeypatch, capsys):
+    """On a full disk the log fails too (here: kinv.log is /dev/full): the "cannot write" line stays the one
+    line, no traceback from writing or closing the log follows it."""
+    from kinv.agent.cli import main
+    from kinv.agent.store import Store
+    from kinv.agent.tools import doctor
+
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    Store(state_dir).close()
+    (state_dir / "kinv.log").symlink_to("/dev/full")
+
+    def broken(directory):
+        raise OSError(errno.ENOSPC, "No space left on device", str(state_dir / "kinv.db"))
+
+    monkeypatch.setattr(doctor, "diagnose", broken)
+    rc = main(["doctor"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1, err
+    assert err[0].startswith(f"kinv: cannot write {state_dir / 'kinv.db'}: No space left on device; free space"), err
+
+
+def test_a_log_write_that_fails_is_given_up_silently(tmp_path, capsys):
+    """The handler's own stream failing (ENOSPC) on write, flush and close: nothing on stderr, the reason kept."""
+    import logging
+
+    from kinv.agent import logs
+
+    class Full:
+        def write(self, *args):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        flush = close = write
+
+    (tmp_path / "kinv.db").touch()
+    h = logs.attach(tmp_path)
+    try:
+        logging.getLogger("kinv.agent.test").error("one")
+        h.stream.close()
+        h.stream = Full()
+        logging.getLogger("kinv.agent.test").error("two")
+        logging.getLogger("kinv.agent.test").error("three")
+    finally:
+        logs.detach(h)
+    assert capsys.readouterr().err == ""
+    assert h.failed is not None and h.failed.errno == errno.ENOSPC
+    assert (tmp_path / "kinv.log").read_text().count("ERROR") == 1

@@ -54,16 +54,15 @@ def todos(
 
     Example: kinv todos 3a --format claude
     """
-    from kinv.agent import render, views
+    from kinv.agent import render, todo_export, views
 
     ws = _id(ws, "workstream id")
+    todo_export.check_format(fmt)  # before the store opens: a bad value creates nothing
     store = _store(state_dir)
     items = views.todos(store, views.resolve_ws(store, ws))
     if fmt == "kinv":
         _emit(items, as_json, render.todos)
     else:  # wrapped as both tools' todo writers take it: {"todos": [...]}
-        from kinv.agent import todo_export
-
         print(json.dumps({"todos": todo_export.export_todos(items, fmt)}, indent=2))
 
 
