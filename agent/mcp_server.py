@@ -84,7 +84,7 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
             return fn()
         except ToolError:
             raise
-        except Exception as exc:  # noqa: BLE001 - NotFound, Unreadable, StoreError...: the CLI's one line
+        except Exception as exc:  # noqa: BLE001 - NotFound, StateDamaged, StoreError...: the CLI's one line
             raise fail(exc) from None
 
     def inside(p: str, what: str = "path") -> Path:
@@ -110,7 +110,8 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
 
     def checked_plan(plan: str, backend: str, approval: str):
         """(path, Plan, hash) of a plan the agent named, with the backend and approval policy checked."""
-        from kinv.agent.models import PlanError, load_plan
+        from kinv.agent.models import load_plan
+        from kinv.kernels.errors import PlanError
 
         path = plan_file(plan)
         choice(backend, tuple(BackendName), "backend")
@@ -301,7 +302,8 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
     def propose_plan(name: str, text: str) -> dict[str, Any]:
         """Validate a plan the agent wrote (YAML text) and store it as plans/NAME.yaml with its hash: how an agent
         turns a hypothesis into a workstream it can then run. An existing plan is never overwritten."""
-        from kinv.agent.models import PlanError, load_plan
+        from kinv.agent.models import load_plan
+        from kinv.kernels.errors import PlanError
 
         if not isinstance(name, str) or not PLAN_NAME.fullmatch(name) or name.endswith((".yaml", ".yml")):
             raise ToolError(f"name {name!r} must be letters, digits, '.', '_' or '-' (no extension, no '/'), e.g. "

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from kinv.kernels.errors import NoRecording
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,8 +28,7 @@ def _no_debug(monkeypatch, tmp_path):
 
 
 def _exception_classes():
-    """Every exception class defined in agent/ and kernels/ (found in the source, checked on the imported class).
-    A signal's ``Interrupted`` is a KeyboardInterrupt, not an error: exit 130 like Ctrl-C."""
+    """Every exception class defined in agent/ and kernels/ (found in the source, checked on the imported class)."""
     found = []
     for path in sorted([*ROOT.glob("agent/**/*.py"), *ROOT.glob("kernels/**/*.py")]):
         tree = ast.parse(path.read_text())
@@ -37,25 +38,28 @@ def _exception_classes():
         module = importlib.import_module("kinv." + ".".join(path.relative_to(ROOT).with_suffix("").parts))
         for name in names:
             cls = getattr(module, name, None)
-            if inspect.isclass(cls) and issubclass(cls, Exception) and cls.__module__ == module.__name__:
+            if inspect.isclass(cls) and issubclass(cls, BaseException) and cls.__module__ == module.__name__:
                 found.append(cls)
     return found
 
 
-def test_every_kinv_exception_is_a_kinv_error_with_its_exit_code():
-    from kinv.kernels.errors import BadInput, KinvError
+def test_every_exception_kinv_raises_is_defined_in_one_module_with_its_exit_code():
+    """kernels/errors.py defines every exception kinv raises on purpose (the command line's own Exit aside), each
+    a kind with its exit code: bad input 2, a failed step 1, damaged state 1, interrupted 130."""
+    from kinv.kernels import errors
+    from kinv.kernels.errors import BadInput, Interrupted, KinvError, StateDamaged, StepFailed
 
-    classes = _exception_classes()
-    assert len(classes) >= 22, classes
-    for cls in classes:
-        assert issubclass(cls, KinvError), f"{cls.__module__}.{cls.__qualname__} is not a KinvError"
-        if cls.__name__ == "Exit":
-            continue  # a command's own exit: its code is the instance's
-        assert cls.exit_code == (2 if issubclass(cls, BadInput) else 1), cls
-    from kinv.agent.store import NoState
-    from kinv.agent.tools.bench import NoDevice, NoRecording
-
-    assert NoRecording.exit_code == NoDevice.exit_code == NoState.exit_code == 2  # bad input wins over a failure
+    elsewhere = [f"{c.__module__}.{c.__qualname__}" for c in _exception_classes()
+                 if c.__module__ != "kinv.kernels.errors" and c.__qualname__ != "Exit"]  # fmt: skip
+    assert not elsewhere, f"define these in kernels/errors.py: {elsewhere}"
+    assert (BadInput.exit_code, StepFailed.exit_code, StateDamaged.exit_code, Interrupted.exit_code) == (2, 1, 1, 130)
+    for cls in vars(errors).values():
+        if inspect.isclass(cls) and issubclass(cls, Exception) and cls.__module__ == errors.__name__:
+            assert issubclass(cls, KinvError), cls
+            assert cls.exit_code == (2 if issubclass(cls, BadInput) else 1), cls
+    assert errors.NoRecording.exit_code == errors.NoDevice.exit_code == errors.NoState.exit_code == 2  # bad input wins
+    assert issubclass(errors.AdoptError, StepFailed) and errors.AdoptError.exit_code == 1  # a failed step, not input
+    assert issubclass(Interrupted, KeyboardInterrupt)  # a routed signal ends a run the way Ctrl-C does
 
 
 def test_the_exit_codes_are_defined_once():
@@ -66,7 +70,7 @@ def test_the_exit_codes_are_defined_once():
     for mod in (cli, common):
         for name in ("EXIT_OK", "EXIT_FAIL", "EXIT_BAD_INPUT"):
             assert getattr(mod, name) is getattr(errors, name), (mod, name)
-    assert not any(n.startswith("EXIT_") for n in vars(investigation)), "the library uses ExitCode, no copies"
+    assert not any(n.startswith("EXIT_") for n in vars(investigation)), "the library decides no exit code"
     assert (errors.EXIT_OK, errors.EXIT_FAIL, errors.EXIT_BAD_INPUT, errors.EXIT_PAUSED) == (0, 1, 2, 3)
 
 
@@ -90,12 +94,28 @@ def test_run_plan_raises_bad_input_with_exit_2_and_creates_no_state_dir(state_di
     assert not state_dir.exists()
 
 
+def test_only_the_command_line_decides_an_exit_code():
+    """Library code raises or returns typed results; ExitCode and the EXIT_ names appear only in the command line
+    (agent/cli.py, agent/commands/) and where they are defined."""
+    users = []
+    for path in sorted([*ROOT.glob("agent/**/*.py"), *ROOT.glob("kernels/**/*.py")]):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("agent/cli.py", "kernels/errors.py") or rel.startswith("agent/commands/"):
+            continue
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        if names & {"ExitCode", "EXIT_OK", "EXIT_FAIL", "EXIT_BAD_INPUT", "EXIT_PAUSED", "EXIT_INTERRUPTED"}:
+            users.append(rel)
+    assert not users, users
+
+
 def test_run_plan_returns_a_typed_outcome_for_a_closed_workstream(closed_3a, tmp_path, state_dir, monkeypatch):
-    """Running a closed workstream again ends normally: a RunOutcome (exit OK, its one line, the workstream id)."""
+    """Running a closed workstream again ends normally: a RunOutcome (closed, its one line, the workstream id); the
+    exit code is the command line's."""
     from rich.console import Console
 
     from kinv.agent.investigation import RunOutcome, run_plan
-    from kinv.kernels.errors import ExitCode
     from tests.utils import replay_env
 
     for k, v in replay_env(tmp_path, state_dir).items():
@@ -103,7 +123,7 @@ def test_run_plan_returns_a_typed_outcome_for_a_closed_workstream(closed_3a, tmp
     out = run_plan(str(ROOT / "plans/3a-attention-occupancy.yaml"), "replay", "auto", str(state_dir),
                    Console(quiet=True))  # fmt: skip
     assert isinstance(out, RunOutcome) and out.closed
-    assert (out.exit_code, out.workstream) == (ExitCode.OK, "#3a")
+    assert (out.end, out.workstream) == ("closed", "#3a")
     assert out.message.startswith("#3a is already closed out: ") and out.message.endswith("-closeout.md")
 
 
@@ -162,11 +182,11 @@ def test_a_named_failure_is_its_one_line_and_exit_code(state_dir, monkeypatch, c
     """A KinvError (or a full disk) is its own line and its exit code, no 'internal error', no log written where
     no state dir exists."""
     from kinv.agent.cli import main
-    from kinv.agent.store import StateDamaged
-    from kinv.agent.tools import bench, doctor
+    from kinv.agent.tools import doctor
+    from kinv.kernels.errors import StateDamaged
 
     exc = {"StateDamaged": StateDamaged("kinv.db is damaged: kinv doctor names the way back"),
-           "NoRecording": bench.NoRecording("kinv.db is damaged: kinv doctor names the way back"),
+           "NoRecording": NoRecording("kinv.db is damaged: kinv doctor names the way back"),
            "ENOSPC": OSError(errno.ENOSPC, "No space left on device", "/x/kinv.db")}[raised]  # fmt: skip
 
     def broken(directory):
@@ -249,7 +269,8 @@ def test_a_failed_step_on_a_state_dir_whose_log_cannot_be_opened_is_its_one_line
     leaves the line and the exit code as they are."""
     from kinv.agent import views
     from kinv.agent.cli import main
-    from kinv.agent.store import StateDamaged, Store
+    from kinv.agent.store import Store
+    from kinv.kernels.errors import StateDamaged
 
     Store(state_dir).close()
     _unopenable_log(state_dir)
@@ -267,7 +288,8 @@ def test_a_failed_step_on_a_state_dir_whose_log_cannot_be_opened_is_its_one_line
 def test_a_read_only_state_dir_gets_its_one_line(state_dir, monkeypatch, capsys):
     from kinv.agent import views
     from kinv.agent.cli import main
-    from kinv.agent.store import StateDamaged, Store
+    from kinv.agent.store import Store
+    from kinv.kernels.errors import StateDamaged
 
     Store(state_dir).close()
     state_dir.chmod(0o555)

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from kinv.agent.cli import main
+from kinv.kernels.errors import NoRecording
 from tests.utils import write_seed_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +66,8 @@ def refused(box: Path, argv, *needles, code: int = 2) -> str:
 
 def refused_at_load(box: Path, f: Path, *needles) -> str:
     """The plan is refused by load_plan itself (never run), and `kinv run` says so in one line."""
-    from kinv.agent.models import PlanError, load_plan
+    from kinv.agent.models import load_plan
+    from kinv.kernels.errors import PlanError
 
     with pytest.raises(PlanError):
         load_plan(f)
@@ -265,10 +267,7 @@ def test_a_bugs_value_error_is_an_internal_error(box, monkeypatch):
 
 
 def test_bad_input_is_a_type_of_its_own():
-    from kinv.agent.models import PlanError
-    from kinv.agent.tools.bench import NoRecording
-    from kinv.kernels.errors import BadInput
-    from kinv.kernels.launch_config import ConfigError
+    from kinv.kernels.errors import BadInput, ConfigError, NoRecording, PlanError
 
     for cls in (PlanError, ConfigError, NoRecording):
         assert issubclass(cls, BadInput), cls
@@ -285,7 +284,7 @@ def test_no_recording_names_the_partner_config_not_its_hash():
     be = bench.ReplayBackend()
     base = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
     var = {**base, "num_warps": 16}
-    with pytest.raises(bench.NoRecording) as exc:
+    with pytest.raises(NoRecording) as exc:
         be.open("baseline", "mla_decode", base, {"TARGET_CTAS": "512"}, partner=var, role="base")
     assert "BT16/BH16/w16/s2" in str(exc.value) and config_hash(var) not in str(exc.value), exc.value
 

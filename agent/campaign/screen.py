@@ -8,8 +8,9 @@ import json
 import time
 
 from kinv.agent.campaign.levels import per_level, with_params
-from kinv.agent.campaign.results import STUDY_DB, CampaignError, Screened
+from kinv.agent.campaign.results import STUDY_DB, Screened
 from kinv.agent.campaign.search import open_search
+from kinv.kernels.errors import CampaignError
 from kinv.kernels.launch_config import config_hash, describe
 
 
@@ -140,7 +141,7 @@ class Screening:
         its own incumbent worker: every paired comparison on one GPU), run, store every row and every candidate's
         outcome here.  Returns the GPU s.  A candidate whose worker fails is recorded failed (with the reason); a
         lost actor's shard re-runs and the loss is recorded."""
-        from kinv.agent.tools.screening import IncumbentFailed
+        from kinv.kernels.errors import IncumbentFailed
 
         if not todo:
             return 0.0

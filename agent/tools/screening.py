@@ -13,11 +13,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from kinv.kernels.errors import KinvError
-
-
-class IncumbentFailed(KinvError, RuntimeError):
-    """The incumbent's own worker failed: the shard has no reference to pair its candidates with."""
+from kinv.kernels.errors import IncumbentFailed
 
 
 def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidates: dict[str, dict],

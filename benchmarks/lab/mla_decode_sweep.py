@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from kinv.agent.tools.worker_client import WorkerError, WorkerProcess  # noqa: E402
+from kinv.agent.tools.worker_client import WorkerProcess  # noqa: E402
+from kinv.kernels.errors import WorkerError  # noqa: E402
 
 BATCHES = (1, 8, 32, 64, 96)
 CONTEXTS = (4096, 16384)
