@@ -317,14 +317,11 @@ def _other_type(old):
     return bad
 
 
-
-
 ident = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True)
 # control and bidi characters: refused in titles and ids
 control_char = st.one_of(st.characters(min_codepoint=0, max_codepoint=31), st.just("\x7f"),
                          st.characters(min_codepoint=0x80, max_codepoint=0x9f),
                          st.sampled_from(["\u202e", "\u202d", "\u2066", "\u2069", "\u200f", "\u2028", "\u2029"]))  # fmt: skip
-
 
 
 # --------------------------------------------------------------------------- #
@@ -369,7 +366,6 @@ bombs = st.one_of(
     st.builds(lambda d: "[&m0 {a: 1}, " + ", ".join(f"&m{k} {{<<: [*m{k - 1}, *m{k - 1}], b{k}: {k}}}" for k in range(1, d)) + "]",
               st.integers(2, 40)),  # merge-key chain
 )  # fmt: skip
-
 
 
 # --------------------------------------------------------------------------- #

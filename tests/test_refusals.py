@@ -1,4 +1,5 @@
-"""Bad input, one case each (the fast lane; tests/test_bad_input.py generates them by the thousand).
+"""Bad input, one case each (the fast lane; tests/test_bad_plan.py, test_bad_config.py and test_bad_cli.py
+generate them by the thousand).
 
 Every refused command: exit 2, one ``kinv: `` line on stderr naming the bad value, no traceback, and nothing
 created: the working directory's listing is the same before and after (no state dir, no kinv.db, no lock),
@@ -245,6 +246,41 @@ def test_missing_recordings_dir_is_bad_input(box, monkeypatch):
     monkeypatch.setenv("KINV_RECORDINGS", str(box / "nonexistent"))
     refused(box, ["bench", "--plan", PLAN, "--backend", "replay"], "nonexistent")
     refused(box, ["run", PLAN, "--backend", "replay", "--approval", "auto"], "nonexistent")
+
+
+# --------------------------------------------------------------------------- #
+# a bad value is never an internal error
+# --------------------------------------------------------------------------- #
+def test_an_unknown_todo_format_is_bad_input_naming_the_formats(box):
+    _some_state(box)
+    line = refused(box, ["todos", "3a", "--format", "jira"], "'jira'", "kinv, opencode, claude")
+    assert "internal error" not in line
+
+
+def test_an_unknown_mcp_client_is_bad_input_naming_the_clients(box):
+    line = refused(box, ["mcp", "--print-config", "bogus"], "'bogus'", "claude or opencode")
+    assert "internal error" not in line
+
+
+@pytest.mark.parametrize("value", ["x", "3.5", "-1", "first"])
+def test_a_bad_fault_point_variable_is_bad_input_and_creates_nothing(box, monkeypatch, value):
+    """KINV_CRASH_AT must be a count: anything else is refused before the command starts (no state dir made)."""
+    from kinv.agent import faults
+
+    monkeypatch.setenv("KINV_CRASH_AT", value)
+    faults.reset()
+    try:
+        line = refused(box, ["run", PLAN, "--backend", "replay", "--approval", "auto"], "KINV_CRASH_AT", repr(value))
+        assert "internal error" not in line and "a count" in line
+        assert not (box / "state").exists()
+        monkeypatch.delenv("KINV_CRASH_AT")
+        faults.reset()
+        _some_state(box)
+        monkeypatch.setenv("KINV_CRASH_AT", value)
+        refused(box, ["status"], "KINV_CRASH_AT")
+    finally:
+        monkeypatch.delenv("KINV_CRASH_AT", raising=False)
+        faults.reset()
 
 
 # --------------------------------------------------------------------------- #
