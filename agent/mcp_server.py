@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from kinv.agent import views  # the tools' return types: FastMCP reads them from the module's globals
 from kinv.agent.enums import Approval, BackendName
-from kinv.kernels.errors import BadInput
+from kinv.kernels.errors import BadInput, NotFound
 
 # the tools' choices, from the enums (FastMCP reads annotations from the module's globals): a JSON-schema enum
 BackendChoice = Literal[tuple(m.value for m in BackendName)]
@@ -354,7 +354,7 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
         wsid = views.resolve_ws(s, ws)
         row = s.workstream(wsid)
         if not row.get("report_path") or not Path(row["report_path"]).exists():
-            raise ValueError(f"{wsid} has no close-out yet (status {row['status']})")
+            raise NotFound(f"{wsid} has no close-out yet (status {row['status']})")
         return Path(row["report_path"])
 
     @server.resource("kinv://closeout/{ws}", mime_type="text/markdown")
@@ -367,18 +367,18 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
         """A workstream's close-out figure: each variant's change per level with its interval."""
         png = closeout_path(ws).with_suffix(".png")
         if not png.exists():
-            raise ValueError(f"{ws} has no close-out figure")
+            raise NotFound(f"{ws} has no close-out figure")
         return png.read_bytes()
 
     @server.resource("kinv://plan/{name}", mime_type="application/yaml")
     def plan_text(name: str) -> str:
         """A plan under plans/ by name (e.g. 3a-attention-occupancy)."""
         if not PLAN_NAME.fullmatch(name):
-            raise ValueError(f"plan name {name!r} must be letters, digits, '.', '_' or '-'")
+            raise BadInput(f"plan name {name!r} must be letters, digits, '.', '_' or '-'")
         path = root / "plans" / f"{name.removesuffix('.yaml')}.yaml"
         if not path.is_file():
             known = ", ".join(sorted(p.stem for p in (root / "plans").glob("*.yaml"))) or "none"
-            raise ValueError(f"no plan {name!r}; plans: {known}")
+            raise NotFound(f"no plan {name!r}; plans: {known}")
         return path.read_text()
 
     return server

@@ -21,7 +21,7 @@ import os
 
 from kinv.agent.tools.backends.ray import RayBackend, RemoteArm  # noqa: F401 - the ray backend
 from kinv.agent.tools.screening import screen_shard
-from kinv.kernels.errors import BackendError, ExecutorError, NoRecording, VariantFailed
+from kinv.kernels.errors import BackendError, BadInput, ExecutorError, NoRecording, VariantFailed
 
 EXECUTORS = ("local", "ray")
 ENV_FOR_ACTORS = ("KINV_FORCE_NO_GPU", "KINV_RECORDINGS", "KINV_CONFIG_DIR", "TRITON_INTERPRET", "TRITON_CACHE_DIR", "PYTHONPATH",
@@ -282,9 +282,9 @@ class _Bench:
 
 def get_executor(name: str, backend: str, address: str | None = None, actors: int | None = None):
     if name not in EXECUTORS:
-        raise ValueError(f"--executor {name!r} is not valid; use {', '.join(EXECUTORS)}")
+        raise BadInput(f"--executor {name!r} is not valid; use {', '.join(EXECUTORS)}")
     if name == "local":
         if address or actors:
-            raise ValueError("--ray-address and --ray-actors need --executor ray")
+            raise BadInput("--ray-address and --ray-actors need --executor ray")
         return LocalExecutor()
     return RayExecutor(backend, address, actors)
