@@ -1,9 +1,11 @@
 """kinv's command line: thin commands over the library.
 
-Every domain error becomes one line and an exit code in one place
-(:func:`main`): 2 for bad input, 1 for a failed investigation step,
-3 when a run pauses for an approval.  Read commands never import torch,
-triton or langgraph.
+The library raises the kinds of kinv.kernels.errors and returns typed outcomes; here, and only here, each
+becomes one line and an exit code (:func:`main`, and agent/commands/common.py's ``EXIT_OF_END`` for how a
+run ended): 2 bad input, 1 a failed step or damaged state, 3 a run paused for an approval, 130 interrupted,
+and for a bug 1, "internal error" and its traceback in the state dir's kinv.log.  The log never costs the
+one line: a log that cannot be written is given up on silently.  Read commands never import torch, triton
+or langgraph.
 """
 
 from __future__ import annotations

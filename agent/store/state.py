@@ -114,7 +114,7 @@ def lock_held(directory: str | os.PathLike, name: str) -> bool:
     return False
 
 
-def _db_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
+def _db_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError | StateDamaged:
     msg = str(exc)
     if "full" in msg or "disk I/O" in msg:
         return StoreError(f"cannot write the kinv state in {path.parent}: the disk is full or failing ({msg}); free "
