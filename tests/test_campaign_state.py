@@ -199,8 +199,8 @@ def test_the_campaign_graph_ends_a_closed_chain_through_adopt_and_summarise_on_i
     _adopting(monkeypatch, written)
     c, store, _plan, start = _campaign(state_dir, [], approval="auto")
     c.save(steps=[_final(start)])
-    code, line = drive(c)
-    assert code == 0 and len(written) == 1 and "adopted" in line, line
+    end, line = drive(c)
+    assert end == "done" and len(written) == 1 and "adopted" in line, line
     row = store.campaign("#7")
     assert row["status"] == "done" and row["summary"]["adopted"], row["summary"]
     assert thread("#7") in checkpoint_threads(state_dir)
@@ -208,8 +208,8 @@ def test_the_campaign_graph_ends_a_closed_chain_through_adopt_and_summarise_on_i
     from kinv.agent.tools.doctor import diagnose
 
     assert not [f for f in diagnose(Path(state_dir)) if f.check == "kinv.db" and f.status == "bad"]
-    code, line = drive(c)  # a second pass starts again at plan_next and finds the campaign adopted
-    assert code == 0 and "adopted" in line and len(written) == 1, line
+    end, line = drive(c)  # a second pass starts again at plan_next and finds the campaign adopted
+    assert end == "done" and "adopted" in line and len(written) == 1, line
 
 
 def test_a_campaign_killed_inside_a_node_resumes_at_that_node(state_dir, monkeypatch):
@@ -236,5 +236,5 @@ def test_a_campaign_killed_inside_a_node_resumes_at_that_node(state_dir, monkeyp
     assert build_campaign_graph(saver).get_state(config).next == ("adopt",)
     saver.conn.close()
     monkeypatch.setattr(camp.Campaign, "finish", real)
-    code, line = drive(c)
-    assert code == 0 and len(written) == 1, line
+    end, line = drive(c)
+    assert end == "done" and len(written) == 1, line
