@@ -1,9 +1,11 @@
 """kinv's command line: thin commands over the library.
 
-Every domain error becomes one line and an exit code in one place
-(:func:`main`): 2 for bad input, 1 for a failed investigation step,
-3 when a run pauses for an approval.  Read commands never import torch,
-triton or langgraph.
+The library raises the kinds of kinv.kernels.errors and returns typed outcomes; here, and only here, each
+becomes one line and an exit code (:func:`main`, and agent/commands/common.py's ``EXIT_OF_END`` for how a
+run ended): 2 bad input, 1 a failed step or damaged state, 3 a run paused for an approval, 130 interrupted,
+and for a bug 1, "internal error" and its traceback in the state dir's kinv.log.  The log never costs the
+one line: a log that cannot be written is given up on silently.  Read commands never import torch, triton
+or langgraph.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import typer
 
-from kinv.agent import logs, signals
+from kinv.agent import faults, logs, signals
 from kinv.agent.commands.common import Exit, app
 from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, KinvError
 
@@ -52,6 +54,7 @@ def main(argv=None) -> int:
 
 def _run(argv, handler) -> int:
     try:
+        faults.check_environment()
         app(args=argv, standalone_mode=False)
         return EXIT_OK
     except KinvError as e:  # Exit included: a command's own exit with its line
@@ -128,7 +131,7 @@ def _log_traceback(e: BaseException, handler: logs.StateDirLog) -> str:
         handler.retarget(tempfile.gettempdir())
     log.error("internal error in kinv %s", " ".join(sys.argv[1:] if _ARGV is None else _ARGV), exc_info=e)
     handler.flush()
-    if not handler.path.is_file():
+    if handler.failed is not None or not handler.path.is_file():
         return "(the log could not be written; set KINV_DEBUG=1 to see the traceback)"
     return str(handler.path)
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 import signal
 
+from kinv.kernels.errors import BadInput
+
 _config: tuple[int, str | None, str | None] | None = None
 _count = 0
 _stopped = False
@@ -34,8 +36,18 @@ _stopped = False
 
 def _load() -> tuple[int, str | None, str | None]:
     crash = os.environ.get("KINV_CRASH_AT", "").strip()
+    if crash and not (crash.isascii() and crash.isdigit()):
+        shown = crash if len(crash) <= 30 else crash[:30] + "..."
+        raise BadInput(f"KINV_CRASH_AT={shown!r} is not a count: set it to the 1-based number of the fault point "
+                       "to crash at (e.g. KINV_CRASH_AT=3), or unset it")
     return (int(crash) if crash else 0, os.environ.get("KINV_COUNT_POINTS") or None,
             os.environ.get("KINV_STOP_AT") or None)  # fmt: skip
+
+
+def check_environment() -> None:
+    """Refuse a bad fault-point variable as bad input before a command starts (it would otherwise surface at
+    the first durable write, after the state dir was created)."""
+    _load()
 
 
 def point(name: str) -> None:

@@ -49,14 +49,10 @@ from kinv.agent.graph_support import (  # noqa: F401 - re-exported: callers impo
 from kinv.agent.models import Plan
 from kinv.agent.tools import bench, configs, correctness, envcheck, protocol, resources, sequential
 from kinv.kernels.devices import get_device
-from kinv.kernels.errors import KinvError
+from kinv.kernels.errors import InvestigationError, PatchError
 from kinv.kernels.launch_config import config_hash, describe
 
 APPROVAL_POLICIES = tuple(Approval)
-
-
-class InvestigationError(KinvError, RuntimeError):
-    """The investigation cannot go on; one line says why."""
 
 
 def _merge(old: dict | None, new: dict | None) -> dict:
@@ -339,7 +335,7 @@ def apply(state: State, runtime: Runtime[Context]) -> Command[Literal["gate", "r
         src = None
         try:
             src = _source_patch(ctx, v)
-        except configs.PatchError:
+        except PatchError:
             pass
         now_cfg = plan.variant_config(v)
         edit = _config_edit(ctx, now_cfg)
@@ -359,7 +355,7 @@ def apply(state: State, runtime: Runtime[Context]) -> Command[Literal["gate", "r
                 "--new-version")  # fmt: skip
     try:
         _ensure_applied(ctx, v, state["exp_id"])
-    except configs.PatchError as exc:
+    except PatchError as exc:
         res = _failed(store, state, "failed", f"patch failed: {exc}")
         ctx.say("failed", message=f"{vid}: {res['reason']}")
         return Command(goto="revert", update={"results": {vid: res},

@@ -16,6 +16,7 @@ from kinv.agent.models import Plan
 from kinv.agent.store import Store
 from kinv.agent.tools import bench, configs
 from kinv.kernels.adapter import Level, get_adapter
+from kinv.kernels.errors import PatchError
 from kinv.kernels.launch_config import config_hash, describe
 
 RECURSION_LIMIT = 200
@@ -110,11 +111,11 @@ def source_patch_of(adapter, variant) -> tuple[Path, str] | None:
     try:
         _path, diff = source_patch_text(adapter, variant.source_patch)
     except ValueError as exc:
-        raise configs.PatchError(f"source_patch {exc}") from None
+        raise PatchError(f"source_patch {exc}") from None
     target = next((ln[4:].strip() for ln in diff.splitlines() if ln.startswith("+++ ")), "")
     target = target[2:] if target.startswith("b/") else target
     if target not in adapter.kernel_files:
-        raise configs.PatchError(f"source_patch {variant.source_patch} targets {target!r}; a variant may only patch "
+        raise PatchError(f"source_patch {variant.source_patch} targets {target!r}; a variant may only patch "
                                  f"the kernel's files: {', '.join(adapter.kernel_files)}")  # fmt: skip
     return root / target, diff
 
@@ -304,7 +305,7 @@ def open_checkpointer(store: Store, plan_path: str = "PLAN", move_damaged: bool 
 
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    from kinv.agent.store import StateDamaged
+    from kinv.kernels.errors import StateDamaged
 
     path = store.checkpoints_path
     if path.is_file() and path.stat().st_size > 0:

@@ -2,8 +2,9 @@
 
 Each raises a :class:`KinvError` for bad input and for a step that failed (the CLI maps it to its exit code
 and one line, in ``kinv.agent.cli.main``).  ``run_plan`` returns a :class:`RunOutcome` for the ways a run
-ends normally (closed out, already closed, paused for an approval, interrupted and reverted); bench, noise
-and revert return their exit code and the line they end with.
+ends normally (closed out, already closed, paused for an approval, interrupted and reverted); bench, noise,
+kernels, profile and revert return the line they end with (or nothing).  The exit codes are the command
+line's: none is decided here.
 """
 
 from __future__ import annotations
@@ -14,31 +15,46 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from rich.markup import escape
 
-from kinv.agent.graph import APPROVAL_POLICIES, Context, InvestigationError, build_graph, open_checkpointer, run_config
+from kinv.agent.graph import APPROVAL_POLICIES, Context, build_graph, open_checkpointer, run_config
 from kinv.agent.models import load_plan
-from kinv.agent.store import StateDamaged, Store
+from kinv.agent.store import Store
 from kinv.agent.store import state_dir as state_path
-from kinv.kernels.errors import BadInput, ExitCode, KinvError
+from kinv.kernels.errors import (
+    BackendError,
+    BadInput,
+    EnvMismatch,
+    HarnessBroken,
+    InvestigationError,
+    KinvError,
+    LockedElsewhere,
+    RevertError,
+    StateDamaged,
+)
 
 log = logging.getLogger(__name__)
 
 
+RunEnd = Literal["closed", "paused", "interrupted"]
+"""How a run ends normally: closed out (or already closed), waiting for an approval, or stopped by a signal
+(kernel files reverted, resumable)."""
+
+
 @dataclass(frozen=True)
 class RunOutcome:
-    """How a workstream's run ended normally: ``exit_code`` (OK: closed out, or already closed; PAUSED: waiting
-    for an approval; INTERRUPTED: stopped by a signal, kernel files reverted, resumable), ``message`` the one
-    line said at the end (with the command that continues, where there is one) and ``workstream`` its id."""
+    """How a workstream's run ended normally (``end``), ``message`` the one line said at the end (with the
+    command that continues, where there is one) and ``workstream`` its id."""
 
-    exit_code: ExitCode
+    end: RunEnd
     message: str
     workstream: str
 
     @property
     def closed(self) -> bool:
-        return self.exit_code == ExitCode.OK
+        return self.end == "closed"
 
 
 def _on_signals():
@@ -69,10 +85,10 @@ def run_plan(plan_path: str, backend: str, approval: str, state_dir, console, ne
     try:
         out = _run_plan(plan_path, backend, approval, state_dir, console, new_version, backend_obj)
     except KinvError as exc:
-        if exc.exit_code != ExitCode.BAD_INPUT:  # bad input leaves no trace, in the log neither
-            log.info("run %s ended: exit %d: %s", plan_path, exc.exit_code, _first_line(exc))
+        if not isinstance(exc, BadInput):  # bad input leaves no trace, in the log neither
+            log.info("run %s ended: %s: %s", plan_path, type(exc).__name__, _first_line(exc))
         raise
-    log.info("run %s ended: exit %d: %s", plan_path, out.exit_code, out.message)
+    log.info("run %s ended: %s: %s", plan_path, out.end, out.message)
     return out
 
 
@@ -84,8 +100,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
               backend_obj) -> RunOutcome:  # fmt: skip
     from langgraph.types import Command
 
-    from kinv.agent import stats
-    from kinv.agent.tools import bench, configs, envcheck
+    from kinv.agent.tools import bench, configs
 
     if approval not in APPROVAL_POLICIES:
         raise BadInput(f"--approval {approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}")
@@ -127,7 +142,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
     file_lock = configs.ConfigFileLock(plan.adapter.config_path(), store.dir)
     try:
         file_lock.__enter__()
-    except configs.LockedElsewhere:  # a failed step (exit 1), raised as it is
+    except LockedElsewhere:  # a failed step (exit 1), raised as it is
         restore_signals()
         store.release_lock(kernel_lock, os.getpid())
         store.release_lock(ws, os.getpid())
@@ -192,7 +207,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
             resume = Command(resume={"approved": appr.get("status") == "approved"})
             result = graph.invoke(resume, cfg, context=ctx, durability="sync")
         elif snap.values.get("report"):
-            return RunOutcome(ExitCode.OK, f"{ws} is already closed out: {snap.values['report']}", ws)
+            return RunOutcome("closed", f"{ws} is already closed out: {snap.values['report']}", ws)
         elif snap.metadata is not None:  # a checkpoint exists: resume it, never begin again
             # next is empty when a kill fell between a task's saved writes and its step's checkpoint
             pending = snap.next or tuple(t.name for t in snap.tasks)
@@ -202,7 +217,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
             # a campaign's screening runs before the workstream's graph starts: it is not the graph's work
             ran = [e for e in store.experiments(ws) if int(e.get("version") or 1) == version and e["kind"] != "screen"]
             if ran and row and row.get("status") == "closed" and row.get("report_path"):
-                return RunOutcome(ExitCode.OK, f"{ws} is already closed out: {row['report_path']}", ws)
+                return RunOutcome("closed", f"{ws} is already closed out: {row['report_path']}", ws)
             if ran:  # kinv.db has this version's work, the checkpoints do not: never start over silently
                 raise StateDamaged(f"the graph checkpoints of {ws} are missing from {store.checkpoints_path} although "
                                    f"kinv.db holds {len(ran)} of its experiments (status {row['status'] if row else '?'}"
@@ -214,8 +229,8 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
                            console, state_dir, ws)  # fmt: skip
         store.check_intact()  # the close-out's records must be in the kinv.db a person will read
         console.print(f"closed out in {time.time() - t0:.1f} s")
-        return RunOutcome(ExitCode.OK, f"close-out: {result.get('report')}", ws)
-    except (InvestigationError, envcheck.EnvMismatch, stats.HarnessBroken, bench.BackendError) as exc:
+        return RunOutcome("closed", f"close-out: {result.get('report')}", ws)
+    except (InvestigationError, EnvMismatch, HarnessBroken, BackendError) as exc:
         store.event(ws, "stopped", str(exc))  # raised on, with its exit code (NoRecording, NoDevice: bad input)
         raise
     except KeyboardInterrupt as exc:
@@ -228,7 +243,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         store.event(ws, "interrupted", f"{how}: stopped; every kernel file restored to its baseline")
         from kinv.agent.ids import continue_command
 
-        return RunOutcome(ExitCode.INTERRUPTED, f"interrupted ({how}): kernel files restored, {ws} marked "
+        return RunOutcome("interrupted", f"interrupted ({how}): kernel files restored, {ws} marked "
                           f"interrupted; continue with: {continue_command(store, ws, state_dir)}", ws)  # fmt: skip
     finally:
         restore_signals()
@@ -278,7 +293,7 @@ def _paused(store: Store, aid: str, console, state_dir, ws: str) -> RunOutcome:
     from kinv.agent.ids import continue_command, state_flag
 
     sd = state_flag(state_dir)  # every command of the hint runs as printed, against this state dir
-    return RunOutcome(ExitCode.PAUSED, f"waiting for approval {aid}: kinv approve {aid}{sd}  |  kinv reject {aid} "
+    return RunOutcome("paused", f"waiting for approval {aid}: kinv approve {aid}{sd}  |  kinv reject {aid} "
                       f"--reason ...{sd}; then {continue_command(store, appr.get('workstream') or ws, state_dir)}",
                       ws)  # fmt: skip
 
@@ -319,7 +334,8 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
 
     from kinv.agent import fmt, stats
     from kinv.agent.tools import bench, protocol
-    from kinv.kernels.launch_config import ConfigError, brief_repr, describe, load_config
+    from kinv.kernels.errors import ConfigError
+    from kinv.kernels.launch_config import brief_repr, describe, load_config
 
     plan, be, said = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter
@@ -364,7 +380,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
         store.update_experiment(exp, status="done", finished=time.time())
         if as_json:
             print(json.dumps(rows, indent=2))
-        return ExitCode.OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
+        return "" if as_json else f"stored as experiment {exp} in {store.path}"
     exp = store.new_experiment(kind="ab", variant=describe(var_cfg), backend=be.name, config_json=json.dumps(var_cfg))
     thresholds = {lv.key: plan.stats.threshold_at(lv.label) for lv in lvls}
     # the sequential A/B with every rule, capped at --rounds; no A/A has measured this pair's offset (said as skipped)
@@ -393,7 +409,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
             console.print(f"rule skipped: {rule}", markup=False)
         console.print(f"{describe(var_cfg)} vs {describe(cfg)}: {out.verdict} after {out.rounds} rounds "
                       f"({out.gpu_s:.2f} GPU s) — {out.reason}", markup=False)  # fmt: skip
-    return ExitCode.OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
+    return "" if as_json else f"stored as experiment {exp} in {store.path}"
 
 
 def _bench_line(m: dict, short: dict) -> str:
@@ -442,12 +458,13 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
         console.print(t)
     for w in stats.check_aa(bands):
         console.print(f"[yellow]warning[/yellow]: {escape(w)}")
-    return ExitCode.OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
+    return "" if as_json else f"stored as experiment {exp} in {store.path}"
 
 
 def kernels_rows() -> list[dict]:
     """Every registered kernel: its tunables, restrictions, level dimensions, unit and config (kinv kernels --json)."""
-    from kinv.kernels.adapter import UnknownKernelError, get_adapter, registered
+    from kinv.kernels.adapter import get_adapter, registered
+    from kinv.kernels.errors import UnknownKernelError
 
     rows = []
     for name, ref in sorted(registered().items()):
@@ -465,14 +482,14 @@ def kernels_rows() -> list[dict]:
     return rows
 
 
-def kernels_command(as_json: bool, console) -> tuple[int, str]:
+def kernels_command(as_json: bool, console) -> str:
     """``kinv kernels``: every registered kernel, its tunables and level dimensions."""
     import json
 
     rows = kernels_rows()
     if as_json:
         print(json.dumps(rows, indent=2))
-        return ExitCode.OK, ""
+        return ""
     from rich.text import Text
 
     from kinv.agent.render import table
@@ -493,10 +510,10 @@ def kernels_command(as_json: bool, console) -> tuple[int, str]:
         console.print(f"kinv bench, noise and env without --plan use {path}", markup=False, highlight=False)
     except BadInput:
         console.print("no kernel names an example plan: kinv bench, noise and env need --plan", markup=False)
-    return ExitCode.OK, ""
+    return ""
 
 
-def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[int, str]:
+def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
     """``kinv revert --to-plan`` (``baseline`` False): the live config of the plan's kernel back to its file of
     record, the shipped bytes (git HEAD when the checkout tracks it, else the copy kinv kept before its first
     write); ``--to-plan-baseline`` (``baseline`` True): the plan's measurement baseline written into the live
@@ -510,17 +527,17 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[
         if not baseline:
             try:
                 action, rec = configs.restore_file_of_record(path)
-            except configs.RevertError as exc:
-                raise configs.RevertError(f"{exc}. To write {plan.ws}'s measurement baseline "
+            except RevertError as exc:
+                raise RevertError(f"{exc}. To write {plan.ws}'s measurement baseline "
                                           f"({describe(plan.baseline)}) instead: kinv revert --to-plan-baseline "
                                           f"{plan_path}") from None  # fmt: skip
             if action == "unchanged":
-                return ExitCode.OK, f"{path} already holds its file of record: {rec.source} (file sha {rec.sha})"
-            return ExitCode.OK, f"restored {path} to its file of record: {rec.source} (file sha {rec.sha})"
+                return f"{path} already holds its file of record: {rec.source} (file sha {rec.sha})"
+            return f"restored {path} to its file of record: {rec.source} (file sha {rec.sha})"
         base = {**plan.baseline, "kernel": plan.adapter.name}
         now = configs.read_config(path, plan.adapter.name) if path.exists() else None
         if now is not None and config_hash(now) == config_hash(base):
-            return ExitCode.OK, f"{path} already holds the measurement baseline of {plan.ws} ({describe(base)})"
+            return f"{path} already holds the measurement baseline of {plan.ws} ({describe(base)})"
         before = path.read_bytes() if path.exists() else None
         if before is not None:
             new = configs.edit_config_text(before.decode("utf-8", errors="replace"), base, plan.adapter.name).encode()
@@ -528,8 +545,8 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[
         configs.write_config(path, base)
         got = configs.read_config(path, plan.adapter.name)
         if config_hash(got) != config_hash(base):
-            raise configs.RevertError(f"{path} did not verify after the write")
-    return ExitCode.OK, (f"wrote the measurement baseline of {plan.ws} into {path} ({describe(base)}, config hash "
+            raise RevertError(f"{path} did not verify after the write")
+    return (f"wrote the measurement baseline of {plan.ws} into {path} ({describe(base)}, config hash "
                      f"{config_hash(base)}, file sha {configs.sha(path)}); this is not the shipped file: kinv "
                      f"revert --to-plan {plan_path} restores that")  # fmt: skip
 
@@ -567,4 +584,4 @@ def profile_command(exp_id, backend, state_dir, as_json, console):
         for line in _profile_lines(profs, {lv.key: lv.label for lv in plan.levels()}):
             if line:
                 console.print(line, markup=False)
-    return ExitCode.OK, "" if as_json else f"{len(profs)} profile(s) stored with experiment {row['id']} in {store.path}"
+    return "" if as_json else f"{len(profs)} profile(s) stored with experiment {row['id']} in {store.path}"

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from kinv.agent import views  # the tools' return types: FastMCP reads them from the module's globals
 from kinv.agent.enums import Approval, BackendName
+from kinv.kernels.errors import BadInput, NotFound
 
 # the tools' choices, from the enums (FastMCP reads annotations from the module's globals): a JSON-schema enum
 BackendChoice = Literal[tuple(m.value for m in BackendName)]
@@ -51,7 +52,7 @@ def print_config(client: str, state_dir: str | None) -> str:
         return json.dumps({"$schema": "https://opencode.ai/config.json",
                            "mcp": {"kinv": {"type": "local", "command": ["kinv", *args], "enabled": True}}},
                           indent=2)  # fmt: skip
-    raise ValueError(f"--print-config {client!r} is not a client kinv knows; use {' or '.join(CLIENTS)}")
+    raise BadInput(f"--print-config {client!r} is not a client kinv knows; use {' or '.join(CLIENTS)}")
 
 
 def build(state_dir: str | None = None, project: str | None = None, allow_approve: bool = False):
@@ -83,7 +84,7 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
             return fn()
         except ToolError:
             raise
-        except Exception as exc:  # noqa: BLE001 - NotFound, Unreadable, StoreError...: the CLI's one line
+        except Exception as exc:  # noqa: BLE001 - NotFound, StateDamaged, StoreError...: the CLI's one line
             raise fail(exc) from None
 
     def inside(p: str, what: str = "path") -> Path:
@@ -109,7 +110,8 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
 
     def checked_plan(plan: str, backend: str, approval: str):
         """(path, Plan, hash) of a plan the agent named, with the backend and approval policy checked."""
-        from kinv.agent.models import PlanError, load_plan
+        from kinv.agent.models import load_plan
+        from kinv.kernels.errors import PlanError
 
         path = plan_file(plan)
         choice(backend, tuple(BackendName), "backend")
@@ -300,7 +302,8 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
     def propose_plan(name: str, text: str) -> dict[str, Any]:
         """Validate a plan the agent wrote (YAML text) and store it as plans/NAME.yaml with its hash: how an agent
         turns a hypothesis into a workstream it can then run. An existing plan is never overwritten."""
-        from kinv.agent.models import PlanError, load_plan
+        from kinv.agent.models import load_plan
+        from kinv.kernels.errors import PlanError
 
         if not isinstance(name, str) or not PLAN_NAME.fullmatch(name) or name.endswith((".yaml", ".yml")):
             raise ToolError(f"name {name!r} must be letters, digits, '.', '_' or '-' (no extension, no '/'), e.g. "
@@ -351,7 +354,7 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
         wsid = views.resolve_ws(s, ws)
         row = s.workstream(wsid)
         if not row.get("report_path") or not Path(row["report_path"]).exists():
-            raise ValueError(f"{wsid} has no close-out yet (status {row['status']})")
+            raise NotFound(f"{wsid} has no close-out yet (status {row['status']})")
         return Path(row["report_path"])
 
     @server.resource("kinv://closeout/{ws}", mime_type="text/markdown")
@@ -364,18 +367,18 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
         """A workstream's close-out figure: each variant's change per level with its interval."""
         png = closeout_path(ws).with_suffix(".png")
         if not png.exists():
-            raise ValueError(f"{ws} has no close-out figure")
+            raise NotFound(f"{ws} has no close-out figure")
         return png.read_bytes()
 
     @server.resource("kinv://plan/{name}", mime_type="application/yaml")
     def plan_text(name: str) -> str:
         """A plan under plans/ by name (e.g. 3a-attention-occupancy)."""
         if not PLAN_NAME.fullmatch(name):
-            raise ValueError(f"plan name {name!r} must be letters, digits, '.', '_' or '-'")
+            raise BadInput(f"plan name {name!r} must be letters, digits, '.', '_' or '-'")
         path = root / "plans" / f"{name.removesuffix('.yaml')}.yaml"
         if not path.is_file():
             known = ", ".join(sorted(p.stem for p in (root / "plans").glob("*.yaml"))) or "none"
-            raise ValueError(f"no plan {name!r}; plans: {known}")
+            raise NotFound(f"no plan {name!r}; plans: {known}")
         return path.read_text()
 
     return server

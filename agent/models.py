@@ -15,8 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from kinv.agent.ids import norm_ws
-from kinv.kernels.errors import BadInput
-from kinv.kernels.launch_config import ConfigError, brief_repr, one_line
+from kinv.kernels.errors import ConfigError, PlanError, TooBig
+from kinv.kernels.launch_config import brief_repr, one_line
 
 WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")
 ITEM_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
@@ -463,10 +463,6 @@ def source_patch_text(adapter, rel: str) -> tuple[Path, str]:
     return path, text
 
 
-class PlanError(BadInput):
-    """A plan that cannot be used; the message is one line naming the field."""
-
-
 def safe_relative_path(p: str) -> Path:
     """A path inside the project (plans/ or kernels/): no absolute paths, no '..'."""
     path = Path(p)
@@ -546,7 +542,7 @@ def _load_plan(path: Path) -> tuple[Plan, str]:
         raise PlanError(f"plan file {path} is not UTF-8 text") from None
     try:
         data = yaml.load(text, Loader=_BoundedLoader)
-    except _TooBig as exc:
+    except TooBig as exc:
         raise PlanError(f"plan file {path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -576,10 +572,6 @@ def _load_plan(path: Path) -> tuple[Plan, str]:
     return plan, hashlib.sha256(raw).hexdigest()[:12]
 
 
-class _TooBig(BadInput):
-    pass
-
-
 def _make_loader():
     import yaml
 
@@ -597,18 +589,18 @@ def _make_loader():
         def construct_object(self, node, deep=False):
             self._nodes += 1
             if self._nodes > self.max_nodes:
-                raise _TooBig(f"YAML expands to more than {self.max_nodes} nodes (anchors/aliases bomb?)")
+                raise TooBig(f"YAML expands to more than {self.max_nodes} nodes (anchors/aliases bomb?)")
             return super().construct_object(node, deep=deep)
 
         def compose_node(self, parent, index):
             if self.check_event(yaml.AliasEvent):
                 self._nodes += 50
                 if self._nodes > self.max_nodes:
-                    raise _TooBig(f"YAML uses too many aliases (more than {self.max_nodes // 50})")
+                    raise TooBig(f"YAML uses too many aliases (more than {self.max_nodes // 50})")
             self._depth += 1
             try:
                 if self._depth > self.max_depth:
-                    raise _TooBig(f"YAML nests deeper than {self.max_depth} levels")
+                    raise TooBig(f"YAML nests deeper than {self.max_depth} levels")
                 return super().compose_node(parent, index)
             finally:
                 self._depth -= 1

@@ -25,7 +25,7 @@ import numpy as np
 from scipy import stats
 
 from kinv.agent.stats import DEFAULT_THRESHOLD, _as_times, _pct, _t_quantile, _z_quantile, robust_scale, t_interval
-from kinv.kernels.errors import KinvError
+from kinv.kernels.errors import HarnessBroken
 
 RECORDINGS_DIR = Path(__file__).resolve().parents[1] / "kernels" / "recordings"
 
@@ -161,14 +161,6 @@ def aa_noise(
         ci_high=hi, round_sd=round_sd, offset_sd=offset_sd, n_arms=k, outliers=outliers, max_gap=float(am[i] - am[j]),
         threshold=threshold, broken=bool(broken), warning=warning, offset_p=offset_p,
     )  # fmt: skip
-
-
-class HarnessBroken(KinvError, RuntimeError):
-    """The A/A shows two arms of the same config confidently further apart than the threshold."""
-
-    def __init__(self, message: str, levels: Sequence[str] = ()) -> None:
-        super().__init__(message)
-        self.levels = list(levels)
 
 
 def check_aa(bands: list[NoiseBand]) -> list[str]:

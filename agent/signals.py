@@ -28,14 +28,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from kinv.kernels.errors import Interrupted
+
 ROUTED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 AGAIN_S = 2.0  # while kinv exits: a signal this long after the first ends a hung exit at once, with its exit code
-
-
-class Interrupted(KeyboardInterrupt):
-    def __init__(self, signame: str):
-        super().__init__(signame)
-        self.signame = signame
 
 
 class _Signals:

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from kinv.agent.views import TodoView, View, _todo_view
+from kinv.kernels.errors import BadInput
 
 OpencodeStatus = Literal["pending", "in_progress", "completed", "cancelled"]
 OpencodePriority = Literal["high", "medium", "low"]
@@ -116,14 +117,18 @@ def to_claude(todos: Iterable[TodoView | dict]) -> list[dict]:
     return out
 
 
+def check_format(fmt: str) -> str:
+    """FMT if it is one of :data:`EXPORT_FORMATS`, else bad input naming the valid ones."""
+    if fmt not in EXPORT_FORMATS:
+        shown = fmt if len(fmt) <= 40 else fmt[:40] + "..."
+        raise BadInput(f"--format {shown!r} is not a todo format kinv knows; valid: {', '.join(EXPORT_FORMATS)}")
+    return fmt
+
+
 def export_todos(todos: Iterable[TodoView | dict], fmt: str = "kinv") -> list[dict]:
-    """Todos in one of :data:`EXPORT_FORMATS`; an unknown format raises ValueError naming the valid ones."""
-    if fmt == "opencode":
+    """Todos in one of :data:`EXPORT_FORMATS`; an unknown format is bad input naming the valid ones."""
+    if check_format(fmt) == "opencode":
         return to_opencode(todos)
     if fmt == "claude":
         return to_claude(todos)
-    if fmt == "kinv":
-        return [_todo_of(t).model_dump() for t in todos]
-    raise ValueError(f"unknown todo format {fmt!r}; valid: {', '.join(EXPORT_FORMATS)}")
-
-
+    return [_todo_of(t).model_dump() for t in todos]

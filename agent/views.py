@@ -24,15 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kinv.agent.ids import norm_ws, shown, stamp
 from kinv.agent.store import Store
-from kinv.kernels.errors import BadInput, KinvError
-
-
-class NotFound(BadInput):
-    """An id (workstream, experiment, approval) that the store does not hold; the message names those it does."""
-
-
-class Unreadable(KinvError, ValueError):
-    """A state file kinv cannot read (e.g. a checkpoints.db that is not an SQLite database); one line says which."""
+from kinv.kernels.errors import NotFound
 
 
 class View(BaseModel):

@@ -31,7 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinv.agent.tools.worker_client import WorkerError, WorkerProcess  # noqa: E402
+from kinv.agent.tools.worker_client import WorkerProcess  # noqa: E402
+from kinv.kernels.errors import WorkerError  # noqa: E402
 
 # the goal's levels: both shapes at context 4096 and 16384, batch >= 32 for bandwidth,
 # and batch 8, and batch 1 for latency

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kinv.kernels.devices import DeviceSpec
-from kinv.kernels.errors import BadInput
-from kinv.kernels.launch_config import ConfigError, Params, TunableSpec, brief_repr, one_line
+from kinv.kernels.errors import BadInput, UnknownKernelError
+from kinv.kernels.launch_config import Params, TunableSpec, brief_repr, one_line
 
 KERNELS_DIR = Path(__file__).resolve().parent
 ENTRY_POINT_GROUP = "kinv.kernels"
@@ -322,10 +322,6 @@ class KernelAdapter(ABC):
         return (*self.tolerance(dtype), None)
 
 
-class UnknownKernelError(BadInput):
-    pass
-
-
 #: the spec a caller gave (a registered name, or package.module:Class) -> its adapter
 _LOADED: dict[str, KernelAdapter] = {}
 #: kernel name -> the adapter loaded under it by package.module:Class (a plugin that is not registered): a
@@ -452,11 +448,9 @@ def _said(exc: BaseException) -> str:
 
 
 __all__ = [
-    "ConfigError",
     "KernelAdapter",
     "Level",
     "Resources",
-    "UnknownKernelError",
     "get_adapter",
     "import_path",
     "project_root",

@@ -47,16 +47,12 @@ ALIASES = {"h100": "sm_90", "h200": "sm_90", "hopper": "sm_90", "b200": "sm_100"
            "rtx-pro-6000": "sm_120", "blackwell-workstation": "sm_120"}  # fmt: skip
 
 
-class UnknownDeviceError(BadInput):
-    pass
-
-
 def get_device(name: str) -> DeviceSpec:
     """A device by arch (``sm_90``) or alias (``h200``); unknown names list the valid ones."""
     key = ALIASES.get(name.lower(), name.lower())
     if key not in DEVICES:
         valid = ", ".join(sorted(DEVICES) + sorted(ALIASES))
-        raise UnknownDeviceError(f"unknown device {name!r}; valid: {valid}")
+        raise BadInput(f"unknown device {name!r}; valid: {valid}")
     return DEVICES[key]
 
 

@@ -27,14 +27,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kinv.kernels.errors import BadInput
+from kinv.kernels.errors import ConfigError
 
 MAX_DIM = 1 << 30
 MAX_CONFIG_BYTES = 256 * 1024
-
-
-class ConfigError(BadInput):
-    """A launch config that cannot be used; the message names the field."""
 
 
 def brief_repr(value, limit: int = 60) -> str:
@@ -398,7 +394,6 @@ def describe(config: dict) -> str:
 
 
 __all__ = [
-    "ConfigError",
     "LaunchParams",
     "Params",
     "Restriction",

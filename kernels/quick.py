@@ -72,10 +72,6 @@ UNITS = {"calls/s": (None, 1.0), "GB/s": ("bytes", 1e9), "TB/s": ("bytes", 1e12)
 LABELS = {"num_warps": "w", "num_stages": "s", "num_ctas": "c", "maxnreg": "r"}
 
 
-class QuickError(BadInput):
-    """A declaration kinv cannot build an adapter from; one line naming the argument (bad input, exit 2)."""
-
-
 # --------------------------------------------------------------------------- #
 # restrictions: parsed with ast, evaluated by a walker (no eval)
 # --------------------------------------------------------------------------- #
@@ -99,30 +95,30 @@ def _allowed(names) -> str:
 
 
 def parse_restriction(text: str, names) -> ast.Expression:
-    """The parsed restriction, or QuickError saying why it is refused (one message: what it uses, what is allowed)."""
+    """The parsed restriction, or BadInput saying why it is refused (one message: what it uses, what is allowed)."""
     names = tuple(names)
     if not isinstance(text, str) or not text.strip():
-        raise QuickError(f"restriction {brief_repr(text)} is refused: give a condition over the tunables, "
+        raise BadInput(f"restriction {brief_repr(text)} is refused: give a condition over the tunables, "
                          f"e.g. '{names[0] if names else 'TILE_M'} <= 128'; {_allowed(names)}")  # fmt: skip
     if len(text) > 500:
-        raise QuickError(f"restriction {brief_repr(text)} is refused: it is longer than 500 characters")
+        raise BadInput(f"restriction {brief_repr(text)} is refused: it is longer than 500 characters")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
-        raise QuickError(f"restriction {text!r} is refused: it is not an expression ({exc.msg}); "
+        raise BadInput(f"restriction {text!r} is refused: it is not an expression ({exc.msg}); "
                          f"{_allowed(names)}") from None  # fmt: skip
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id not in names:
-            raise QuickError(f"restriction {text!r} is refused: it names {node.id}, which is not a tunable; "
+            raise BadInput(f"restriction {text!r} is refused: it names {node.id}, which is not a tunable; "
                              f"{_allowed(names)}")  # fmt: skip
         if isinstance(node, ast.Constant) and (isinstance(node.value, bool) or not isinstance(node.value, int | float)):
-            raise QuickError(f"restriction {text!r} is refused: it uses the constant {node.value!r}; {_allowed(names)}")
+            raise BadInput(f"restriction {text!r} is refused: it uses the constant {node.value!r}; {_allowed(names)}")
         if not isinstance(node, _STRUCTURE):
             what = _WHAT.get(type(node), f"a {type(node).__name__} expression")
-            raise QuickError(f"restriction {text!r} is refused: it uses {what}; {_allowed(names)}")
+            raise BadInput(f"restriction {text!r} is refused: it uses {what}; {_allowed(names)}")
     if not isinstance(tree.body, ast.Compare | ast.BoolOp) and not (
             isinstance(tree.body, ast.UnaryOp) and isinstance(tree.body.op, ast.Not)):  # fmt: skip
-        raise QuickError(f"restriction {text!r} is refused: it is not a condition (compare values, e.g. "
+        raise BadInput(f"restriction {text!r} is refused: it is not a condition (compare values, e.g. "
                          f"'{names[0] if names else 'TILE_M'} <= 128'); {_allowed(names)}")  # fmt: skip
     return tree
 
@@ -166,7 +162,7 @@ def restriction(item, names) -> Restriction:
         name = getattr(item, "__name__", "")
         text = doc[0] if doc else (name if name and name != "<lambda>" else "a restriction given as a function")
         return Restriction(text, lambda v, _f=item: bool(_f(dict(v))))
-    raise QuickError(f"restriction {brief_repr(item)} is refused: give a string such as 'TILE_M * TILE_N <= 16384', "
+    raise BadInput(f"restriction {brief_repr(item)} is refused: give a string such as 'TILE_M * TILE_N <= 16384', "
                      "a function of the values dict, or (text, function)")  # fmt: skip
 
 
@@ -187,51 +183,51 @@ def _abbreviations(names: list[str], given: Mapping | None) -> dict[str, str]:
 
 def _tunables(tunables, abbr) -> tuple[Tunable, ...]:
     if not isinstance(tunables, Mapping) or not tunables:
-        raise QuickError(f"tunables must be a dict of name -> allowed values, e.g. {{'TILE_M': [32, 64]}}; got "
+        raise BadInput(f"tunables must be a dict of name -> allowed values, e.g. {{'TILE_M': [32, 64]}}; got "
                          f"{brief_repr(tunables)}")  # fmt: skip
     names = [str(n) for n in tunables]
     for n in names:
         if not NAME.fullmatch(n):
-            raise QuickError(f"tunable {brief_repr(n)} is not a valid name (letters, digits, _)")
+            raise BadInput(f"tunable {brief_repr(n)} is not a valid name (letters, digits, _)")
     labels = _abbreviations(names, abbr)
     out = []
     for n, values in tunables.items():
         values = list(values) if isinstance(values, list | tuple | range) else values
         if not isinstance(values, list) or not values:
-            raise QuickError(f"tunables.{n}: give a non-empty list of allowed integers; got {brief_repr(values)}")
+            raise BadInput(f"tunables.{n}: give a non-empty list of allowed integers; got {brief_repr(values)}")
         bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int)]
         if bad:
-            raise QuickError(f"tunables.{n}: {brief_repr(bad[0])} is not an integer (kinv's tunables are integers)")
+            raise BadInput(f"tunables.{n}: {brief_repr(bad[0])} is not an integer (kinv's tunables are integers)")
         if len(set(values)) != len(values):
-            raise QuickError(f"tunables.{n}: the allowed values must be distinct")
+            raise BadInput(f"tunables.{n}: the allowed values must be distinct")
         out.append(Tunable(n, tuple(values), labels[n]))
     return tuple(out)
 
 
 def _levels(levels) -> tuple[tuple[str, ...], list[dict]]:
     if not isinstance(levels, list | tuple) or not levels or len(levels) > 64:
-        raise QuickError(f"levels must be a list of 1 to 64 dicts of level dimensions, e.g. [{{'M': 512, 'N': 512}}]; "
+        raise BadInput(f"levels must be a list of 1 to 64 dicts of level dimensions, e.g. [{{'M': 512, 'N': 512}}]; "
                          f"got {brief_repr(levels)}")  # fmt: skip
     first = levels[0]
     if not isinstance(first, Mapping) or not first:
-        raise QuickError(f"levels[0] must be a dict of level dimensions; got {brief_repr(first)}")
+        raise BadInput(f"levels[0] must be a dict of level dimensions; got {brief_repr(first)}")
     dims = tuple(str(d) for d in first)
     out = []
     for i, lv in enumerate(levels):
         if not isinstance(lv, Mapping) or set(map(str, lv)) != set(dims):
-            raise QuickError(f"levels[{i}] must have the dimensions of levels[0] ({', '.join(dims)}); got "
+            raise BadInput(f"levels[{i}] must have the dimensions of levels[0] ({', '.join(dims)}); got "
                              f"{brief_repr(lv)}")  # fmt: skip
         for d in dims:
             if not NAME.fullmatch(d):
-                raise QuickError(f"level dimension {brief_repr(d)} is not a valid name (letters, digits, _)")
+                raise BadInput(f"level dimension {brief_repr(d)} is not a valid name (letters, digits, _)")
             v = lv[d]
             ok = (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_DIM) or (
                 isinstance(v, str) and 0 < len(v) <= 64 and "/" not in v)  # fmt: skip
             if not ok:
-                raise QuickError(f"levels[{i}].{d}={brief_repr(v)} must be an integer from 0 to {MAX_DIM} or a short "
+                raise BadInput(f"levels[{i}].{d}={brief_repr(v)} must be an integer from 0 to {MAX_DIM} or a short "
                                  "string without '/'")  # fmt: skip
             if type(v) is not type(first[d]):
-                raise QuickError(f"levels[{i}].{d}={brief_repr(v)}: every level's {d} must be of one type")
+                raise BadInput(f"levels[{i}].{d}={brief_repr(v)}: every level's {d} must be of one type")
         out.append({d: lv[d] for d in dims})
     return dims, out
 
@@ -241,7 +237,7 @@ def _dtype_name(dtype) -> str | None:
         return None
     name = str(dtype).removeprefix("torch.")
     if name not in DTYPES:
-        raise QuickError(f"dtype {brief_repr(dtype)} is not one of float16, bfloat16, float32")
+        raise BadInput(f"dtype {brief_repr(dtype)} is not one of float16, bfloat16, float32")
     return DTYPES[name]
 
 
@@ -255,7 +251,7 @@ def _takes(fn: Callable, name: str) -> bool:
 
 def _check_callable(fn, what: str, positional: int, example: str) -> None:
     if not callable(fn):
-        raise QuickError(f"{what} must be a function {example}; got {brief_repr(fn)}")
+        raise BadInput(f"{what} must be a function {example}; got {brief_repr(fn)}")
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -263,7 +259,7 @@ def _check_callable(fn, what: str, positional: int, example: str) -> None:
     try:
         sig.bind(*range(positional))
     except TypeError:
-        raise QuickError(f"{what} must take {positional} arguments {example}; it takes {sig}") from None
+        raise BadInput(f"{what} must take {positional} arguments {example}; it takes {sig}") from None
 
 
 def _is_triton(obj) -> bool:
@@ -358,7 +354,7 @@ def _watch(obj) -> None:
             obj._kinv_quick_run = original
         except (AttributeError, TypeError):  # an object that takes no attributes: its launches report no compiled kernel
             if hasattr(obj, "configs"):  # an autotuner that cannot be routed would search on its own: refuse
-                raise QuickError(f"cannot route {brief_repr(obj)}'s launches to the chosen config") from None
+                raise BadInput(f"cannot route {brief_repr(obj)}'s launches to the chosen config") from None
 
 
 def _run_config(autotuner, config, args, kwargs):
@@ -366,7 +362,7 @@ def _run_config(autotuner, config, args, kwargs):
     given = config.all_kwargs()
     clash = sorted(set(given) & set(kwargs))
     if clash:
-        raise QuickError(f"launch passes {', '.join(clash)}, which the autotune config sets: leave them to the config")
+        raise BadInput(f"launch passes {', '.join(clash)}, which the autotune config sets: leave them to the config")
     if getattr(config, "pre_hook", None):
         config.pre_hook({**dict(zip(autotuner.arg_names, args)), **kwargs, **given})
     return autotuner.fn.run(*args, **kwargs, **given)
@@ -529,13 +525,13 @@ class QuickAdapter(KernelAdapter):
             compiled, _LOCAL.compiled = getattr(_LOCAL, "compiled", None), None
         if result is None:
             if out is None:
-                raise QuickError(f"{self.name}: launch returned nothing; return the output (written into out when "
+                raise BadInput(f"{self.name}: launch returned nothing; return the output (written into out when "
                                  "given)")  # fmt: skip
             result = out
         elif out is not None:
             mine, given = _tensors(result), _tensors(out)
             if len(mine) != len(given) or any(a.data_ptr() != b.data_ptr() for a, b in zip(mine, given)):
-                raise QuickError(f"{self.name}: launch returned an output other than the out it was given; write into "
+                raise BadInput(f"{self.name}: launch returned an output other than the out it was given; write into "
                                  "out (kinv fills it with NaN before a checked launch and times launches into it)")  # fmt: skip
         return result, compiled
 
@@ -611,7 +607,7 @@ def _build(name: str, module: str, *, tunables: tuple[Tunable, ...], restriction
            reference_parts=None, throughput_unit=None, throughput=None, stand_in=None, kernels=(),
            override_dims=None, example_plan: str = "", profile_kernels: str = "", autotune=None) -> type[QuickAdapter]:  # fmt: skip
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise QuickError(f"name {brief_repr(name)} is not a valid kernel name (letters, digits, _; at most 64)")
+        raise BadInput(f"name {brief_repr(name)} is not a valid kernel name (letters, digits, _; at most 64)")
     names = tuple(t.name for t in tunables)
     rules = tuple(restriction(r, names) for r in ([restrictions] if isinstance(restrictions, str) else restrictions))
     if autotune is not None:
@@ -619,7 +615,7 @@ def _build(name: str, module: str, *, tunables: tuple[Tunable, ...], restriction
     dims, level_list = _levels(levels)
     clash = sorted(set(dims) & set(names))
     if clash:
-        raise QuickError(f"{clash[0]} is both a tunable and a level dimension")
+        raise BadInput(f"{clash[0]} is both a tunable and a level dimension")
     if override_dims is None:
         override_dims = {d: d for d in dims if isinstance(level_list[0][d], int)}
     spec = TunableSpec(kernel=name, tunables=tunables, restrictions=rules, override_dims=dict(override_dims))
@@ -632,24 +628,24 @@ def _build(name: str, module: str, *, tunables: tuple[Tunable, ...], restriction
     if throughput is not None:
         _check_callable(throughput, "throughput", 2, "(level, us) -> float")
         if not throughput_unit:
-            raise QuickError("throughput needs throughput_unit: what its figure is in (e.g. 'tok/s')")
+            raise BadInput("throughput needs throughput_unit: what its figure is in (e.g. 'tok/s')")
     unit = throughput_unit or ("TFLOP/s" if flops is not None else "GB/s")
     if throughput is None and unit not in UNITS:
-        raise QuickError(f"throughput_unit {unit!r} is not one kinv computes ({', '.join(UNITS)}); give "
+        raise BadInput(f"throughput_unit {unit!r} is not one kinv computes ({', '.join(UNITS)}); give "
                          "throughput=(level, us) -> float with it")  # fmt: skip
     if tolerance is not None and not callable(tolerance) and not isinstance(tolerance, Mapping) and not (
             isinstance(tolerance, tuple | list) and len(tolerance) == 2):  # fmt: skip
-        raise QuickError(f"tolerance must be (atol, rtol), a dict dtype -> (atol, rtol) or a function of the dtype; "
+        raise BadInput(f"tolerance must be (atol, rtol), a dict dtype -> (atol, rtol) or a function of the dtype; "
                          f"got {brief_repr(tolerance)}")  # fmt: skip
     if stand_in is not None and not callable(stand_in) and not isinstance(stand_in, Mapping):
-        raise QuickError("stand_in must be a dict of caps on CPU ({'M': 64}) or a function (dims, device) -> dims")
+        raise BadInput("stand_in must be a dict of caps on CPU ({'M': 64}) or a function (dims, device) -> dims")
     if not isinstance(default, Mapping):
-        raise QuickError(f"default must be a dict of tunable values (the config kinv starts from); got "
+        raise BadInput(f"default must be a dict of tunable values (the config kinv starts from); got "
                          f"{brief_repr(default)}")  # fmt: skip
     try:
         default = spec.validate({**default, "kernel": name}, name)
     except ValueError as exc:
-        raise QuickError(f"default: {exc}") from None
+        raise BadInput(f"default: {exc}") from None
     default.pop("kernel", None)
     triton = [*(kernels or ()), *_triton_objects(launch)]
     if autotune is not None and all(autotune[2] is not o for o in triton):
@@ -696,7 +692,7 @@ def kernel(name: str, *, tunables: Mapping, default: Mapping, levels: list, make
     ``throughput_unit`` (calls/s, GB/s, TB/s, GFLOP/s, TFLOP/s; or any with ``throughput=(level, us) -> float``),
     ``stand_in`` (CPU caps by dimension, or ``(dims, device) -> dims``), ``kernels`` (Triton kernels ``launch``
     reaches without naming them), ``override_dims``, ``example_plan``, ``profile_kernels``; ``abbr`` (labels of
-    tunables), ``module`` (whose adapter it is: default the calling module).  Raises QuickError naming the argument.
+    tunables), ``module`` (whose adapter it is: default the calling module).  Raises BadInput naming the argument.
     """
     return _build(name, module or _module_name(1), tunables=_tunables(tunables, abbr), restrictions=restrictions,
                   default=default, levels=levels, make_inputs=make_inputs, launch=launch, reference=reference,
@@ -716,13 +712,13 @@ def from_autotune(name: str, autotuned, *, levels: list, make_inputs: Callable, 
     if key is None or callable(key):
         key = getattr(autotuned, "key", None)
     if not isinstance(configs, list | tuple) or not configs or not isinstance(key, list | tuple) or not _is_triton(autotuned):
-        raise QuickError(f"from_autotune needs what @triton.autotune returns (an Autotuner: .configs, .keys, .fn); got "
+        raise BadInput(f"from_autotune needs what @triton.autotune returns (an Autotuner: .configs, .keys, .fn); got "
                          f"{brief_repr(autotuned)}")  # fmt: skip
     fn = getattr(_python_function(autotuned), "__name__", "the kernel")
     kw = list(configs[0].kwargs)
     for i, c in enumerate(configs):
         if set(c.kwargs) != set(kw):
-            raise QuickError(f"{fn}'s autotune configs[{i}] sets {', '.join(sorted(c.kwargs)) or 'nothing'}; configs[0] "
+            raise BadInput(f"{fn}'s autotune configs[{i}] sets {', '.join(sorted(c.kwargs)) or 'nothing'}; configs[0] "
                              f"sets {', '.join(kw) or 'nothing'}: every config must set the same kwargs")  # fmt: skip
     launch_opts = ["num_warps", "num_stages"] + [o for o in ("num_ctas", "maxnreg")
                                                  if len({getattr(c, o, None) for c in configs}) > 1]  # fmt: skip
@@ -734,7 +730,7 @@ def from_autotune(name: str, autotuned, *, levels: list, make_inputs: Callable, 
         for n in names:
             v = c.kwargs[n] if n in c.kwargs else getattr(c, n, None)
             if isinstance(v, bool) or not isinstance(v, int):
-                raise QuickError(f"{fn}'s autotune configs[{i}].{n}={brief_repr(v)} is not an integer (kinv's tunables "
+                raise BadInput(f"{fn}'s autotune configs[{i}].{n}={brief_repr(v)} is not an integer (kinv's tunables "
                                  "are integers)")  # fmt: skip
             row.append(v)
             if v not in values[n]:
@@ -743,10 +739,10 @@ def from_autotune(name: str, autotuned, *, levels: list, make_inputs: Callable, 
     rule = Restriction(f"one of the {len(combos)} configs of {fn}'s @triton.autotune",
                        lambda v, _c=combos, _n=tuple(names): tuple(v[n] for n in _n) in _c)  # fmt: skip
     if not isinstance(levels, list | tuple) or not levels:
-        raise QuickError(f"levels must be a list of dicts of {fn}'s autotune key ({', '.join(key)})")
+        raise BadInput(f"levels must be a list of dicts of {fn}'s autotune key ({', '.join(key)})")
     for i, lv in enumerate(levels):
         if not isinstance(lv, Mapping) or set(map(str, lv)) != set(key):
-            raise QuickError(f"levels[{i}] must name exactly {fn}'s autotune key ({', '.join(key)}), its level "
+            raise BadInput(f"levels[{i}] must name exactly {fn}'s autotune key ({', '.join(key)}), its level "
                              f"dimensions; got {brief_repr(lv)}")  # fmt: skip
     levels = [{k: lv[k] for k in key} for lv in levels]
     tunables = _tunables({n: sorted(values[n]) for n in names}, abbr)
@@ -757,4 +753,4 @@ def from_autotune(name: str, autotuned, *, levels: list, make_inputs: Callable, 
                   autotune=(tuple(names), combos, autotuned, rule), **options)  # fmt: skip
 
 
-__all__ = ["QuickAdapter", "QuickError", "from_autotune", "kernel", "parse_restriction", "restriction"]
+__all__ = ["QuickAdapter", "from_autotune", "kernel", "parse_restriction", "restriction"]

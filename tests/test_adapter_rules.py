@@ -48,7 +48,8 @@ def _plan(src: Path, env: dict, name: str = "plan-env.yaml") -> Path:
 
 
 def test_a_plugin_plan_expecting_a_value_its_adapter_refuses_is_bad_input_naming_the_rule(plugin):
-    from kinv.agent.models import PlanError, load_plan
+    from kinv.agent.models import load_plan
+    from kinv.kernels.errors import PlanError
 
     with pytest.raises(PlanError) as err:
         load_plan(_plan(plugin, {"MATMUL_SPLITS": "3"}))
@@ -60,7 +61,8 @@ def test_a_plugin_plan_expecting_a_value_its_adapter_refuses_is_bad_input_naming
 
 def test_another_kernels_rule_does_not_apply_to_a_plugin(plugin):
     """TARGET_CTAS is MLA's variable: a plugin's plan may expect any value of it, an MLA plan may not."""
-    from kinv.agent.models import PlanError, load_plan
+    from kinv.agent.models import load_plan
+    from kinv.kernels.errors import PlanError
 
     plan, _ = load_plan(_plan(plugin, {"TARGET_CTAS": "abc"}))
     assert plan.environment == {"TARGET_CTAS": "abc"}

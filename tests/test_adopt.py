@@ -35,7 +35,7 @@ def test_adopt_shows_then_writes_the_winner_journaled_with_a_message_citing_the_
     assert any(b["sha"] and b["path"] == str(cfg.resolve()) for b in backups)  # the old file is kept
     # the file moved on: a second adoption from the same measurements is refused
     again = kinv_in_process(env, "adopt", "3b", "V1", "--yes")
-    assert again.returncode == 2 and "already runs" in again.stderr
+    assert again.returncode == 1 and "already runs" in again.stderr
 
 
 def test_adopt_refuses_what_was_not_a_win_and_names_what_was_measured(tmp_path, state_dir, closed_3a):
@@ -149,7 +149,7 @@ def test_adopt_refuses_a_variant_the_confirming_ab_shows_slower_than_the_live_fi
     before = cfg.read_bytes()
     for args in (("adopt", "3b", "V1"), ("adopt", "3b", "V1", "--yes")):  # (--backend auto: replay here)
         r = kinv_in_process(env, *args)
-        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.returncode == 1, r.stdout + r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "improves on the live file" in r.stderr
         assert "at no level" in r.stderr and "b1 -" in r.stderr and "regressed" in r.stderr
         assert "+44.50%" not in r.stdout + r.stderr and "nothing to adopt" in r.stderr
@@ -211,7 +211,7 @@ def test_adopt_without_a_replay_recording_of_the_pair_refuses_in_one_line_and_wr
     before, exps = cfg.read_bytes(), _experiments(env)
     for extra in ((), ("--yes",), ("--yes", "--json")):
         r = kinv_in_process(env, "adopt", "3b", "V1", "--backend", "replay", *extra)
-        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.returncode == 1, r.stdout + r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert "no recording of that pair" in r.stderr and "--backend cuda" in r.stderr and "nothing written" in r.stderr
         assert cfg.read_bytes() == before and _experiments(env) == exps
@@ -300,7 +300,8 @@ def test_an_override_tuned_at_one_context_stays_off_at_a_longer_one():
     # On the H200 an override at V3/b96 tuned at context 4096 also applied at 16384, where it cost 2.4%: an
     # override may now say which contexts it is for, and the label says so too.
     from kinv.kernels.adapter import get_adapter
-    from kinv.kernels.launch_config import ConfigError, describe
+    from kinv.kernels.errors import ConfigError
+    from kinv.kernels.launch_config import describe
 
     a = get_adapter("mla_decode")
     cfg = a.validate_config({"kernel": "mla_decode", "BLOCK_T": 64, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2,

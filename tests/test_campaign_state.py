@@ -108,8 +108,8 @@ def test_a_recorded_rejection_stands_when_the_campaign_is_run_again_under_approv
     store.add_approval(id="7-adopt", workstream="#7c", todo="#7c.adopt", variant="V1", kind="adopt", diff="d",
                        hypothesis="m", resources="{}")  # fmt: skip
     assert store.decide_approval("7-adopt", "rejected", "b1 matters more than b96 here")
-    code, line = c.finish(c.row["steps"][-1])
-    assert code == 0 and not written, line  # nothing written over a person's no
+    end, line = c.finish(c.row["steps"][-1])
+    assert end == "done" and not written, line  # nothing written over a person's no
     assert "rejected by a person" in line and "b1 matters more" in line
     assert store.approval("7-adopt")["status"] == "rejected"
     assert c.row["status"] == "done" and "rejected" in c.row["steps"][-1]["adoption"]
@@ -122,8 +122,8 @@ def test_approval_auto_decides_a_pending_adoption_instead_of_leaving_it_pending(
     c.save(steps=[_final(start)])
     store.add_approval(id="7-adopt", workstream="#7c", todo="#7c.adopt", variant="V1", kind="adopt", diff="d",
                        hypothesis="m", resources="{}")  # an earlier run under ask proposed it  # fmt: skip
-    code, line = c.finish(c.row["steps"][-1])
-    assert code == 0 and len(written) == 1, line
+    end, line = c.finish(c.row["steps"][-1])
+    assert end == "done" and len(written) == 1, line
     appr = store.approval("7-adopt")
     assert appr["status"] == "approved" and "--approval auto" in appr["reason"]
     assert not store.approvals(status="pending")
@@ -199,8 +199,8 @@ def test_the_campaign_graph_ends_a_closed_chain_through_adopt_and_summarise_on_i
     _adopting(monkeypatch, written)
     c, store, _plan, start = _campaign(state_dir, [], approval="auto")
     c.save(steps=[_final(start)])
-    code, line = drive(c)
-    assert code == 0 and len(written) == 1 and "adopted" in line, line
+    end, line = drive(c)
+    assert end == "done" and len(written) == 1 and "adopted" in line, line
     row = store.campaign("#7")
     assert row["status"] == "done" and row["summary"]["adopted"], row["summary"]
     assert thread("#7") in checkpoint_threads(state_dir)
@@ -208,8 +208,8 @@ def test_the_campaign_graph_ends_a_closed_chain_through_adopt_and_summarise_on_i
     from kinv.agent.tools.doctor import diagnose
 
     assert not [f for f in diagnose(Path(state_dir)) if f.check == "kinv.db" and f.status == "bad"]
-    code, line = drive(c)  # a second pass starts again at plan_next and finds the campaign adopted
-    assert code == 0 and "adopted" in line and len(written) == 1, line
+    end, line = drive(c)  # a second pass starts again at plan_next and finds the campaign adopted
+    assert end == "done" and "adopted" in line and len(written) == 1, line
 
 
 def test_a_campaign_killed_inside_a_node_resumes_at_that_node(state_dir, monkeypatch):
@@ -236,5 +236,5 @@ def test_a_campaign_killed_inside_a_node_resumes_at_that_node(state_dir, monkeyp
     assert build_campaign_graph(saver).get_state(config).next == ("adopt",)
     saver.conn.close()
     monkeypatch.setattr(camp.Campaign, "finish", real)
-    code, line = drive(c)
-    assert code == 0 and len(written) == 1, line
+    end, line = drive(c)
+    assert end == "done" and len(written) == 1, line

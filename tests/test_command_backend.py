@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from kinv.agent.models import load_plan
-from kinv.agent.tools.backends import VariantFailed, get_backend
+from kinv.agent.tools.backends import get_backend
 from kinv.agent.tools.backends.command import metric_of
+from kinv.kernels.errors import VariantFailed
 from tests.utils import kinv_in_process, replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[1]

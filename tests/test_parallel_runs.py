@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kinv.kernels.errors import BadInput
 from tests.test_replay_outcomes import PLANS, _pinned, outcome
 from tests.utils import kinv_in_process, replay_env, run_kinv
 
@@ -31,7 +32,7 @@ def test_plans_of_one_kernel_share_a_group_and_a_workstream_named_twice_is_refus
     loaded = [(PLANS[w], load_plan(PLANS[w])[0]) for w in ("3a", "4a", "3b")]
     rows = placement.group(loaded)
     assert [(r.ws, r.group) for r in rows] == [("#3a", 0), ("#4a", 1), ("#3b", 0)]
-    with pytest.raises(placement.PlacementError, match="both workstream #3a"):
+    with pytest.raises(BadInput, match="both workstream #3a"):
         placement.group([loaded[0], loaded[0]])
     # exit codes: a failure outranks a pause for approval, which outranks a close-out
     rows[0].exit_code, rows[1].exit_code, rows[2].exit_code = 0, 3, 0

@@ -11,6 +11,7 @@ import pytest
 from kinv.agent.models import load_plan
 from kinv.agent.tools import bench, protocol
 from kinv.agent.tools.space import feasibility, space_configs
+from kinv.kernels.errors import BackendError, NoRecording
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,14 +84,14 @@ def test_a_backend_is_one_class_and_one_registration(monkeypatch):
         loud = "LONE backend"
 
         def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant"):
-            raise bench.NoRecording("nothing to open")
+            raise NoRecording("nothing to open")
 
     monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY))
     monkeypatch.setattr(backends, "BACKENDS", list(backends.BACKENDS))
     monkeypatch.setattr(bench, "BACKENDS", backends.BACKENDS)
     backends.register_backend("lone", Lone)
     assert "lone" in bench.BACKENDS and isinstance(bench.get_backend("lone"), Lone)
-    with pytest.raises(bench.BackendError, match="unknown backend 'nope'; valid: auto, cuda, replay, command, lone"):
+    with pytest.raises(BackendError, match="unknown backend 'nope'; valid: auto, cuda, replay, command, lone"):
         bench.get_backend("nope")
     with pytest.raises(ValueError):
         backends.register_backend("auto", Lone)

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from kinv.kernels.errors import BadInput
 from tests.utils import run_kinv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,7 +220,8 @@ NAMES = ("TILE_M", "TILE_N", "num_warps")
 
 def test_restriction_strings_are_evaluated_over_the_tunables_without_eval(monkeypatch):
     from kinv.kernels import quick
-    from kinv.kernels.launch_config import ConfigError, Tunable, TunableSpec
+    from kinv.kernels.errors import ConfigError
+    from kinv.kernels.launch_config import Tunable, TunableSpec
 
     def no_eval(*a, **k):
         raise AssertionError("eval must never be called")
@@ -260,7 +262,7 @@ def test_restriction_strings_are_evaluated_over_the_tunables_without_eval(monkey
 def test_a_restriction_beyond_names_numbers_arithmetic_comparisons_is_refused_in_one_message(text, what):
     from kinv.kernels import quick
 
-    with pytest.raises(quick.QuickError) as err:
+    with pytest.raises(BadInput) as err:
         quick.restriction(text, NAMES)
     said = str(err.value)
     assert len(said.splitlines()) == 1 and f"restriction {text!r} is refused" in said and what in said, said
@@ -273,13 +275,13 @@ def test_a_declaration_with_a_bad_restriction_or_default_fails_naming_it(example
     m = _module()
     base = dict(tunables={"TILE_M": [32, 64]}, default={"TILE_M": 32}, levels=[{"M": 8}], make_inputs=m.make_inputs,
                 launch=m.launch, reference=m.reference, module=f"{PKG}.adapter")  # fmt: skip
-    with pytest.raises(quick.QuickError, match="names TILE_N, which is not a tunable"):
+    with pytest.raises(BadInput, match="names TILE_N, which is not a tunable"):
         quick.kernel("bad_rule", restrictions=["TILE_M <= TILE_N"], **base)
-    with pytest.raises(quick.QuickError, match=r"default: TILE_M=48 is invalid"):
+    with pytest.raises(BadInput, match=r"default: TILE_M=48 is invalid"):
         quick.kernel("bad_default", **{**base, "default": {"TILE_M": 48}})
-    with pytest.raises(quick.QuickError, match="levels\\[1\\] must have the dimensions"):
+    with pytest.raises(BadInput, match="levels\\[1\\] must have the dimensions"):
         quick.kernel("bad_levels", **{**base, "levels": [{"M": 8}, {"N": 8}]})
-    with pytest.raises(quick.QuickError, match="launch must take 3 arguments"):
+    with pytest.raises(BadInput, match="launch must take 3 arguments"):
         quick.kernel("bad_launch", **{**base, "launch": lambda inputs, p: None})
 
 
@@ -358,7 +360,7 @@ def test_from_autotune_maps_the_configs_to_the_space_and_the_key_to_the_levels(e
     import torch
 
     from kinv.kernels import quick
-    from kinv.kernels.launch_config import ConfigError
+    from kinv.kernels.errors import ConfigError
 
     probe = _probe_autotuned()
 
@@ -383,7 +385,7 @@ def test_from_autotune_maps_the_configs_to_the_space_and_the_key_to_the_levels(e
     out, _ = a.launch({"n": 24}, a.params_for(a.validate_config({"kernel": "probe", **ok[2]}), lv))
     assert out[:24].tolist() == [32.0] * 24 and out[24:].tolist() == [0.0] * 40  # the chosen config's BLOCK ran
     assert probe.cache == {} and not hasattr(probe, "configs_timings")  # the autotuner searched nothing
-    with pytest.raises(quick.QuickError, match=r"levels\[0\] must name exactly probe's autotune key \(n\)"):
+    with pytest.raises(BadInput, match=r"levels\[0\] must name exactly probe's autotune key \(n\)"):
         quick.from_autotune("probe2", probe, levels=[{"m": 8}], make_inputs=lambda *a: {}, launch=launch,
                             reference=lambda i: None, module=f"{PKG}.adapter")  # fmt: skip
 
@@ -447,8 +449,8 @@ def _synthetic(path: Path, hashes: dict, base: dict, variants: dict[str, tuple[d
 
 def test_replay_serves_a_plugins_own_recordings_with_their_own_banner_and_copy_bandwidth(example, monkeypatch):
     from kinv.agent.tools import bench
-    from kinv.agent.tools.backends.base import NoRecording
     from kinv.agent.tools.backends.replay import ReplayBackend
+    from kinv.kernels.errors import NoRecording
 
     monkeypatch.delenv("KINV_RECORDINGS", raising=False)
     a = _adapter()

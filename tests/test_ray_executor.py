@@ -204,7 +204,8 @@ def test_a_driver_killed_mid_campaign_under_ray_resumes_to_the_same_config(tmp_p
 def test_a_lost_actor_that_cannot_be_replaced_stops_with_one_line_instead_of_waiting(monkeypatch, cluster):
     """A node gone with its GPU: the replacement actor finds no room.  The executor waits a bounded time and says
     so in one line (the campaign then stops; `kinv campaign` resumes it later), instead of hanging."""
-    from kinv.agent.tools.executor import ExecutorError, RayExecutor
+    from kinv.agent.tools.executor import RayExecutor
+    from kinv.kernels.errors import ExecutorError
 
     monkeypatch.setenv("KINV_FORCE_NO_GPU", "1")
     for k, v in RAY_ENV.items():

@@ -1,4 +1,5 @@
-"""Bad input, one case each (the fast lane; tests/test_bad_input.py generates them by the thousand).
+"""Bad input, one case each (the fast lane; tests/test_bad_plan.py, test_bad_config.py and test_bad_cli.py
+generate them by the thousand).
 
 Every refused command: exit 2, one ``kinv: `` line on stderr naming the bad value, no traceback, and nothing
 created: the working directory's listing is the same before and after (no state dir, no kinv.db, no lock),
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from kinv.agent.cli import main
+from kinv.kernels.errors import NoRecording
 from tests.utils import write_seed_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +67,8 @@ def refused(box: Path, argv, *needles, code: int = 2) -> str:
 
 def refused_at_load(box: Path, f: Path, *needles) -> str:
     """The plan is refused by load_plan itself (never run), and `kinv run` says so in one line."""
-    from kinv.agent.models import PlanError, load_plan
+    from kinv.agent.models import load_plan
+    from kinv.kernels.errors import PlanError
 
     with pytest.raises(PlanError):
         load_plan(f)
@@ -246,6 +249,41 @@ def test_missing_recordings_dir_is_bad_input(box, monkeypatch):
 
 
 # --------------------------------------------------------------------------- #
+# a bad value is never an internal error
+# --------------------------------------------------------------------------- #
+def test_an_unknown_todo_format_is_bad_input_naming_the_formats(box):
+    _some_state(box)
+    line = refused(box, ["todos", "3a", "--format", "jira"], "'jira'", "kinv, opencode, claude")
+    assert "internal error" not in line
+
+
+def test_an_unknown_mcp_client_is_bad_input_naming_the_clients(box):
+    line = refused(box, ["mcp", "--print-config", "bogus"], "'bogus'", "claude or opencode")
+    assert "internal error" not in line
+
+
+@pytest.mark.parametrize("value", ["x", "3.5", "-1", "first"])
+def test_a_bad_fault_point_variable_is_bad_input_and_creates_nothing(box, monkeypatch, value):
+    """KINV_CRASH_AT must be a count: anything else is refused before the command starts (no state dir made)."""
+    from kinv.agent import faults
+
+    monkeypatch.setenv("KINV_CRASH_AT", value)
+    faults.reset()
+    try:
+        line = refused(box, ["run", PLAN, "--backend", "replay", "--approval", "auto"], "KINV_CRASH_AT", repr(value))
+        assert "internal error" not in line and "a count" in line
+        assert not (box / "state").exists()
+        monkeypatch.delenv("KINV_CRASH_AT")
+        faults.reset()
+        _some_state(box)
+        monkeypatch.setenv("KINV_CRASH_AT", value)
+        refused(box, ["status"], "KINV_CRASH_AT")
+    finally:
+        monkeypatch.delenv("KINV_CRASH_AT", raising=False)
+        faults.reset()
+
+
+# --------------------------------------------------------------------------- #
 # bad input is a type of its own; a bug's ValueError is an internal error
 # --------------------------------------------------------------------------- #
 def test_a_bugs_value_error_is_an_internal_error(box, monkeypatch):
@@ -265,10 +303,7 @@ def test_a_bugs_value_error_is_an_internal_error(box, monkeypatch):
 
 
 def test_bad_input_is_a_type_of_its_own():
-    from kinv.agent.models import PlanError
-    from kinv.agent.tools.bench import NoRecording
-    from kinv.kernels.errors import BadInput
-    from kinv.kernels.launch_config import ConfigError
+    from kinv.kernels.errors import BadInput, ConfigError, NoRecording, PlanError
 
     for cls in (PlanError, ConfigError, NoRecording):
         assert issubclass(cls, BadInput), cls
@@ -285,7 +320,7 @@ def test_no_recording_names_the_partner_config_not_its_hash():
     be = bench.ReplayBackend()
     base = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
     var = {**base, "num_warps": 16}
-    with pytest.raises(bench.NoRecording) as exc:
+    with pytest.raises(NoRecording) as exc:
         be.open("baseline", "mla_decode", base, {"TARGET_CTAS": "512"}, partner=var, role="base")
     assert "BT16/BH16/w16/s2" in str(exc.value) and config_hash(var) not in str(exc.value), exc.value
 

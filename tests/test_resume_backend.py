@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from kinv.kernels.errors import BackendError
 from tests.utils import replay_env, run_kinv
 
 PLAN = "plans/3a-attention-occupancy.yaml"
@@ -39,7 +40,7 @@ def test_resume_keeps_the_backend_the_run_started_with_and_refuses_another(tmp_p
     def get_backend(name):
         asked.append(name)
         if name in ("auto", "cuda"):  # what this machine would give: a GPU
-            raise bench.BackendError("this machine would time on its GPU")
+            raise BackendError("this machine would time on its GPU")
         return real(name)
 
     monkeypatch.setattr(bench, "get_backend", get_backend)

@@ -40,7 +40,6 @@ from kinv.agent.stats import (
     RECORDINGS_DIR,
     VARIANT_VERDICTS,
     Effect,
-    HarnessBroken,
     NoiseBand,
     SequentialPlan,
     SequentialResult,
@@ -56,6 +55,7 @@ from kinv.agent.stats import (
     sequential_decision,
     variant_verdict,
 )
+from kinv.kernels.errors import HarnessBroken
 
 LEVELS = ["b1", "b8", "b32", "b64", "b96"]
 BASE_US = np.array([25.6, 31.0, 52.0, 80.0, 110.0])  # per-level baseline kernel times

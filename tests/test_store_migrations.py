@@ -9,6 +9,7 @@ import pytest
 
 from kinv.agent import store as store_mod
 from kinv.agent.store import Store
+from kinv.kernels.errors import StoreError
 
 
 def test_a_failure_midway_through_the_first_open_leaves_nothing_and_the_next_open_works(tmp_path, monkeypatch):
@@ -17,7 +18,7 @@ def test_a_failure_midway_through_the_first_open_leaves_nothing_and_the_next_ope
 
     # the first migration creates every table, then the disk fills: the open fails
     monkeypatch.setattr(store_mod.schema, "MIGRATIONS", [store_mod.MIGRATIONS[0], ("m_full", disk_full)])
-    with pytest.raises(store_mod.StoreError, match="disk is full"):  # one line naming the state dir, not SQLite
+    with pytest.raises(StoreError, match="disk is full"):  # one line naming the state dir, not SQLite
         Store(tmp_path / "state")
     conn = sqlite3.connect(tmp_path / "state" / "kinv.db")
     tables = {r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")}

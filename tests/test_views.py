@@ -18,7 +18,8 @@ import pytest
 
 from kinv.agent import todo_export, views
 from kinv.agent.store import Store
-from kinv.agent.views import NotFound, StatusView
+from kinv.agent.views import StatusView
+from kinv.kernels.errors import NotFound
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = [f"v4flash/h16/p64/ctx4096/b{b}" for b in (1, 8, 32, 64, 96)]
@@ -375,7 +376,7 @@ def test_history_lists_every_node_run_with_its_decision_and_a_pause_for_approval
 
 def test_history_of_a_workstream_that_never_ran_and_of_an_unknown_one(store, demo):
     assert views.history(store, "#3a") == []
-    with pytest.raises(views.NotFound):
+    with pytest.raises(NotFound):
         views.history(store, "#9z")
 
 

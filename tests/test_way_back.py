@@ -61,7 +61,7 @@ def test_an_internal_failure_is_not_bad_input_one_line_and_the_traceback_in_a_lo
     ran = (Path(state_dir) / "kinv.log").read_text()
     assert " INFO " in ran and "backend replay, approval ask" in ran and "REPLAY backend" in ran, ran
     assert "patch" in ran or "approval" in ran, ran
-    assert "ended: exit 3: waiting for approval" in ran and "Traceback" not in ran, ran
+    assert "ended: paused: waiting for approval" in ran and "Traceback" not in ran, ran
     conn = sqlite3.connect(Path(state_dir) / "kinv.db")
     conn.execute("drop table verdicts")  # damage kinv cannot explain: a bug-shaped failure
     conn.commit()

@@ -15,13 +15,13 @@ from pathlib import Path
 
 from kinv.agent.campaign.finish import Ending
 from kinv.agent.campaign.levels import per_level, with_params
-from kinv.agent.campaign.results import FINAL, CampaignError
+from kinv.agent.campaign.results import FINAL, CampaignOutcome
 from kinv.agent.campaign.screen import Screening
 from kinv.agent.campaign.steps import Confirmation
 from kinv.agent.fmt import kv
 from kinv.agent.models import Plan, load_plan
 from kinv.agent.store import Store
-from kinv.kernels.errors import ExitCode
+from kinv.kernels.errors import BackendError, BadInput, CampaignError
 from kinv.kernels.launch_config import config_hash, describe
 
 
@@ -52,39 +52,36 @@ def ws_id(plan: Plan, n: int) -> str:
     return f"{stem}{chr(ord('a') + k)}"
 
 
-def run(s: Settings) -> tuple[int, str, dict]:
-    """Run (or resume) the campaign; returns (exit code, last line, summary)."""
+def run(s: Settings) -> CampaignOutcome:
+    """Run (or resume) the campaign; returns how its pass ended.  Raises :class:`BadInput` for input it cannot
+    use (nothing created) and a :class:`StepFailed` for a campaign that cannot go on."""
     from kinv.agent.investigation import APPROVAL_POLICIES
     from kinv.agent.tools import bench
 
     if s.approval not in APPROVAL_POLICIES:
-        return ExitCode.BAD_INPUT, f"--approval {s.approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}", {}
+        raise BadInput(f"--approval {s.approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}")
     if s.backend not in bench.BACKENDS:
-        return ExitCode.BAD_INPUT, f"--backend {s.backend!r} is not valid; use {', '.join(bench.BACKENDS)}", {}
+        raise BadInput(f"--backend {s.backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
     from kinv.agent.tools.executor import EXECUTORS
 
     if s.executor not in EXECUTORS:
-        return ExitCode.BAD_INPUT, f"--executor {s.executor!r} is not valid; use {', '.join(EXECUTORS)}", {}
+        raise BadInput(f"--executor {s.executor!r} is not valid; use {', '.join(EXECUTORS)}")
     if s.executor == "local" and (s.ray_address or s.ray_actors):
-        return ExitCode.BAD_INPUT, "--ray-address and --ray-actors need --executor ray", {}
+        raise BadInput("--ray-address and --ray-actors need --executor ray")
     if s.ray_actors is not None and not 1 <= s.ray_actors <= 1024:
-        return ExitCode.BAD_INPUT, f"--ray-actors {s.ray_actors} must be from 1 to 1024", {}
+        raise BadInput(f"--ray-actors {s.ray_actors} must be from 1 to 1024")
     plan, plan_hash = load_plan(s.plan_path)
     if plan.campaign is None:
-        return ExitCode.BAD_INPUT, (f"{s.plan_path} has no campaign: section; run a workstream plan with kinv run, or "
-                                "add campaign: (see plans/7-decode-ceiling.yaml)"), {}  # fmt: skip
+        raise BadInput(f"{s.plan_path} has no campaign: section; run a workstream plan with kinv run, or add "
+                       "campaign: (see plans/7-decode-ceiling.yaml)")
     try:  # a missing GPU (or recording) is bad input: said before anything is written
         bench.get_backend(s.backend)
-    except bench.BackendError as exc:
-        return ExitCode.BAD_INPUT, str(exc).splitlines()[0], {}
+    except BackendError as exc:
+        raise BadInput(str(exc).splitlines()[0]) from None
     store = Store(s.state_dir)
     cid = campaign_id(plan)
-    from kinv.agent.store import StoreError
-
-    try:  # one driver per campaign: a second `kinv campaign` of it is refused, naming the first
-        store.acquire_lock(f"campaign:{cid}", os.getpid())
-    except StoreError as exc:
-        return ExitCode.FAIL, str(exc), {}
+    # one driver per campaign: a second `kinv campaign` of it is refused (a StoreError, exit 1), naming the first
+    store.acquire_lock(f"campaign:{cid}", os.getpid())
     from kinv.agent import signals
 
     restore_signals = signals.install()  # SIGTERM and SIGHUP end a campaign the way Ctrl-C does
@@ -96,8 +93,8 @@ def run(s: Settings) -> tuple[int, str, dict]:
         _restore_kernel_files(store, plan)
         store.upsert_campaign({"id": cid, "status": "interrupted"})
         store.event(None, "interrupted", f"campaign {cid}: {how}: stopped; every kernel file restored to its baseline")
-        return ExitCode.INTERRUPTED, (f"interrupted ({how}): kernel files restored, campaign {cid} marked interrupted; "
-                                  f"continue with: kinv campaign {s.plan_path}"), {}  # fmt: skip
+        return CampaignOutcome("interrupted", f"interrupted ({how}): kernel files restored, campaign {cid} marked "
+                               f"interrupted; continue with: kinv campaign {s.plan_path}")  # fmt: skip
     finally:
         restore_signals()
         store.release_lock(f"campaign:{cid}", os.getpid())
@@ -106,8 +103,8 @@ def run(s: Settings) -> tuple[int, str, dict]:
 def _restore_kernel_files(store: Store, plan: Plan) -> None:
     """Revert any patch the campaign's workstreams left on disk, under the kernel's lock (a patch another live run
     holds is that run's own: it is left alone)."""
-    from kinv.agent.store import StoreError
     from kinv.agent.tools import configs
+    from kinv.kernels.errors import StoreError
 
     lock = f"kernel:{plan.kernel}"
     try:
@@ -120,15 +117,14 @@ def _restore_kernel_files(store: Store, plan: Plan) -> None:
         store.release_lock(lock, os.getpid())
 
 
-def _run_locked(s: Settings, store: Store, plan: Plan, plan_hash: str, cid: str) -> tuple[int, str, dict]:
+def _run_locked(s: Settings, store: Store, plan: Plan, plan_hash: str, cid: str) -> CampaignOutcome:
 
     row = store.campaign(cid)
     if row and row["plan_hash"] != plan_hash:
-        return ExitCode.BAD_INPUT, (f"campaign {cid} was started from plan sha {row['plan_hash']}; {s.plan_path} now "
-                                f"hashes {plan_hash}: restore the plan, or give the changed plan a new workstream "
-                                "id"), {}  # fmt: skip
+        raise BadInput(f"campaign {cid} was started from plan sha {row['plan_hash']}; {s.plan_path} now hashes "
+                       f"{plan_hash}: restore the plan, or give the changed plan a new workstream id")
     if row and row["status"] == "done":
-        return ExitCode.OK, f"campaign {cid} is done: {row['stop_reason']}", row.get("summary") or {}
+        return CampaignOutcome("done", f"campaign {cid} is done: {row['stop_reason']}", row.get("summary") or {})
     if row is None:
         start = {**plan.baseline, "kernel": plan.adapter.name}
         store.upsert_campaign({"id": cid, "plan_path": str(Path(s.plan_path).resolve()), "plan_hash": plan_hash,
@@ -139,16 +135,16 @@ def _run_locked(s: Settings, store: Store, plan: Plan, plan_hash: str, cid: str)
         store.upsert_campaign({"id": cid, "status": "running", "backend": s.backend, "approval": s.approval})
     c = Campaign(store, plan, cid, s)
     from kinv.agent.campaign.flow import drive
-    from kinv.agent.tools.executor import ExecutorError
+    from kinv.kernels.errors import ExecutorError
 
     try:
-        code, line = drive(c)  # the campaign's graph: it ends at summarise, which saves the summary
+        end, line = drive(c)  # the campaign's graph: it ends at summarise, which saves the summary
     except (CampaignError, ExecutorError) as exc:
         store.upsert_campaign({"id": cid, "status": "stopped", "stop_reason": str(exc)})
-        return ExitCode.FAIL, str(exc), {}
+        raise
     finally:
         c.close()
-    return code, line, store.campaign(cid)["summary"]
+    return CampaignOutcome(end, line, store.campaign(cid)["summary"])
 
 
 
@@ -273,11 +269,10 @@ class Campaign(Screening, Confirmation, Ending):
         return self._be
 
     def copy_gbps(self) -> float | None:
-        from kinv.agent.tools import bench
 
         try:
             return self.backend.copy_bandwidth()
-        except bench.BackendError:
+        except BackendError:
             return None
 
     def incumbent_us(self) -> dict[str, float]:

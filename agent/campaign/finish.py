@@ -7,9 +7,8 @@ import os
 from pathlib import Path
 
 from kinv.agent.campaign.levels import per_level
-from kinv.agent.campaign.results import FINAL, n_screened
+from kinv.agent.campaign.results import FINAL, CampaignEnd, n_screened
 from kinv.agent.ids import state_flag
-from kinv.kernels.errors import ExitCode
 from kinv.kernels.launch_config import describe
 
 SCREENING_SKIPS = ("a screening's short paired rounds decide no verdict (no A/A offsets, no sequential looks, no "
@@ -20,32 +19,32 @@ SCREENING_SKIPS = ("a screening's short paired rounds decide no verdict (no A/A 
 class Ending:
     """The last steps of a Campaign (a mixin: it uses the campaign's store, plan, settings and steps)."""
 
-    def finish(self, last: dict) -> tuple[int, str]:
+    def finish(self, last: dict) -> tuple[CampaignEnd, str]:
         """Propose the final config through the approval gate (auto: write it as a journaled patch)."""
         row = self.row
         why = row["stop_reason"] or "done"
         if not last.get("ws"):
             self.save(status="done")
-            return ExitCode.OK, f"campaign {self.cid} done ({why}); {last.get('note', '')}"
+            return "done", f"campaign {self.cid} done ({why}); {last.get('note', '')}"
         ws = last["ws"]
         verdict = (last.get("verdicts") or {}).get("V1")
         if verdict not in ("accept", "mixed"):
             last["adoption"] = f"not proposed: the final A/B against the starting baseline says {verdict}"
             self._update_step(last)
             self.save(status="done")
-            return ExitCode.OK, f"campaign {self.cid} done ({why}); {last['adoption']}"
+            return "done", f"campaign {self.cid} done ({why}); {last['adoption']}"
         if last.get("adopted"):
             self.save(status="done")
-            return ExitCode.OK, f"campaign {self.cid} done ({why}); adopted: {last['adopted']}"
+            return "done", f"campaign {self.cid} done ({why}); adopted: {last['adopted']}"
         aid = f"{self.cid.lstrip('#')}-adopt"
         appr = self.store.approval(aid)
         if appr is not None and appr["status"] == "rejected":  # a person's no stands, whatever the policy now
             last["adoption"] = f"rejected by a person ({appr.get('reason') or 'no reason given'})"
             self._update_step(last)
             self.save(status="done")
-            return ExitCode.OK, (f"campaign {self.cid} done ({why}); adoption {last['adoption']}: the recorded rejection "
+            return "done", (f"campaign {self.cid} done ({why}); adoption {last['adoption']}: the recorded rejection "
                              f"of {aid} stands under --approval {self.s.approval}")  # fmt: skip
-        from kinv.agent.tools.adopt import AdoptError, NoGain
+        from kinv.kernels.errors import AdoptError, NoGain
 
         try:
             a = self.adoption(ws)  # measured against the live file it would replace, first
@@ -53,10 +52,10 @@ class Ending:
             last["adoption"] = f"not proposed: {exc}"
             self._update_step(last)
             self.save(status="done")
-            return ExitCode.OK, f"campaign {self.cid} done ({why}); {last['adoption']}"
+            return "done", f"campaign {self.cid} done ({why}); {last['adoption']}"
         except AdoptError as exc:  # e.g. no replay recording of the pair: nothing written, run it again elsewhere
             self.save(status="paused")
-            return ExitCode.BAD_INPUT, str(exc)
+            return "failed", str(exc)
         if self.s.approval != "auto" and appr is None:
             self.store.add_approval(id=aid, workstream=ws, todo=f"{ws}.adopt", variant="V1", kind="adopt",
                                     diff=a.diff, hypothesis=a.message, resources="{}")  # fmt: skip
@@ -66,14 +65,14 @@ class Ending:
             self.s.console.print(a.message, markup=False, highlight=False)
             self.save(status="paused")
             sd = state_flag(self.s.state_dir)
-            return ExitCode.PAUSED, (f"campaign {self.cid} proposes {describe(a.new_config)}: approve it with kinv approve "
+            return "paused", (f"campaign {self.cid} proposes {describe(a.new_config)}: approve it with kinv approve "
                                  f"{aid}{sd} (or kinv reject {aid} --reason ...{sd}), then run kinv campaign "
                                  f"{self.s.plan_path}{sd} again")  # fmt: skip
         if self.s.approval != "auto" and appr["status"] != "approved":
             last["adoption"] = f"rejected by a person ({appr.get('reason') or 'no reason given'})"
             self._update_step(last)
             self.save(status="done")
-            return ExitCode.OK, f"campaign {self.cid} done ({why}); adoption {last['adoption']}"
+            return "done", f"campaign {self.cid} done ({why}); adoption {last['adoption']}"
         if appr is not None and appr["status"] == "pending":  # --approval auto decides it: none is left pending
             self.store.decide_approval(aid, "approved", "decided by --approval auto (kinv campaign)")
             self.store.event(ws, "approval", f"{aid} approved: decided by --approval auto (kinv campaign)")
@@ -83,7 +82,7 @@ class Ending:
         self._update_step(last)
         self.save(status="done")
         rec = f" {done['recording']}" if done.get("recording") else ""
-        return ExitCode.OK, (f"campaign {self.cid} done ({why}); adopted {last['adopted']}; commit it: git commit -F "
+        return "done", (f"campaign {self.cid} done ({why}); adopted {last['adopted']}; commit it: git commit -F "
                          f"{done['message_file']} {done['path']}{rec}")  # fmt: skip
 
     def adoption(self, ws: str):

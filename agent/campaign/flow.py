@@ -25,21 +25,16 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from kinv.agent.campaign.results import FINAL, CampaignError
-from kinv.kernels.errors import ExitCode
+from kinv.agent.campaign.results import FINAL, CampaignEnd
+from kinv.kernels.errors import CampaignError
 
 RECURSION_LIMIT = 500  # a pass takes about three supersteps per backlog item
 
 
 class CampaignState(TypedDict, total=False):
-    code: int
+    end: CampaignEnd  # how the pass ends (the command line maps it to an exit code)
     line: str
     decision: str
-
-
-def _ok() -> int:
-
-    return ExitCode.OK
 
 
 def _last(c) -> dict | None:
@@ -83,9 +78,9 @@ def _confirm(c) -> Command:
     if not last or last["phase"] != "confirm":
         return Command(goto="plan_next", update={"decision": "nothing to confirm"})
     # the workstream's graph runs on its own thread: a context of its own keeps LangGraph from nesting it
-    code, line = contextvars.Context().run(c.confirm, last)
-    if code != _ok():
-        return Command(goto="summarise", update={"code": code, "line": line, "decision": f"{last['ws']}: {code}"})
+    end, line = contextvars.Context().run(c.confirm, last)
+    if end != "done":
+        return Command(goto="summarise", update={"end": end, "line": line, "decision": f"{last['ws']}: {end}"})
     return Command(goto="plan_next", update={"decision": f"{last['ws']} closed"})
 
 
@@ -99,17 +94,17 @@ def final_ab(state: CampaignState, runtime: Runtime) -> Command[Literal["plan_ne
 
 def adopt(state: CampaignState, runtime: Runtime) -> dict:
     c = runtime.context
-    code, line = c.finish(_last(c))
-    return {"code": code, "line": line, "decision": line[:300]}
+    end, line = c.finish(_last(c))
+    return {"end": end, "line": line, "decision": line[:300]}
 
 
 def summarise(state: CampaignState, runtime: Runtime) -> dict:
 
     c = runtime.context
     c.save(summary=c.summary())
-    code = state.get("code", _ok())
-    if code in (ExitCode.PAUSED, ExitCode.INTERRUPTED):
-        c.save(status="paused" if code == ExitCode.PAUSED else "interrupted")
+    end = state.get("end", "done")
+    if end in ("paused", "interrupted"):
+        c.save(status=end)
     return {"decision": "summarised"}
 
 
@@ -132,7 +127,7 @@ def thread(cid: str) -> str:
     return f"{cid}@campaign"
 
 
-def drive(c) -> tuple[int, str]:
+def drive(c) -> tuple[CampaignEnd, str]:
     """One pass of the campaign's graph: resumed at the node a kill left it in, else started at plan_next."""
     from kinv.agent.graph_support import open_checkpointer
 
@@ -141,7 +136,7 @@ def drive(c) -> tuple[int, str]:
         graph = build_campaign_graph(saver)
         config = {"configurable": {"thread_id": thread(c.cid)}, "recursion_limit": RECURSION_LIMIT}
         pending = graph.get_state(config).next
-        out = graph.invoke(None if pending else {"code": _ok(), "line": ""}, config, context=c)
+        out = graph.invoke(None if pending else {"end": "done", "line": ""}, config, context=c)
     finally:
         saver.conn.close()
-    return out.get("code", _ok()), out.get("line", "")
+    return out.get("end", "done"), out.get("line", "")

@@ -5,18 +5,29 @@ agent.store.screened.Screened, one row of the screened table."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel
-
-from kinv.kernels.errors import KinvError
 
 STUDY_DB = "optuna.db"
 FINAL = "final"
 BEATEN = ("void", "incorrect", "infeasible", "failed")  # A/B verdicts that say nothing about a level's change
 
 
-class CampaignError(KinvError, RuntimeError):
-    """A campaign cannot go on; one line saying why."""
+CampaignEnd = Literal["done", "paused", "interrupted", "failed", "refused"]
+"""How a campaign's pass ends: done; paused for a person's approval; interrupted by a signal (resumable); a
+workstream or the adoption failed (a failed step) or refused its input (bad input).  The command line maps
+each to its exit code."""
+
+
+@dataclass(frozen=True)
+class CampaignOutcome:
+    """A campaign's pass: how it ended, the one line it ends with, and its summary (``kinv campaign --json``)."""
+
+    end: CampaignEnd
+    message: str
+    summary: dict = field(default_factory=dict)
 
 
 class LevelResult(BaseModel):

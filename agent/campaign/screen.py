@@ -8,11 +8,12 @@ import json
 import time
 
 from kinv.agent.campaign.levels import per_level, with_params
-from kinv.agent.campaign.results import STUDY_DB, CampaignError
+from kinv.agent.campaign.results import STUDY_DB
 from kinv.agent.campaign.search import open_search
 from kinv.agent.fmt import signed
 from kinv.agent.store.screened import Screened
 from kinv.agent.tools.protocol import Ledger
+from kinv.kernels.errors import CampaignError
 from kinv.kernels.launch_config import config_hash, describe
 
 
@@ -144,7 +145,7 @@ class Screening:
         its own incumbent worker: every paired comparison on one GPU), run, store every row, every lost sample
         (its GPU seconds in the ledger) and every candidate's outcome here.  A candidate whose worker fails is
         recorded failed (with the reason); a lost actor's shard re-runs and the loss is recorded."""
-        from kinv.agent.tools.screening import IncumbentFailed
+        from kinv.kernels.errors import IncumbentFailed
 
         if not todo:
             return

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from kinv.agent.campaign.levels import compose, patch_of, per_level
-from kinv.agent.campaign.results import FINAL, best_accepted, read_workstream
+from kinv.agent.campaign.results import FINAL, CampaignEnd, best_accepted, read_workstream
 from kinv.agent.fmt import interval, kv, signed
 from kinv.agent.models import load_plan
 from kinv.kernels.launch_config import config_hash, describe
@@ -91,28 +91,29 @@ class Confirmation:
                and config_hash(s["incumbent_after"]) != config_hash(s["incumbent_before"]))  # fmt: skip
         return next((items[i].targets for i in won), None)
 
-    def confirm(self, step: dict) -> tuple[int, str]:
+    def confirm(self, step: dict) -> tuple[CampaignEnd, str]:
         """Run the step's workstream through the graph (``kinv run``'s); once it is closed, adopt in the campaign
         what it confirmed.  A pause or an interrupt comes back as the workstream said it, whose continue hint
         names the campaign (agent.ids.continue_command)."""
         from kinv.agent.investigation import run_plan
-        from kinv.kernels.errors import ExitCode, KinvError
+        from kinv.kernels.errors import BadInput, KinvError
 
         be = self.executor.measuring_backend() if self.executor.name == "ray" else None
         seen = len(be.losses) if be else 0
         try:
             out = run_plan(step["plan_path"], self.s.backend, self.s.approval, self.s.state_dir, self.s.console,
                            backend_obj=be)  # fmt: skip
-            code, line = out.exit_code, out.message
-        except KinvError as exc:  # a workstream that failed (or refused) ends the campaign with its code and line
-            code, line = exc.exit_code, (str(exc).splitlines() or [type(exc).__name__])[0]
+            end, line = ("done" if out.closed else out.end), out.message
+        except KinvError as exc:  # a workstream that failed (or refused) ends the campaign with its line
+            end = "refused" if isinstance(exc, BadInput) else "failed"
+            line = (str(exc).splitlines() or [type(exc).__name__])[0]
         if be and be.losses[seen:]:  # the workstream recorded each loss as it happened (its close-out says so)
             self.losses += be.losses[seen:]
             step["losses"] = list(step.get("losses") or []) + be.losses[seen:]
             self._update_step(step)
         self.store.update_workstream(step["ws"], campaign=self.cid)
-        if code != ExitCode.OK:
-            return code, line
+        if end != "done":
+            return end, line
         ws = step["ws"]
         final = step["item"] == FINAL
         res = read_workstream(self.store, ws, final)
@@ -154,4 +155,4 @@ class Confirmation:
                 self.say(f"{ws}: the environment improved " + "; ".join(
                     f"{lv} with {kv(x['env'])}" for lv, x in step["env_found"].items())
                     + ": a deployment's setting, not the config file's (the campaign's config is unchanged)")  # fmt: skip
-        return ExitCode.OK, line
+        return "done", line

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, KinvError  # noqa: F401  (the commands import them here)
+from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PAUSED, KinvError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -22,7 +22,7 @@ def _state_dir_ok(value):
     if value:
         from kinv.agent.store import state_dir
 
-        state_dir(value)  # StateDirError (a ValueError): exit 2, one line
+        state_dir(value)  # BadInput (a ValueError): exit 2, one line
     return value
 
 
@@ -40,6 +40,16 @@ class Exit(KinvError):
     def __init__(self, code: int, message: str = ""):
         super().__init__(message)
         self.exit_code, self.message = code, message
+
+
+#: how a run or a campaign's pass ended (RunOutcome.end, CampaignOutcome.end) -> the command's exit code
+EXIT_OF_END = {"closed": EXIT_OK, "done": EXIT_OK, "paused": EXIT_PAUSED, "interrupted": EXIT_INTERRUPTED,
+               "failed": EXIT_FAIL, "refused": EXIT_BAD_INPUT}  # fmt: skip
+
+
+def _ended(outcome) -> Exit:
+    """The command's end for a run's or a campaign's outcome: its exit code and its one line."""
+    return Exit(EXIT_OF_END[outcome.end], outcome.message)
 
 
 def _version(value: bool) -> None:

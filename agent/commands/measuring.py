@@ -8,21 +8,9 @@ from pathlib import Path
 
 import typer
 
-from kinv.agent.commands.common import (
-    BACKEND_HELP,
-    EXIT_BAD_INPUT,
-    EXIT_FAIL,
-    EXIT_OK,
-    Exit,
-    JsonOpt,
-    StateOpt,
-    _console,
-    _id,
-    _state_dir,
-    _store,
-    app,
-)
+from kinv.agent.commands.common import BACKEND_HELP, Exit, JsonOpt, StateOpt, _console, _id, _state_dir, _store, app
 from kinv.agent.enums import BackendName
+from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK
 
 # --------------------------------------------------------------------------- #
 # measuring
@@ -52,7 +40,7 @@ def bench(
     from kinv.agent.investigation import bench_command
 
     _state_dir(state_dir)
-    raise Exit(*bench_command(plan, config, variant, backend.value, samples, rounds, state_dir, as_json, _console()))
+    raise Exit(EXIT_OK, bench_command(plan, config, variant, backend.value, samples, rounds, state_dir, as_json, _console()))
 
 
 @app.command()
@@ -71,7 +59,7 @@ def profile(
     from kinv.agent.investigation import profile_command
 
     _state_dir(state_dir)
-    raise Exit(*profile_command(exp_id, backend.value, state_dir, as_json, _console()))
+    raise Exit(EXIT_OK, profile_command(exp_id, backend.value, state_dir, as_json, _console()))
 
 
 @app.command()
@@ -92,7 +80,7 @@ def noise(
     from kinv.agent.investigation import noise_command
 
     _state_dir(state_dir)
-    raise Exit(*noise_command(plan, rounds, backend.value, state_dir, as_json, _console(), arms_n=workers))
+    raise Exit(EXIT_OK, noise_command(plan, rounds, backend.value, state_dir, as_json, _console(), arms_n=workers))
 
 
 @app.command()
@@ -103,7 +91,7 @@ def kernels(as_json: bool = JsonOpt):
     """
     from kinv.agent.investigation import kernels_command
 
-    raise Exit(*kernels_command(as_json, _console()))
+    raise Exit(EXIT_OK, kernels_command(as_json, _console()))
 
 
 @app.command()
@@ -257,9 +245,8 @@ def revert(state_dir: str = StateOpt,
         from kinv.agent import investigation
         from kinv.agent.store import state_dir as resolve
 
-        code, msg = investigation.revert_to_plan(to_plan or to_plan_baseline, resolve(state_dir),
-                                                 baseline=to_plan_baseline is not None)  # fmt: skip
-        raise Exit(code, msg)
+        raise Exit(EXIT_OK, investigation.revert_to_plan(to_plan or to_plan_baseline, resolve(state_dir),
+                                                         baseline=to_plan_baseline is not None))  # fmt: skip
     store = _store(state_dir, create=True)
     live = [lk for lk in store.live_locks() if lk["pid"] != os.getpid()]
     if live:

@@ -10,19 +10,8 @@ from pathlib import Path
 import typer
 
 from kinv.agent import fmt
-from kinv.agent.commands.common import (
-    EXIT_BAD_INPUT,
-    EXIT_FAIL,
-    Exit,
-    JsonOpt,
-    StateOpt,
-    _console,
-    _emit,  # fmt: skip
-    _exp_id,
-    _id,
-    _store,
-    app,
-)
+from kinv.agent.commands.common import Exit, JsonOpt, StateOpt, _console, _emit, _exp_id, _id, _store, app
+from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL
 
 
 # --------------------------------------------------------------------------- #
@@ -55,16 +44,15 @@ def todos(
 
     Example: kinv todos 3a --format claude
     """
-    from kinv.agent import render, views
+    from kinv.agent import render, todo_export, views
 
     ws = _id(ws, "workstream id")
+    todo_export.check_format(fmt)  # before the store opens: a bad value creates nothing
     store = _store(state_dir)
     items = views.todos(store, views.resolve_ws(store, ws))
     if fmt == "kinv":
         _emit(items, as_json, render.todos)
     else:  # wrapped as both tools' todo writers take it: {"todos": [...]}
-        from kinv.agent import todo_export
-
         print(json.dumps({"todos": todo_export.export_todos(items, fmt)}, indent=2))
 
 

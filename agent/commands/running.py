@@ -11,18 +11,18 @@ import typer
 from kinv.agent.commands.common import (
     APPROVAL_HELP,
     BACKEND_HELP,
-    EXIT_BAD_INPUT,
-    EXIT_FAIL,
     Exit,
     JsonOpt,
     StateOpt,
     _console,
+    _ended,
     _id,
     _state_dir,
     _store,
     app,
 )
 from kinv.agent.enums import Approval, BackendName
+from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK
 
 
 # --------------------------------------------------------------------------- #
@@ -54,7 +54,7 @@ def run(
     from kinv.agent.investigation import run_plan
 
     out = run_plan(str(plans[0]), backend.value, approval.value, state_dir, _console(), new_version=new_version)
-    raise Exit(out.exit_code, out.message)  # a refusal or a failed step is raised, and main maps it
+    raise _ended(out)  # a refusal or a failed step is raised, and main maps it
 
 
 def _run_many(loaded: list, backend: str, approval: str, sd: Path, new_version: bool) -> None:
@@ -109,7 +109,6 @@ def campaign(
     import io
 
     from kinv.agent import campaign as camp
-    from kinv.kernels.errors import ExitCode
 
     _state_dir(state_dir)
     con = _console()
@@ -119,12 +118,13 @@ def campaign(
 
         con = Console(file=quiet, width=100)
     with contextlib.redirect_stdout(quiet) if as_json else contextlib.nullcontext():
-        code, line, summary = camp.run(camp.Settings(str(plan), backend.value, approval.value, state_dir, con, executor=executor,
-                                                     ray_address=ray_address, ray_actors=ray_actors))  # fmt: skip
-    if as_json and summary:
-        print(json.dumps({**summary, "exit": code, "message": line}, indent=2, default=str))
-        raise Exit(code, "" if code == ExitCode.OK else line)
-    raise Exit(code, line)
+        out = camp.run(camp.Settings(str(plan), backend.value, approval.value, state_dir, con, executor=executor,
+                                     ray_address=ray_address, ray_actors=ray_actors))  # fmt: skip
+    end = _ended(out)
+    if as_json and out.summary:
+        print(json.dumps({**out.summary, "exit": end.exit_code, "message": out.message}, indent=2, default=str))
+        raise Exit(end.exit_code, "" if end.exit_code == EXIT_OK else out.message)
+    raise end
 
 
 @app.command()
@@ -179,7 +179,7 @@ def resume(
 
     policy = approval.value if approval else row.get("approval") or Approval.ASK.value
     out = run_plan(row["plan_path"], backend.value, policy, state_dir, _console())
-    raise Exit(out.exit_code, out.message)
+    raise _ended(out)
 
 
 def _decide(approval_id: str, status: str, reason: str, state_dir) -> None:

@@ -17,10 +17,6 @@ from kinv.agent.store.state import (
     CHECKPOINTS_NAME,
     DB_NAME,
     LIVE_DIR,
-    NoState,
-    StateDamaged,
-    StateDirError,
-    StoreError,
     _db_error,
     _write_json,
     earlier_runs,
@@ -30,6 +26,7 @@ from kinv.agent.store.state import (
     now,
     state_dir,
 )
+from kinv.kernels.errors import BadInput, NoState, StateDamaged, StoreError
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -70,7 +67,7 @@ class Store(ScreenedRows):
             try:
                 self.dir.mkdir(parents=True, exist_ok=True)
             except (PermissionError, FileExistsError, NotADirectoryError) as exc:  # a dir a user named
-                raise StateDirError(f"cannot create the state dir {self.dir}: {exc.strerror or exc}; name a "
+                raise BadInput(f"cannot create the state dir {self.dir}: {exc.strerror or exc}; name a "
                                     "directory kinv can create or write (--state-dir or KINV_STATE_DIR)") from None
         elif self.path.stat().st_size == 0 and (seen := earlier_runs(self.dir)):
             raise StateDamaged(f"{self.path} is empty (truncated?) although {seen}: its records are lost; "

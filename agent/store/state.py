@@ -9,23 +9,10 @@ import sqlite3
 import time
 from pathlib import Path
 
-from kinv.kernels.errors import BadInput, KinvError
+from kinv.kernels.errors import BadInput, StateDamaged, StoreError
 
 DB_NAME = "kinv.db"
 CHECKPOINTS_NAME = "checkpoints.db"
-
-
-class StoreError(KinvError, RuntimeError):
-    """A state-store problem a user can act on (message says how)."""
-
-
-class NoState(StoreError, BadInput):
-    """A read or a decision named a state dir that holds no kinv state: the input is what is wrong (exit 2)."""
-
-
-class StateDamaged(StoreError):
-    """kinv.db is damaged, empty, missing or has lost records while the state dir shows earlier runs: the
-    journal of live patches cannot be trusted, so nothing may start over on it."""
 
 
 LIVE_DIR = "live-patches"  # one JSON file per live patch, kept beside kinv.db: it outlives a lost journal
@@ -127,17 +114,13 @@ def lock_held(directory: str | os.PathLike, name: str) -> bool:
     return False
 
 
-def _db_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
+def _db_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError | StateDamaged:
     msg = str(exc)
     if "full" in msg or "disk I/O" in msg:
         return StoreError(f"cannot write the kinv state in {path.parent}: the disk is full or failing ({msg}); free "
                           "space there and run again (what was recorded before is kept)")  # fmt: skip
     return StateDamaged(f"{path} is damaged ({msg}): move it aside (mv {path} {path}.damaged); "
                         f"{live_patch_line(path.parent)}")
-
-
-class StateDirError(BadInput):
-    """The state dir named is a file (or lies under one): bad input, refused before anything is created."""
 
 
 def state_dir(explicit: str | os.PathLike | None = None) -> Path:
@@ -149,7 +132,7 @@ def state_dir(explicit: str | os.PathLike | None = None) -> Path:
         if up.is_dir():
             break
         if (up.exists() or up.is_symlink()) and not up.is_dir():  # is_dir again: another opener may have just made it
-            raise StateDirError(f"{how} {str(named)!r} is not a directory: {up} is a file; name a directory "
+            raise BadInput(f"{how} {str(named)!r} is not a directory: {up} is a file; name a directory "
                                 "(kinv creates it if it does not exist)" if up != path else
                                 f"{how} {str(named)!r} is a file, not a directory; name a directory "
                                 "(kinv creates it if it does not exist)")  # fmt: skip

@@ -25,15 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kinv.agent.store import Store
-from kinv.kernels.errors import BadInput
-
-
-class AdoptError(BadInput):
-    """The variant cannot be adopted (not a win, state moved on, plan changed); the message says why."""
-
-
-class NoGain(AdoptError):
-    """Measured against the live file, the variant improves on it at no level: nothing to write."""
+from kinv.kernels.errors import AdoptError, BackendError, BadInput, NoGain
 
 
 @dataclass
@@ -117,20 +109,21 @@ def prepare(store: Store, ws: str, vid: str, backend: str | None = None, progres
     """What adopting ``vid`` of ``ws`` would write, and the commit message.  Writes no kernel file; when the
     variant was measured against another baseline than the live file, it runs (or re-reads) the confirming
     A/B against the live file on ``backend``."""
-    from kinv.agent.models import PlanError, load_plan
+    from kinv.agent.models import load_plan
     from kinv.agent.tools import configs
+    from kinv.kernels.errors import PlanError
     from kinv.kernels.launch_config import config_hash, describe
 
     row = store.workstream(ws)
     if row["status"] != "closed":
-        raise AdoptError(f"{ws} is {row['status']}: adopt a variant once its workstream has closed out")
+        raise BadInput(f"{ws} is {row['status']}: adopt a variant once its workstream has closed out")
     exp = _ab_experiment(store, ws, vid)
     if exp is None:
         ids = sorted({e["variant"] for e in store.experiments(ws) if e["kind"] == "ab"})
-        raise AdoptError(f"{ws} has no measured variant {vid!r}; measured: {', '.join(ids) or 'none'}")
+        raise BadInput(f"{ws} has no measured variant {vid!r}; measured: {', '.join(ids) or 'none'}")
     if exp["verdict"] not in ("accept", "mixed"):
-        raise AdoptError(f"{ws} {vid} was not a win ({exp['verdict']}: {exp['reason']}); only an accepted variant, or a "
-                         "mixed one's level-conditional config, can be adopted")  # fmt: skip
+        raise BadInput(f"{ws} {vid} was not a win ({exp['verdict']}: {exp['reason']}); only an accepted variant, or a "
+                       "mixed one's level-conditional config, can be adopted")  # fmt: skip
     try:
         plan, plan_hash = load_plan(row["plan_path"])
     except PlanError as exc:
@@ -157,8 +150,8 @@ def prepare(store: Store, ws: str, vid: str, backend: str | None = None, progres
                              f"but {path.name} is {describe(live)}: a source change is adopted only when it was "
                              "measured against the live file (run the plan with baseline_on_disk: true)")  # fmt: skip
         if exp["verdict"] == "mixed":
-            raise AdoptError(f"{ws} {vid} is mixed and carries a source patch: a source change applies at every level, "
-                             "so it cannot be adopted only where it won; split the patch or tune the levels it lost")
+            raise BadInput(f"{ws} {vid} is mixed and carries a source patch: a source change applies at every level, "
+                           "so it cannot be adopted only where it won; split the patch or tune the levels it lost")
         from kinv.agent.graph import source_patch_of
 
         target, src_diff = source_patch_of(adapter, variant)
@@ -276,14 +269,15 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
     from kinv.kernels.launch_config import config_hash, describe
 
     if backend is None:
-        raise AdoptError(f"{ws} {vid} was measured against another baseline than the live file; a confirming A/B "
-                         "needs a backend (--backend)")  # fmt: skip
+        raise BadInput(f"{ws} {vid} was measured against another baseline than the live file; a confirming A/B "
+                       "needs a backend (--backend)")  # fmt: skip
     if backend not in bench.BACKENDS:
-        raise AdoptError(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
+        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
     try:
         be = bench.get_backend(backend)
-    except bench.BackendError as exc:  # no GPU for --backend cuda, no recordings for replay: nothing is measured
-        raise AdoptError(f"the confirming A/B of {ws} {vid} against the live file cannot run: "
+    except BackendError as exc:  # no GPU for --backend cuda, no recordings for replay: nothing is measured
+        refused = BadInput if isinstance(exc, BadInput) else AdoptError  # no GPU, no recording: the --backend asked for
+        raise refused(f"the confirming A/B of {ws} {vid} against the live file cannot run: "
                          f"{str(exc).splitlines()[0]}") from None  # fmt: skip
     base, var = _bare(live), _bare(cand)
     todo = f"{ws}.{vid}.confirm"
@@ -315,7 +309,7 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
                              thresholds=thresholds, seq=sequential_plan(plan), offset_sd=offsets,
                              n_variants=len(plan.variants), names=("live", vid), ws=ws,
                              matrix_fallback=get_device(plan.device).matrix_tflops)  # fmt: skip
-    except bench.BackendError as exc:
+    except BackendError as exc:
         out = sequential.Outcome("failed", str(exc), kind="failed")
     if out.kind in ("not measured", "failed") and not out.void:
         if fresh:

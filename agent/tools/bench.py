@@ -18,10 +18,6 @@ from kinv.agent.tools.backends import (  # noqa: F401 - re-exported
     RECORDINGS,
     Arm,
     Backend,
-    BackendError,
-    NoDevice,
-    NoRecording,
-    VariantFailed,
     gpu_visible,
     harness_hash,
     kernel_hash,
@@ -38,6 +34,7 @@ from kinv.agent.tools.protocol import (  # noqa: F401 - re-exported
     stored_rounds,
 )
 from kinv.kernels.adapter import Level, get_adapter
+from kinv.kernels.errors import BackendError, NoDevice, NoRecording, VariantFailed  # noqa: F401 - used here and by callers not yet moved
 from kinv.kernels.launch_config import describe
 
 _sample_row = sample_row

@@ -29,15 +29,14 @@ from typing import TYPE_CHECKING
 
 from kinv.agent import faults
 from kinv.agent.tools.config_text import (  # noqa: F401 - kinv.agent.tools.configs keeps exporting them
-    PatchError,
     apply_unified_diff,
     config_diff,
     diff_text,
     edit_config_text,
     render_config,
 )
-from kinv.kernels.errors import KinvError
-from kinv.kernels.launch_config import ConfigError, load_config, validate_config
+from kinv.kernels.errors import ConfigError, LockedElsewhere, PatchError, RevertError
+from kinv.kernels.launch_config import load_config, validate_config
 
 if TYPE_CHECKING:
     from kinv.agent.store import Store
@@ -45,17 +44,9 @@ if TYPE_CHECKING:
 TMP_MARK = ".kinv-tmp-"
 
 
-class RevertError(KinvError, RuntimeError):
-    """A file could not be restored to its recorded baseline."""
-
-
 # --------------------------------------------------------------------------- #
 # hashing and config edits (their text: kinv.agent.tools.config_text)
 # --------------------------------------------------------------------------- #
-class LockedElsewhere(KinvError, RuntimeError):
-    """Another kinv run (possibly of another state dir) holds the kernel's live config file."""
-
-
 class ConfigFileLock:
     """An exclusive OS lock on a kernel's live config file, held for a whole run.
 
@@ -514,8 +505,6 @@ def recover(store: Store) -> list[dict]:
 
 
 __all__ = [
-    "PatchError",
-    "RevertError",
     "apply_unified_diff",
     "backup",
     "config_diff",

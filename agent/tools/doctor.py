@@ -215,8 +215,9 @@ def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None,
     it was measured against), the baseline of a known plan or workstream, or something else.  A workstream whose
     plan measured its own baseline (``baseline_on_disk: false``) ran beside the file, and is named so."""
     from kinv.agent.tools import configs
-    from kinv.kernels.adapter import UnknownKernelError, get_adapter, registered
-    from kinv.kernels.launch_config import ConfigError, config_hash
+    from kinv.kernels.adapter import get_adapter, registered
+    from kinv.kernels.errors import ConfigError, UnknownKernelError
+    from kinv.kernels.launch_config import config_hash
 
     exps = {e["id"]: e for e in experiments or []}
     measured = {e["workstream"]: e["config_hash"] for e in experiments or [] if e["kind"] == "baseline"}

@@ -14,25 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kinv.kernels.errors import BadInput, KinvError
+from kinv.kernels.errors import BadInput, EnvMismatch
 
 if TYPE_CHECKING:
     from kinv.agent.store import Store
 
 
 EMPTY_RETRIES = 25
-
-
-class EnvCheckError(BadInput):
-    """The environment could not be read (no such process, no permission)."""
-
-
-class EnvMismatch(KinvError, RuntimeError):
-    """A worker or process does not have the expected environment; one line naming var, expected, seen."""
-
-    def __init__(self, message: str, mismatches: list[Mismatch]):
-        super().__init__(message)
-        self.mismatches = mismatches
 
 
 @dataclass(frozen=True)
@@ -60,7 +48,7 @@ def invalid_values(env: dict[str, str | None], adapter) -> list[str]:
 def proc_environ(pid: int) -> dict[str, str]:
     """The environment of a live process (Linux ``/proc/PID/environ``: its environment at exec time)."""
     if isinstance(pid, bool) or not isinstance(pid, int) or pid < 1:
-        raise EnvCheckError(f"pid={pid!r} is invalid: must be a positive integer process id")
+        raise BadInput(f"pid={pid!r} is invalid: must be a positive integer process id")
     path = f"/proc/{pid}/environ"
     try:
         raw = _read(path)
@@ -71,12 +59,12 @@ def proc_environ(pid: int) -> dict[str, str]:
             raw = _read(path)
     except FileNotFoundError:
         if not os.path.isdir("/proc/self"):
-            raise EnvCheckError(f"cannot read the environment of pid {pid}: no /proc here (Linux only)") from None
-        raise EnvCheckError(f"no process with pid {pid}; give the pid of a running worker") from None
+            raise BadInput(f"cannot read the environment of pid {pid}: no /proc here (Linux only)") from None
+        raise BadInput(f"no process with pid {pid}; give the pid of a running worker") from None
     except PermissionError:
-        raise EnvCheckError(f"cannot read {path}: permission denied (the process belongs to another user)") from None
+        raise BadInput(f"cannot read {path}: permission denied (the process belongs to another user)") from None
     except OSError as exc:  # e.g. ESRCH when the process exits while being read
-        raise EnvCheckError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
     env: dict[str, str] = {}
     for item in raw.split(b"\0"):
         if b"=" in item:
@@ -94,7 +82,7 @@ def _check(store: Store, ws_id: str | None, experiment: int | None, source: str,
            expected: dict[str, str], seen: dict[str, str | None], data: dict | None = None) -> dict:  # fmt: skip
     for var, value in expected.items():
         if not isinstance(value, str):
-            raise EnvCheckError(f"expected value of {var} is {value!r}; environment values are strings, e.g. '512'")
+            raise BadInput(f"expected value of {var} is {value!r}; environment values are strings, e.g. '512'")
     mismatches = compare(expected, seen)
     shown = {var: seen.get(var) for var in expected}
     text = "; ".join(m.describe(who) for m in mismatches)
@@ -120,9 +108,9 @@ def check_worker(store: Store, ws_id: str | None, experiment: int | None, expect
 def check_pid(store: Store, ws_id: str | None, pid: int, expected: dict[str, str],
               experiment: int | None = None, seen: dict[str, str] | None = None) -> dict:  # fmt: skip
     """Check the env of the live process ``pid`` (``seen``: its environment, read already); records the
-    check; raises EnvMismatch or EnvCheckError."""
+    check; raises EnvMismatch or BadInput."""
     seen = proc_environ(pid) if seen is None else seen
     return _check(store, ws_id, experiment, f"pid:{pid}", f"pid {pid}", expected, seen)
 
 
-__all__ = ["EnvCheckError", "EnvMismatch", "Mismatch", "check_pid", "check_worker", "compare", "proc_environ"]
+__all__ = [ "Mismatch", "check_pid", "check_worker", "compare", "proc_environ"]

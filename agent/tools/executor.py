@@ -21,15 +21,11 @@ import os
 
 from kinv.agent.tools.backends.ray import RayBackend, RemoteArm  # noqa: F401 - the ray backend
 from kinv.agent.tools.screening import screen_shard
-from kinv.kernels.errors import KinvError
+from kinv.kernels.errors import BackendError, BadInput, ExecutorError, NoRecording, VariantFailed
 
 EXECUTORS = ("local", "ray")
 ENV_FOR_ACTORS = ("KINV_FORCE_NO_GPU", "KINV_RECORDINGS", "KINV_CONFIG_DIR", "TRITON_INTERPRET", "TRITON_CACHE_DIR", "PYTHONPATH",
                   "KINV_EXECUTOR_FAULT", "KINV_EXECUTOR_FAULT_MARKER")  # fmt: skip
-
-
-class ExecutorError(KinvError, RuntimeError):
-    """The executor cannot run (Ray missing, no GPU in the cluster, every actor lost); one line."""
 
 
 class LocalExecutor:
@@ -203,7 +199,6 @@ class _Bench:
     def open_arm(self, aid: int, spec: dict) -> dict:
         """Open arm ``aid`` from its own copy of the kernel package (``spec["files"]``, written under this
         actor's directory, named by the source hash); returns what the driver's handle needs, or the error."""
-        from kinv.agent.tools import bench
         from kinv.agent.tools.snapshot import materialize
 
         be = self._be()
@@ -217,7 +212,7 @@ class _Bench:
         try:
             arm = be.open(spec["name"], spec["kernel"], spec["config"], spec["env"], replica=spec["replica"],
                           pythonpath=path, partner=spec["partner"], role=spec["role"])  # fmt: skip
-        except (bench.VariantFailed, bench.NoRecording, bench.BackendError) as exc:
+        except (VariantFailed, NoRecording, BackendError) as exc:
             return {"error": type(exc).__name__, "message": str(exc)}
         with self._lock:
             closed = aid in self._closed  # closed by the driver while it was opening: never leak its worker
@@ -228,7 +223,6 @@ class _Bench:
         return {"fingerprint": arm.fingerprint, "env_seen": arm.env_seen, "snapshot": str(snap)}
 
     def setup_arms(self, aids: list[int], levels: list[dict]) -> dict:
-        from kinv.agent.tools import bench
         from kinv.kernels.adapter import get_adapter
 
         setups: dict[int, dict] = {}
@@ -239,13 +233,12 @@ class _Bench:
                 for d in levels:
                     lv = adapter.level(d)
                     setups.setdefault(aid, {})[lv.key] = arm.setup(lv)
-        except (bench.VariantFailed, bench.NoRecording, bench.BackendError) as exc:
+        except (VariantFailed, NoRecording, BackendError) as exc:
             return {"error": type(exc).__name__, "message": str(exc)}
         return {"setups": setups}
 
     def sample_part(self, part: list[tuple[dict, list[int]]], round_index: int, where: str) -> dict:
         """This actor's levels of one round: at each level its arms in the given order, back to back."""
-        from kinv.agent.tools import bench
         from kinv.agent.tools.screening import _fault
         from kinv.kernels.adapter import get_adapter
 
@@ -260,7 +253,7 @@ class _Bench:
                     smp = arm.sample(lv, round_index)
                     got[aid] = {**smp, "place": where, "fingerprint": arm.fingerprint}
                 out[lv.key] = got
-        except (bench.VariantFailed, bench.NoRecording, bench.BackendError) as exc:
+        except (VariantFailed, NoRecording, BackendError) as exc:
             return {"error": type(exc).__name__, "message": str(exc)}
         return {"samples": out}
 
@@ -289,9 +282,9 @@ class _Bench:
 
 def get_executor(name: str, backend: str, address: str | None = None, actors: int | None = None):
     if name not in EXECUTORS:
-        raise ValueError(f"--executor {name!r} is not valid; use {', '.join(EXECUTORS)}")
+        raise BadInput(f"--executor {name!r} is not valid; use {', '.join(EXECUTORS)}")
     if name == "local":
         if address or actors:
-            raise ValueError("--ray-address and --ray-actors need --executor ray")
+            raise BadInput("--ray-address and --ray-actors need --executor ray")
         return LocalExecutor()
     return RayExecutor(backend, address, actors)

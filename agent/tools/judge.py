@@ -16,18 +16,14 @@ import atexit
 import logging
 import threading
 
-from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
-from kinv.kernels.errors import KinvError
+from kinv.agent.tools.worker_client import WorkerProcess
+from kinv.kernels.errors import JudgeFailed, WorkerCrashed, WorkerError
 
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
 _JUDGES: dict[tuple, WorkerProcess] = {}
 _CEILINGS: dict[tuple, dict] = {}
-
-
-class JudgeFailed(KinvError, RuntimeError):
-    """The judge's process died or could not judge (not the variant's fault: a failed step)."""
 
 
 def _env(device: str) -> dict[str, str]:
@@ -157,4 +153,4 @@ def close() -> None:
 
 atexit.register(close)
 
-__all__ = ["JudgeFailed", "ceilings", "close", "kernel_modules", "outputs", "settle", "warm"]
+__all__ = [ "ceilings", "close", "kernel_modules", "outputs", "settle", "warm"]

@@ -30,10 +30,6 @@ from pathlib import Path
 from kinv.kernels.errors import BadInput
 
 
-class PlacementError(BadInput):
-    """Plans that cannot run together (a duplicate, no GPU for the cuda backend); one line."""
-
-
 @dataclass
 class Placed:
     """One plan of a multi-plan run: where it ran and how it ended."""
@@ -76,7 +72,7 @@ def group(plans: list[tuple[str, object]]) -> list[Placed]:
     rows = []
     for path, plan in plans:
         if plan.ws in seen:
-            raise PlacementError(f"{path} and {seen[plan.ws]} are both workstream {plan.ws}; a workstream runs once "
+            raise BadInput(f"{path} and {seen[plan.ws]} are both workstream {plan.ws}; a workstream runs once "
                                  "per `kinv run`")  # fmt: skip
         seen[plan.ws] = path
         g = kernels.setdefault(plan.kernel, len(kernels))
@@ -89,7 +85,7 @@ def places(n_groups: int, live: bool) -> list[str]:
     if live:
         gpus = visible_gpus()
         if not gpus:
-            raise PlacementError("--backend cuda needs a GPU and none is visible (nvidia-smi -L lists none); use "
+            raise BadInput("--backend cuda needs a GPU and none is visible (nvidia-smi -L lists none); use "
                                  "--backend replay or auto")  # fmt: skip
         return gpus
     return [f"cpu{i}" for i in range(max(1, min(n_groups, os.cpu_count() or 1)))]
@@ -151,4 +147,4 @@ def exit_code(rows: list[Placed]) -> int:
     return 0 if codes <= {0} else 1
 
 
-__all__ = ["Placed", "PlacementError", "exit_code", "group", "places", "run_all", "visible_gpus"]
+__all__ = ["Placed", "exit_code", "group", "places", "run_all", "visible_gpus"]

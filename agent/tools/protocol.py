@@ -253,7 +253,7 @@ def record_lost(store, exp_id, level: Level, rnd: Round, arms: Sequence[Arm], lo
 def check_lost(arm: Arm, level: Level, n_lost: int, rounds: int, last: str) -> None:
     """Fail the arm once it has lost more than :data:`LOST_SHARE` of ``level``'s rounds (and at least
     :data:`LOST_MIN`): its numbers no longer describe it."""
-    from kinv.agent.tools.backends.base import VariantFailed
+    from kinv.kernels.errors import VariantFailed
 
     if n_lost >= LOST_MIN and n_lost > LOST_SHARE * rounds:
         raise VariantFailed(f"{arm.name} lost {n_lost} of {rounds} samples at {level.key} (more than "

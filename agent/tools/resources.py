@@ -17,10 +17,6 @@ from kinv.kernels.launch_config import config_hash, describe
 if TYPE_CHECKING:
     from kinv.agent.store import Store
 
-class ResourceError(BadInput):
-    """A level or config that cannot be assessed; one line naming the value."""
-
-
 def _smem(level_res: dict) -> int:
     compiled = level_res.get("smem_compiled")
     return compiled if compiled is not None else level_res["smem_estimate"]
@@ -34,7 +30,7 @@ def assess(adapter: KernelAdapter, config: dict, plan_levels: list[Level], devic
     infeasible level.
     """
     if not plan_levels:
-        raise ResourceError("no levels to assess; give at least one workload level")
+        raise BadInput("no levels to assess; give at least one workload level")
     config = adapter.validate_config(config)
     levels, occ, why = [], {}, {}
     feasible, reason = True, ""
@@ -126,5 +122,5 @@ def compiled_of(setups_by_arm: dict[str, dict]) -> dict:
     return out
 
 
-__all__ = ["ResourceError", "assess", "compiled_figures", "compiled_of", "predicted_change",
+__all__ = ["assess", "compiled_figures", "compiled_of", "predicted_change",
            "record"]

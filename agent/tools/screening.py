@@ -18,11 +18,7 @@ from dataclasses import dataclass, field
 
 from kinv.agent.store.screened import Screened
 from kinv.agent.tools.protocol import Ledger, RoundLoop, sample_row, screen_effect
-from kinv.kernels.errors import KinvError
-
-
-class IncumbentFailed(KinvError, RuntimeError):
-    """The incumbent's own worker failed: the shard has no reference to pair its candidates with."""
+from kinv.kernels.errors import IncumbentFailed
 
 
 @dataclass

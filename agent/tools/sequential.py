@@ -27,16 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kinv.agent.tools import correctness, envcheck, plausibility, protocol
-from kinv.agent.tools.backends.base import (
-    Backend,
-    Incorrect,
-    NoRecording,
-    Tampered,
-    VariantFailed,
-    harness_hash,
-    reference_hash,
-)
+from kinv.agent.tools.backends.base import Backend, harness_hash, reference_hash
 from kinv.kernels.adapter import Level, get_adapter
+from kinv.kernels.errors import Incorrect, NoRecording, Tampered, VariantFailed
 
 YARD_MARGIN = 1.08
 """A sample's yardstick (a fixed device copy timed with the sample's own events) may read at most this much above

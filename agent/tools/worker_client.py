@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kinv import IMPORT_ROOT
-from kinv.kernels.errors import KinvError
+from kinv.kernels.errors import WorkerCrashed, WorkerError
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (or the installed kinv/): the worker's cwd
 
@@ -75,14 +75,6 @@ def watch_parent(every: float = 0.5) -> None:
                 os._exit(1)  # the run died: nobody reads what this child would compute
 
     threading.Thread(target=watch, daemon=True, name="kinv-watch-parent").start()
-
-
-class WorkerCrashed(KinvError, RuntimeError):
-    """The worker died (crash, illegal address, out of memory) or broke protocol."""
-
-
-class WorkerError(KinvError, RuntimeError):
-    """The worker answered a request with an error; it is still alive."""
 
 
 class WorkerProcess:

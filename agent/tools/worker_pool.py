@@ -16,8 +16,9 @@ import threading
 import time
 
 from kinv.agent import faults, signals
-from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
+from kinv.agent.tools.worker_client import WorkerProcess
 from kinv.kernels.adapter import import_path
+from kinv.kernels.errors import WorkerCrashed, WorkerError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import pytest
 
 from kinv.agent.store import Store
 from kinv.agent.tools import configs
-from kinv.agent.tools.configs import PatchError, RevertError
+from kinv.kernels.errors import PatchError, RevertError
 from tests.utils import write_seed_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,8 @@ import pytest
 
 from kinv.agent.store import Store
 from kinv.agent.tools import envcheck
-from kinv.agent.tools.envcheck import EnvCheckError, EnvMismatch, Mismatch
+from kinv.agent.tools.envcheck import Mismatch
+from kinv.kernels.errors import BadInput, EnvMismatch
 
 WS = "#3a"
 EXPECTED = {"TARGET_CTAS": "512"}
@@ -77,8 +78,8 @@ def test_check_pid_reads_the_live_process(store):
 
 def test_nonexistent_pid_is_a_clear_error(store):
     pid = 2**22 + 12345  # above the kernel's pid_max
-    with pytest.raises(EnvCheckError, match=f"no process with pid {pid}"):
+    with pytest.raises(BadInput, match=f"no process with pid {pid}"):
         envcheck.check_pid(store, WS, pid, EXPECTED)
-    with pytest.raises(EnvCheckError, match="pid=-1 is invalid"):
+    with pytest.raises(BadInput, match="pid=-1 is invalid"):
         envcheck.proc_environ(-1)
     assert store.env_checks() == []

@@ -232,7 +232,8 @@ def test_bench_variant_refuses_an_incorrect_candidate_before_timing(planted, sta
 def test_an_adoptions_confirming_ab_voids_an_implausible_win_and_refuses_an_incorrect_one(planted, state_dir):
     from kinv.agent.models import load_plan
     from kinv.agent.store import Store
-    from kinv.agent.tools.adopt import AdoptError, confirm_against_live
+    from kinv.agent.tools.adopt import confirm_against_live
+    from kinv.kernels.errors import AdoptError
 
     plan, _sha = load_plan(PLANTED / "plan.yaml")
     store = Store(state_dir, create=True)

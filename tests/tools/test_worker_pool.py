@@ -7,9 +7,10 @@ import pytest
 
 from kinv.agent.tools import worker_pool
 from kinv.agent.tools.backends import cuda
-from kinv.agent.tools.worker_client import WorkerError, WorkerProcess
+from kinv.agent.tools.worker_client import WorkerProcess
 from kinv.agent.tools.worker_pool import WorkerPool, worker_key
 from kinv.kernels.adapter import get_adapter
+from kinv.kernels.errors import WorkerError
 from tests.test_plugin import _write_package
 
 PKG = "kinv_demo_matmul_pool"  # a plugin of this test's own: its source is edited below
@@ -106,7 +107,7 @@ def test_a_worker_runs_the_correctness_gate_itself_and_refuses_a_bad_config_by_n
 
 
 def test_a_request_that_outlives_its_timeout_kills_the_worker_and_says_so():
-    from kinv.agent.tools.worker_client import WorkerCrashed
+    from kinv.kernels.errors import WorkerCrashed
 
     w = WorkerProcess(label="slow")
     try:

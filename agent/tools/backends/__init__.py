@@ -20,15 +20,12 @@ from kinv.agent.tools.backends.base import (  # noqa: F401 - the interface, re-e
     RECORDINGS,
     Arm,
     Backend,
-    BackendError,
-    NoDevice,
-    NoRecording,
-    VariantFailed,
     gpu_visible,
     harness_hash,
     kernel_hash,
     reference_hash,
 )
+from kinv.kernels.errors import BackendError
 
 _REGISTRY: dict[str, object] = {}
 BACKENDS: list[str] = ["auto"]

@@ -24,36 +24,9 @@ from dataclasses import dataclass, field
 
 from kinv.agent.tools import bench_worker
 from kinv.kernels.adapter import KERNELS_DIR, Level, get_adapter
-from kinv.kernels.errors import BadInput, KinvError
 from kinv.kernels.launch_config import config_hash
 
 RECORDINGS = KERNELS_DIR / "recordings"
-
-class BackendError(KinvError, RuntimeError):
-    """A backend cannot serve this request; one line, names what is valid."""
-
-
-class NoRecording(BackendError, BadInput):
-    """Replay cannot serve what was asked (a level, an env value, a config): bad input, exit 2."""
-
-
-class NoDevice(BackendError, BadInput):
-    """The backend asked for cannot run here (--backend cuda without a GPU): bad input, exit 2."""
-
-
-class VariantFailed(BackendError):
-    """The variant's worker crashed or the variant failed its gate: the variant's failure, not kinv's."""
-
-
-class Incorrect(VariantFailed):
-    """A timed output the judge refused (a capture checked on new inputs, an input set other than the first): the
-    variant is incorrect, as if the gate had refused it."""
-
-
-class Tampered(VariantFailed):
-    """The variant changed, in the process that times it, code the harness relies on (its timer, a function it
-    calls): nothing that process timed can be believed, and the verdict is void."""
-
 
 def harness_hash() -> str:
     """Hash of the timing harness (the worker's own file)."""

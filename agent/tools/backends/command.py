@@ -22,8 +22,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from kinv.agent.tools.backends.base import Arm, Backend, VariantFailed
+from kinv.agent.tools.backends.base import Arm, Backend
 from kinv.kernels.adapter import Level
+from kinv.kernels.errors import VariantFailed
 
 
 def _logs(where: Path | None) -> Path:

@@ -8,19 +8,11 @@ import time
 from pathlib import Path
 
 from kinv.agent.tools import protocol
-from kinv.agent.tools.backends.base import (
-    RECORDINGS,
-    Arm,
-    Backend,
-    Incorrect,
-    NoDevice,
-    Tampered,
-    VariantFailed,
-    gpu_visible,
-)
-from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
+from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, gpu_visible
+from kinv.agent.tools.worker_client import WorkerProcess
 from kinv.agent.tools.worker_pool import MAX_IDLE, POOL, REUSE_ENV, WorkerPool, check_in_worker, reuse, worker_key
 from kinv.kernels.adapter import Level
+from kinv.kernels.errors import Incorrect, JudgeFailed, NoDevice, Tampered, VariantFailed, WorkerCrashed, WorkerError
 
 
 def _recorded() -> str:
@@ -137,7 +129,7 @@ class CudaArm(Arm):
 
         try:
             got = judge.outputs(self.kernel, level.to_dict(), saved, self.judge_path)
-        except judge.JudgeFailed as exc:
+        except JudgeFailed as exc:
             raise VariantFailed(f"{self.name} at {level.key}: {exc}") from None
         if not got["ok_all"]:
             self._failed = True

@@ -9,6 +9,7 @@ returned, its ``sample`` the local arm's sample (with the GPU that timed it).  T
 from __future__ import annotations
 
 from kinv.agent.tools.backends.base import Backend
+from kinv.kernels.errors import BackendError, NoRecording, VariantFailed
 
 
 class RemoteArm:
@@ -185,7 +186,6 @@ class RayBackend(Backend):
         dead actor is replaced (its arms reopened and set up) and the call made again."""
         from ray.exceptions import ActorDiedError, RayActorError
 
-        from kinv.agent.tools import bench
 
         while True:
             try:
@@ -199,8 +199,8 @@ class RayBackend(Backend):
                 self._revive(i)
                 ref = again()
         if isinstance(got, dict) and "error" in got:
-            kind = {"VariantFailed": bench.VariantFailed, "NoRecording": bench.NoRecording}.get(got["error"],
-                                                                                             bench.BackendError)
+            kind = {"VariantFailed": VariantFailed, "NoRecording": NoRecording}.get(got["error"],
+                                                                                             BackendError)
             raise kind(got["message"])
         return got
 
