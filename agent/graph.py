@@ -46,7 +46,8 @@ from kinv.agent.graph_support import (  # noqa: F401 - re-exported: callers impo
     todo_reason,
 )
 from kinv.agent.models import Plan
-from kinv.agent.tools import bench, configs, correctness, envcheck, protocol, resources, sequential
+from kinv.agent.tools import configs, correctness, envcheck, protocol, resources, sequential
+from kinv.agent.tools.backends import base
 from kinv.kernels.devices import get_device
 from kinv.kernels.errors import KinvError
 from kinv.kernels.launch_config import config_hash, describe
@@ -120,8 +121,8 @@ def setup(state: State, runtime: Runtime[Context]) -> dict:
         )
     store.update_workstream(ws, baseline_hash=configs.sha(ctx.config_path), status="running")
     hashes = state.get("baseline_hashes") or {
-        "harness": bench.harness_hash(), "reference": bench.reference_hash(plan.kernel),
-        "kernel": bench.kernel_hash(plan.kernel), "snapshot": str(_snapshot(ctx)),
+        "harness": base.harness_hash(), "reference": base.reference_hash(plan.kernel),
+        "kernel": base.kernel_hash(plan.kernel), "snapshot": str(_snapshot(ctx)),
     }  # fmt: skip
     planner.init_todos(store, plan)
     parent = plan.workstream.parent
@@ -179,7 +180,7 @@ def baseline(state: State, runtime: Runtime[Context]) -> dict:
 def noise(state: State, runtime: Runtime[Context]) -> dict:
     ctx = runtime.context
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
-    from kinv.agent import stats
+    from kinv.agent import noise
 
     planner.start(store, ws, "noise")
     done = store.done_experiment(ws, planner.todo_id(ws, "noise"), "noise", ctx.version)
@@ -190,7 +191,7 @@ def noise(state: State, runtime: Runtime[Context]) -> dict:
     base = _baseline_config(ctx)
     s = plan.stats
     t0 = time.time()
-    acc, gpu_s = bench.run_aa(store, exp, ctx.backend, plan.kernel, base, plan.environment, levels, s.aa_rounds,
+    acc, gpu_s = protocol.run_aa(store, exp, ctx.backend, plan.kernel, base, plan.environment, levels, s.aa_rounds,
                               s.aa_arms, on_round=lambda r: ctx.say("round", phase="noise", round=r + 1,
                                                                      total=s.aa_rounds))  # fmt: skip
     thresholds = _thresholds(ctx)
@@ -199,7 +200,7 @@ def noise(state: State, runtime: Runtime[Context]) -> dict:
     gpu_total = protocol.gpu_seconds(store.samples(exp))
     store.update_experiment(exp, status="done", rounds=s.aa_rounds, gpu_s=gpu_total,
                             wall_s=time.time() - t0, finished=time.time())  # fmt: skip
-    warnings = stats.check_aa(bands)  # HarnessBroken only on evidence that the harness is broken
+    warnings = noise.check_aa(bands)  # HarnessBroken only on evidence that the harness is broken
     for w in warnings:
         ctx.say("warning", message=w)
     outliers = sum(b.outliers for b in bands)
@@ -436,7 +437,7 @@ def revert(state: State, runtime: Runtime[Context]) -> dict:
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
     _revert_all(ctx)
     wsrow = store.workstream(ws)
-    now_sha, src = configs.sha(ctx.config_path), bench.kernel_hash(plan.kernel)
+    now_sha, src = configs.sha(ctx.config_path), base.kernel_hash(plan.kernel)
     if now_sha != wsrow["baseline_hash"] or src != state["baseline_hashes"]["kernel"]:
         raise InvestigationError(f"revert left {ctx.config_path} at {now_sha} and the kernel source at {src}; "
                                  f"the baseline is {wsrow['baseline_hash']} / {state['baseline_hashes']['kernel']}")

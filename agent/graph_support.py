@@ -15,6 +15,7 @@ from kinv.agent.enums import Approval
 from kinv.agent.models import Plan
 from kinv.agent.store import Store
 from kinv.agent.tools import bench, configs
+from kinv.agent.tools.backends import base
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.launch_config import config_hash, describe
 
@@ -33,10 +34,10 @@ class Context:
     approval: str
     progress: object = None  # callable(kind, **info) for the CLI's progress display
     version: int = 1  # the plan version of the workstream (kinv run --new-version)
-    _backend: bench.Backend | None = field(default=None, repr=False)
+    _backend: base.Backend | None = field(default=None, repr=False)
 
     @property
-    def backend(self) -> bench.Backend:
+    def backend(self) -> base.Backend:
         if self._backend is None:
             self._backend = bench.get_backend(self.backend_name)
             self.say("backend", message=self._backend.loud)
@@ -241,7 +242,7 @@ def _snapshot(ctx: Context) -> Path:
     hash it reports must be the snapshot's name)."""
     from kinv.agent.tools.snapshot import materialize, package_files
 
-    dest = ctx.store.dir / "snapshots" / bench.kernel_hash(ctx.plan.kernel)
+    dest = ctx.store.dir / "snapshots" / base.kernel_hash(ctx.plan.kernel)
     return materialize(package_files(ctx.adapter.package_dir()), dest, ctx.adapter.package_name())
 
 

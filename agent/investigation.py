@@ -84,13 +84,14 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
               backend_obj) -> RunOutcome:  # fmt: skip
     from langgraph.types import Command
 
-    from kinv.agent import stats
-    from kinv.agent.tools import bench, configs, envcheck
+    from kinv.agent import noise
+    from kinv.agent.tools import backends, bench, configs, envcheck
+    from kinv.agent.tools.backends import base
 
     if approval not in APPROVAL_POLICIES:
         raise BadInput(f"--approval {approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}")
-    if backend not in bench.BACKENDS:
-        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
+    if backend not in backends.BACKENDS:
+        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(backends.BACKENDS)}")
     plan, plan_hash = load_plan(plan_path)  # PlanError -> exit 2 in main
     if plan.campaign is not None and not plan.variants:
         raise BadInput(f"{plan_path} is a campaign plan (no variants of its own): run it with kinv campaign {plan_path}")
@@ -215,7 +216,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         store.check_intact()  # the close-out's records must be in the kinv.db a person will read
         console.print(f"closed out in {time.time() - t0:.1f} s")
         return RunOutcome(ExitCode.OK, f"close-out: {result.get('report')}", ws)
-    except (InvestigationError, envcheck.EnvMismatch, stats.HarnessBroken, bench.BackendError) as exc:
+    except (InvestigationError, envcheck.EnvMismatch, noise.HarnessBroken, base.BackendError) as exc:
         store.event(ws, "stopped", str(exc))  # raised on, with its exit code (NoRecording, NoDevice: bad input)
         raise
     except KeyboardInterrupt as exc:
@@ -287,10 +288,10 @@ def _paused(store: Store, aid: str, console, state_dir, ws: str) -> RunOutcome:
 def _plan_and_backend(plan_path, backend, as_json: bool = False):
     """The plan and the backend (its banner: :func:`_banner`, once the caller's inputs are valid)."""
     from kinv.agent.models import load_plan
-    from kinv.agent.tools import bench
+    from kinv.agent.tools import backends, bench
 
-    if backend not in bench.BACKENDS:  # bad input (exit 2); get_backend's BackendError would be a failed step
-        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
+    if backend not in backends.BACKENDS:  # bad input (exit 2); get_backend's BackendError would be a failed step
+        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(backends.BACKENDS)}")
     said = ""
     if plan_path is None:  # no --plan: a registered kernel's example plan, and a phrase saying whose
         from kinv.kernels.adapter import default_plan
@@ -405,12 +406,12 @@ def _bench_line(m: dict, short: dict) -> str:
 
 
 def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_n: int = 4):
-    """``kinv noise``: the A/A the graph runs (bench.run_aa + protocol.noise_bands), at the plan's levels and
+    """``kinv noise``: the A/A the graph runs (protocol.run_aa + protocol.noise_bands), at the plan's levels and
     thresholds."""
     import json
 
-    from kinv.agent import stats
-    from kinv.agent.tools import bench, protocol
+    from kinv.agent import noise, stats
+    from kinv.agent.tools import protocol
     from kinv.kernels.launch_config import load_config
 
     plan, be, said = _plan_and_backend(plan_path, backend, as_json)
@@ -422,7 +423,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     _banner(be, as_json, said)
     store = Store(state_dir)
     exp = store.new_experiment(kind="noise", variant="A/A", backend=be.name)
-    acc, gpu_s = bench.run_aa(store, exp, be, plan.kernel, cfg, dict(plan.environment), lvls, rounds, arms_n)
+    acc, gpu_s = protocol.run_aa(store, exp, be, plan.kernel, cfg, dict(plan.environment), lvls, rounds, arms_n)
     bands = protocol.noise_bands(plan, lvls, acc)
     store.add_noise(exp, None, [b.__dict__ for b in bands])
     store.update_experiment(exp, status="done", rounds=rounds, gpu_s=gpu_s)
@@ -441,7 +442,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
                       f"{b.effect:+.2%} [{b.ci_low:+.2%}, {b.ci_high:+.2%}]", str(b.outliers), f"{b.threshold:.1%}",
                       "yes" if b.equivalent else "NO")  # fmt: skip
         console.print(t)
-    for w in stats.check_aa(bands):
+    for w in noise.check_aa(bands):
         console.print(f"[yellow]warning[/yellow]: {escape(w)}")
     return ExitCode.OK, "" if as_json else f"stored as experiment {exp} in {store.path}"
 

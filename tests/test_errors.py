@@ -162,10 +162,11 @@ def test_a_named_failure_is_its_one_line_and_exit_code(state_dir, monkeypatch, c
     no state dir exists."""
     from kinv.agent.cli import main
     from kinv.agent.store import StateDamaged
-    from kinv.agent.tools import bench, doctor
+    from kinv.agent.tools import doctor
+    from kinv.agent.tools.backends import base
 
     exc = {"StateDamaged": StateDamaged("kinv.db is damaged: kinv doctor names the way back"),
-           "NoRecording": bench.NoRecording("kinv.db is damaged: kinv doctor names the way back"),
+           "NoRecording": base.NoRecording("kinv.db is damaged: kinv doctor names the way back"),
            "ENOSPC": OSError(errno.ENOSPC, "No space left on device", "/x/kinv.db")}[raised]  # fmt: skip
 
     def broken(directory):

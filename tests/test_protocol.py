@@ -10,6 +10,7 @@ import pytest
 
 from kinv.agent.models import load_plan
 from kinv.agent.tools import bench, protocol
+from kinv.agent.tools.backends import base, replay
 from kinv.agent.tools.space import feasibility, space_configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,27 +75,25 @@ def test_a_screened_candidate_on_replay_has_a_gain_and_an_interval_at_every_leve
 
 
 def test_a_backend_is_one_class_and_one_registration(monkeypatch):
-    """A registered backend is a valid --backend name and what bench.get_backend builds; the facade's
-    names are the package's."""
+    """A registered backend is a valid --backend name and what bench.get_backend builds."""
     from kinv.agent.tools import backends
 
-    class Lone(bench.Backend):
+    class Lone(base.Backend):
         name = "lone"
         loud = "LONE backend"
 
         def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant"):
-            raise bench.NoRecording("nothing to open")
+            raise base.NoRecording("nothing to open")
 
     monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY))
     monkeypatch.setattr(backends, "BACKENDS", list(backends.BACKENDS))
-    monkeypatch.setattr(bench, "BACKENDS", backends.BACKENDS)
     backends.register_backend("lone", Lone)
-    assert "lone" in bench.BACKENDS and isinstance(bench.get_backend("lone"), Lone)
-    with pytest.raises(bench.BackendError, match="unknown backend 'nope'; valid: auto, cuda, replay, command, lone"):
+    assert "lone" in backends.BACKENDS and isinstance(bench.get_backend("lone"), Lone)
+    with pytest.raises(base.BackendError, match="unknown backend 'nope'; valid: auto, cuda, replay, command, lone"):
         bench.get_backend("nope")
     with pytest.raises(ValueError):
         backends.register_backend("auto", Lone)
-    assert bench.ReplayBackend is backends.backend_class("replay")
+    assert replay.ReplayBackend is backends.backend_class("replay")
 
 
 def test_every_backend_and_its_arms_subclass_the_interface():
@@ -103,6 +102,6 @@ def test_every_backend_and_its_arms_subclass_the_interface():
     from kinv.agent.tools.backends.replay import ReplayArm, ReplayBackend
 
     for cls in (CudaBackend, ReplayBackend, RayBackend):
-        assert issubclass(cls, bench.Backend)
+        assert issubclass(cls, base.Backend)
     for cls in (CudaArm, ReplayArm):
-        assert issubclass(cls, bench.Arm)
+        assert issubclass(cls, base.Arm)

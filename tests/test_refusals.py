@@ -279,13 +279,14 @@ def test_bad_input_is_a_type_of_its_own():
 # a variant the replay cannot measure: its reason, said once, with labels
 # --------------------------------------------------------------------------- #
 def test_no_recording_names_the_partner_config_not_its_hash():
-    from kinv.agent.tools import bench
+    from kinv.agent.tools.backends.base import NoRecording
+    from kinv.agent.tools.backends.replay import ReplayBackend
     from kinv.kernels.launch_config import config_hash
 
-    be = bench.ReplayBackend()
+    be = ReplayBackend()
     base = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
     var = {**base, "num_warps": 16}
-    with pytest.raises(bench.NoRecording) as exc:
+    with pytest.raises(NoRecording) as exc:
         be.open("baseline", "mla_decode", base, {"TARGET_CTAS": "512"}, partner=var, role="base")
     assert "BT16/BH16/w16/s2" in str(exc.value) and config_hash(var) not in str(exc.value), exc.value
 

@@ -32,6 +32,7 @@ def test_resume_keeps_the_backend_the_run_started_with_and_refuses_another(tmp_p
     from kinv.agent import cli
     from kinv.agent.store import Store
     from kinv.agent.tools import bench
+    from kinv.agent.tools.backends import base
 
     real = bench.get_backend
     asked = []
@@ -39,7 +40,7 @@ def test_resume_keeps_the_backend_the_run_started_with_and_refuses_another(tmp_p
     def get_backend(name):
         asked.append(name)
         if name in ("auto", "cuda"):  # what this machine would give: a GPU
-            raise bench.BackendError("this machine would time on its GPU")
+            raise base.BackendError("this machine would time on its GPU")
         return real(name)
 
     monkeypatch.setattr(bench, "get_backend", get_backend)

@@ -54,12 +54,13 @@ def ws_id(plan: Plan, n: int) -> str:
 def run(s: Settings) -> tuple[int, str, dict]:
     """Run (or resume) the campaign; returns (exit code, last line, summary)."""
     from kinv.agent.investigation import APPROVAL_POLICIES
-    from kinv.agent.tools import bench
+    from kinv.agent.tools import backends, bench
+    from kinv.agent.tools.backends import base
 
     if s.approval not in APPROVAL_POLICIES:
         return ExitCode.BAD_INPUT, f"--approval {s.approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}", {}
-    if s.backend not in bench.BACKENDS:
-        return ExitCode.BAD_INPUT, f"--backend {s.backend!r} is not valid; use {', '.join(bench.BACKENDS)}", {}
+    if s.backend not in backends.BACKENDS:
+        return ExitCode.BAD_INPUT, f"--backend {s.backend!r} is not valid; use {', '.join(backends.BACKENDS)}", {}
     from kinv.agent.tools.executor import EXECUTORS
 
     if s.executor not in EXECUTORS:
@@ -74,7 +75,7 @@ def run(s: Settings) -> tuple[int, str, dict]:
                                 "add campaign: (see plans/7-decode-ceiling.yaml)"), {}  # fmt: skip
     try:  # a missing GPU (or recording) is bad input: said before anything is written
         bench.get_backend(s.backend)
-    except bench.BackendError as exc:
+    except base.BackendError as exc:
         return ExitCode.BAD_INPUT, str(exc).splitlines()[0], {}
     store = Store(s.state_dir)
     cid = campaign_id(plan)
@@ -268,11 +269,11 @@ class Campaign(Screening, Confirmation, Ending):
         return self._be
 
     def copy_gbps(self) -> float | None:
-        from kinv.agent.tools import bench
+        from kinv.agent.tools.backends import base
 
         try:
             return self.backend.copy_bandwidth()
-        except bench.BackendError:
+        except base.BackendError:
             return None
 
     def incumbent_us(self) -> dict[str, float]:

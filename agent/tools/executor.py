@@ -52,7 +52,7 @@ class RayExecutor:
             import ray
         except ImportError:
             raise ExecutorError("--executor ray needs Ray: pip install -e '.[ray]'") from None
-        from kinv.agent.tools import bench
+        from kinv.agent.tools.backends import base
 
         self.ray = ray
         self.started_here = not ray.is_initialized()
@@ -71,7 +71,7 @@ class RayExecutor:
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 raise ExecutorError(f"cannot start or reach the Ray cluster ({address or 'local'}): "
                                     f"{str(exc).splitlines()[0]}") from None  # fmt: skip
-        live = backend == "cuda" or (backend == "auto" and bench.gpu_visible())
+        live = backend == "cuda" or (backend == "auto" and base.gpu_visible())
         gpus = int(ray.cluster_resources().get("GPU", 0))
         if live:
             n = actors or gpus
@@ -203,7 +203,7 @@ class _Bench:
     def open_arm(self, aid: int, spec: dict) -> dict:
         """Open arm ``aid`` from its own copy of the kernel package (``spec["files"]``, written under this
         actor's directory, named by the source hash); returns what the driver's handle needs, or the error."""
-        from kinv.agent.tools import bench
+        from kinv.agent.tools.backends import base
         from kinv.agent.tools.snapshot import materialize
 
         be = self._be()
@@ -217,7 +217,7 @@ class _Bench:
         try:
             arm = be.open(spec["name"], spec["kernel"], spec["config"], spec["env"], replica=spec["replica"],
                           pythonpath=path, partner=spec["partner"], role=spec["role"])  # fmt: skip
-        except (bench.VariantFailed, bench.NoRecording, bench.BackendError) as exc:
+        except (base.VariantFailed, base.NoRecording, base.BackendError) as exc:
             return {"error": type(exc).__name__, "message": str(exc)}
         with self._lock:
             closed = aid in self._closed  # closed by the driver while it was opening: never leak its worker
@@ -228,7 +228,7 @@ class _Bench:
         return {"fingerprint": arm.fingerprint, "env_seen": arm.env_seen, "snapshot": str(snap)}
 
     def setup_arms(self, aids: list[int], levels: list[dict]) -> dict:
-        from kinv.agent.tools import bench
+        from kinv.agent.tools.backends import base
         from kinv.kernels.adapter import get_adapter
 
         setups: dict[int, dict] = {}
@@ -239,13 +239,13 @@ class _Bench:
                 for d in levels:
                     lv = adapter.level(d)
                     setups.setdefault(aid, {})[lv.key] = arm.setup(lv)
-        except (bench.VariantFailed, bench.NoRecording, bench.BackendError) as exc:
+        except (base.VariantFailed, base.NoRecording, base.BackendError) as exc:
             return {"error": type(exc).__name__, "message": str(exc)}
         return {"setups": setups}
 
     def sample_part(self, part: list[tuple[dict, list[int]]], round_index: int, where: str) -> dict:
         """This actor's levels of one round: at each level its arms in the given order, back to back."""
-        from kinv.agent.tools import bench
+        from kinv.agent.tools.backends import base
         from kinv.agent.tools.screening import _fault
         from kinv.kernels.adapter import get_adapter
 
@@ -260,7 +260,7 @@ class _Bench:
                     smp = arm.sample(lv, round_index)
                     got[aid] = {**smp, "place": where, "fingerprint": arm.fingerprint}
                 out[lv.key] = got
-        except (bench.VariantFailed, bench.NoRecording, bench.BackendError) as exc:
+        except (base.VariantFailed, base.NoRecording, base.BackendError) as exc:
             return {"error": type(exc).__name__, "message": str(exc)}
         return {"samples": out}
 

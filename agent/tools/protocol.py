@@ -11,7 +11,7 @@ statistics a live one does:
   rotated by the round (:func:`rotated`); :func:`round_order` picks the order of a round;
 * **paired effects with intervals**: the sequential A/B (:func:`run_ab`, agent.stats.run_sequential) and a
   screening's estimate (:func:`screen_effect`) use one estimator, agent.stats.paired_effect;
-* **outliers**: an A/A's outlier samples are winsorized by agent.stats.aa_noise, and the paired
+* **outliers**: an A/A's outlier samples are winsorized by agent.noise.aa_noise, and the paired
   estimator is robust to the rest (Hodges-Lehmann from 12 rounds on);
 * **the GPU-second ledger**: every sample carries ``gpu_s``; :func:`gpu_seconds` is the one sum of them;
 * **lost samples**: a sample a backend could not take (``lost``: a command that failed, hung or printed no
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kinv.agent import stats
+from kinv.agent import noise, stats
 from kinv.agent.tools.backends.base import Arm, Backend, harness_hash, reference_hash
 from kinv.kernels.adapter import Level
 
@@ -84,7 +84,7 @@ def noise_bands(plan, levels: list[Level], acc: dict[str, list[list[float]]]) ->
     """The A/A's analysis at each level (agent.noise.aa_noise: outliers winsorized, the arm offset tested)
     at the plan's thresholds, round cap and per-look confidence; ``acc`` is what :func:`run_aa` returned."""
     s, look = plan.stats, look_conf(plan)
-    return [stats.aa_noise(acc[lv.key], lv.key, s.threshold_at(lv.label), s.max_rounds, look) for lv in levels]
+    return [noise.aa_noise(acc[lv.key], lv.key, s.threshold_at(lv.label), s.max_rounds, look) for lv in levels]
 
 
 def screen_effect(base_us: Sequence[float], cand_us: Sequence[float], level: str,

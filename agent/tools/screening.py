@@ -30,6 +30,7 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
     a single round).  A candidate whose worker fails is dropped from the shard.
     """
     from kinv.agent.tools import bench, protocol
+    from kinv.agent.tools.backends import base
     from kinv.kernels.adapter import get_adapter
 
     _fault("screen", where)
@@ -44,7 +45,7 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
             for lv in lvs:
                 arm.setup(lv)
             return arm, None
-        except (bench.VariantFailed, bench.NoRecording) as exc:  # replay has no recording of it: not measured
+        except (base.VariantFailed, base.NoRecording) as exc:  # replay has no recording of it: not measured
             return None, str(exc)
 
     names = [("incumbent", incumbent)] + [(f"C:{h}", cfg) for h, cfg in candidates.items()]
@@ -61,7 +62,7 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
                 failed[h] = err
             else:
                 arms[h] = arm
-        hashes = (bench.harness_hash(), bench.reference_hash(kernel))
+        hashes = (base.harness_hash(), base.reference_hash(kernel))
         times = {h: {lv.key: ([], []) for lv in lvs} for h in arms}  # (incumbent, candidate) per paired round
         rows, gpu = [], 0.0
         for r in range(rounds):
@@ -72,7 +73,7 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
                 for key, tag, a in protocol.rotated(order, r):
                     try:
                         smp = a.sample(lv, ri)
-                    except bench.VariantFailed as exc:
+                    except base.VariantFailed as exc:
                         if key == "incumbent":
                             raise IncumbentFailed(f"the incumbent's worker failed on {where}: {exc}") from None
                         failed[key] = str(exc)

@@ -16,19 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-from kinv.agent.tools.backends.base import (  # noqa: F401 - the interface, re-exported
-    RECORDINGS,
-    Arm,
-    Backend,
-    BackendError,
-    NoDevice,
-    NoRecording,
-    VariantFailed,
-    gpu_visible,
-    harness_hash,
-    kernel_hash,
-    reference_hash,
-)
+from kinv.agent.tools.backends.base import Backend, BackendError, gpu_visible
 
 _REGISTRY: dict[str, object] = {}
 BACKENDS: list[str] = ["auto"]
