@@ -19,8 +19,7 @@ from langgraph.types import Command, interrupt
 
 from kinv.agent import faults, planner
 from kinv.agent.enums import MEASURED_VERDICTS, Approval
-from kinv.agent.graph_support import (  # noqa: F401 - re-exported: callers import these from agent.graph
-    RECURSION_LIMIT,
+from kinv.agent.graph_support import (
     Context,
     _baseline_config,
     _baseline_note,
@@ -31,22 +30,17 @@ from kinv.agent.graph_support import (  # noqa: F401 - re-exported: callers impo
     _experiment,
     _failed,
     _failure_kind,
-    _integrity,
     _needs_approval,
     _revert_all,
     _seed,
     _snapshot,
     _source_patch,
     _thresholds,
-    open_checkpointer,
     recorded,
-    run_config,
-    source_patch_of,
-    thread_id,
     todo_reason,
 )
 from kinv.agent.models import Plan
-from kinv.agent.tools import configs, correctness, envcheck, protocol, resources, sequential
+from kinv.agent.tools import config_text, configs, correctness, envcheck, protocol, resources, sequential
 from kinv.agent.tools.backends import base
 from kinv.kernels.devices import get_device
 from kinv.kernels.errors import KinvError
@@ -339,7 +333,7 @@ def apply(state: State, runtime: Runtime[Context]) -> Command[Literal["gate", "r
         src = None
         try:
             src = _source_patch(ctx, v)
-        except configs.PatchError:
+        except config_text.PatchError:
             pass
         now_cfg = plan.variant_config(v)
         edit = _config_edit(ctx, now_cfg)
@@ -359,7 +353,7 @@ def apply(state: State, runtime: Runtime[Context]) -> Command[Literal["gate", "r
                 "--new-version")  # fmt: skip
     try:
         _ensure_applied(ctx, v, state["exp_id"])
-    except configs.PatchError as exc:
+    except config_text.PatchError as exc:
         res = _failed(store, state, "failed", f"patch failed: {exc}")
         ctx.say("failed", message=f"{vid}: {res['reason']}")
         return Command(goto="revert", update={"results": {vid: res},

@@ -14,7 +14,7 @@ from kinv.agent import planner
 from kinv.agent.enums import Approval
 from kinv.agent.models import Plan
 from kinv.agent.store import Store
-from kinv.agent.tools import bench, configs
+from kinv.agent.tools import bench, config_text, configs
 from kinv.agent.tools.backends import base
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.launch_config import config_hash, describe
@@ -111,11 +111,11 @@ def source_patch_of(adapter, variant) -> tuple[Path, str] | None:
     try:
         _path, diff = source_patch_text(adapter, variant.source_patch)
     except ValueError as exc:
-        raise configs.PatchError(f"source_patch {exc}") from None
+        raise config_text.PatchError(f"source_patch {exc}") from None
     target = next((ln[4:].strip() for ln in diff.splitlines() if ln.startswith("+++ ")), "")
     target = target[2:] if target.startswith("b/") else target
     if target not in adapter.kernel_files:
-        raise configs.PatchError(f"source_patch {variant.source_patch} targets {target!r}; a variant may only patch "
+        raise config_text.PatchError(f"source_patch {variant.source_patch} targets {target!r}; a variant may only patch "
                                  f"the kernel's files: {', '.join(adapter.kernel_files)}")  # fmt: skip
     return root / target, diff
 

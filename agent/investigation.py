@@ -17,7 +17,8 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from kinv.agent.graph import APPROVAL_POLICIES, Context, InvestigationError, build_graph, open_checkpointer, run_config
+from kinv.agent.graph import APPROVAL_POLICIES, InvestigationError, build_graph
+from kinv.agent.graph_support import Context, open_checkpointer, run_config
 from kinv.agent.models import load_plan
 from kinv.agent.store import StateDamaged, Store
 from kinv.agent.store import state_dir as state_path
@@ -503,7 +504,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[
     record, the shipped bytes (git HEAD when the checkout tracks it, else the copy kinv kept before its first
     write); ``--to-plan-baseline`` (``baseline`` True): the plan's measurement baseline written into the live
     file, asked for by name.  Needs no state dir and creates none; the config lock records ``state_dir``."""
-    from kinv.agent.tools import configs
+    from kinv.agent.tools import config_text, configs
     from kinv.kernels.launch_config import config_hash, describe
 
     plan, _ = load_plan(plan_path)  # PlanError -> exit 2 in main
@@ -525,7 +526,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[
             return ExitCode.OK, f"{path} already holds the measurement baseline of {plan.ws} ({describe(base)})"
         before = path.read_bytes() if path.exists() else None
         if before is not None:
-            new = configs.edit_config_text(before.decode("utf-8", errors="replace"), base, plan.adapter.name).encode()
+            new = config_text.edit_config_text(before.decode("utf-8", errors="replace"), base, plan.adapter.name).encode()
             configs.note_kinv_write(path, before, new)  # the shipped bytes stay the file of record
         configs.write_config(path, base)
         got = configs.read_config(path, plan.adapter.name)

@@ -17,7 +17,7 @@ Rounds interleave every pair and level in a rotated order, so slow drifts spread
 
 ``--sweep PLAN`` records a campaign's whole space instead (plans/7-decode-ceiling.yaml): every config of
 ``campaign.space`` that the resource model passes, as ``--replicas`` independent workers each, all timed in
-every round at every level (round r draws seed protocol.round_seed(r) for every arm, the order rotated per round).  Any two
+every round at every level (round r draws seed round_seed(r) for every arm, the order rotated per round).  Any two
 configs' workers then form a paired A/B (round r against round r), replica j of one config is arm j of its
 A/A, and the means over all rounds are the exhaustive sweep a campaign is judged against
 (benchmarks/campaign_truth.py).  Slots are ``("sw", <config hash>, "R<j>")``.
@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kinv.agent.tools import protocol  # noqa: E402
+from kinv.agent.tools.backends.base import round_seed  # noqa: E402
 from kinv.agent.tools.worker_client import WorkerProcess  # noqa: E402
 from kinv.kernels.launch_config import config_hash, describe  # noqa: E402
 
@@ -132,7 +133,7 @@ def main() -> int:
         w, hello = workers[name]
         s = setups[(name, adapter.level(lv).key)]
         t_req = time.perf_counter()
-        smp = w.request("sample", key=s["key"], seed=protocol.round_seed(r))  # the same data for every arm of round r
+        smp = w.request("sample", key=s["key"], seed=round_seed(r))  # the same data for every arm of round r
         lines.append({
             "type": "sample", "kind": kind, "pair": pair, "role": role, "arm": name, "round": r,
             "config_hash": config_hash(cfg), "level": s["level"], "us": smp["us"], "us_min": smp["us_min"],
@@ -304,7 +305,7 @@ def _sweep(args, plan, configs: list[dict], pruned: list[dict], plan_name: str,
                 w, hello, sets = workers[name]
                 s = sets[adapter.level(lv).key]
                 t_req = time.perf_counter()
-                smp = w.request("sample", key=s["key"], seed=protocol.round_seed(r))
+                smp = w.request("sample", key=s["key"], seed=round_seed(r))
                 lines.append({
                     "type": "sample", "kind": "sw", "pair": chash, "role": role, "arm": name, "round": r,
                     "config_hash": chash, "level": s["level"], "us": smp["us"], "us_min": smp["us_min"],

@@ -292,7 +292,7 @@ def test_no_recording_names_the_partner_config_not_its_hash():
 
 
 def test_finished_todo_reason_says_the_verdict_once():
-    from kinv.agent.graph import todo_reason
+    from kinv.agent.graph_support import todo_reason
 
     assert todo_reason({"verdict": "not measured", "reason": "replay has no A/B"}) == "not measured: replay has no A/B"
     assert todo_reason({"verdict": "not measured", "reason": "not measured: replay has no A/B"}) == \

@@ -53,7 +53,7 @@ def ws_id(plan: Plan, n: int) -> str:
 
 def run(s: Settings) -> tuple[int, str, dict]:
     """Run (or resume) the campaign; returns (exit code, last line, summary)."""
-    from kinv.agent.investigation import APPROVAL_POLICIES
+    from kinv.agent.graph import APPROVAL_POLICIES
     from kinv.agent.tools import backends, bench
     from kinv.agent.tools.backends import base
 

@@ -7,8 +7,9 @@ import os
 from pathlib import Path
 
 from kinv.agent.campaign.levels import per_level
-from kinv.agent.campaign.results import FINAL, n_screened
+from kinv.agent.campaign.results import FINAL
 from kinv.agent.ids import state_flag
+from kinv.agent.views import n_screened
 from kinv.kernels.errors import ExitCode
 from kinv.kernels.launch_config import describe
 

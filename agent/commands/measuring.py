@@ -8,21 +8,9 @@ from pathlib import Path
 
 import typer
 
-from kinv.agent.commands.common import (
-    BACKEND_HELP,
-    EXIT_BAD_INPUT,
-    EXIT_FAIL,
-    EXIT_OK,
-    Exit,
-    JsonOpt,
-    StateOpt,
-    _console,
-    _id,
-    _state_dir,
-    _store,
-    app,
-)
+from kinv.agent.commands.common import BACKEND_HELP, Exit, JsonOpt, StateOpt, _console, _id, _state_dir, _store, app
 from kinv.agent.enums import BackendName
+from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK
 
 # --------------------------------------------------------------------------- #
 # measuring

@@ -9,19 +9,8 @@ from pathlib import Path
 
 import typer
 
-from kinv.agent.commands.common import (
-    EXIT_BAD_INPUT,
-    EXIT_FAIL,
-    Exit,
-    JsonOpt,
-    StateOpt,
-    _console,
-    _emit,  # fmt: skip
-    _exp_id,
-    _id,
-    _store,
-    app,
-)
+from kinv.agent.commands.common import Exit, JsonOpt, StateOpt, _console, _emit, _exp_id, _id, _store, app
+from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL
 
 
 # --------------------------------------------------------------------------- #

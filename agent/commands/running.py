@@ -11,8 +11,6 @@ import typer
 from kinv.agent.commands.common import (
     APPROVAL_HELP,
     BACKEND_HELP,
-    EXIT_BAD_INPUT,
-    EXIT_FAIL,
     Exit,
     JsonOpt,
     StateOpt,
@@ -23,6 +21,7 @@ from kinv.agent.commands.common import (
     app,
 )
 from kinv.agent.enums import Approval, BackendName
+from kinv.kernels.errors import EXIT_BAD_INPUT, EXIT_FAIL
 
 
 # --------------------------------------------------------------------------- #

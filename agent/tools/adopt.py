@@ -160,7 +160,7 @@ def prepare(store: Store, ws: str, vid: str, backend: str | None = None, progres
         if exp["verdict"] == "mixed":
             raise AdoptError(f"{ws} {vid} is mixed and carries a source patch: a source change applies at every level, "
                              "so it cannot be adopted only where it won; split the patch or tune the levels it lost")
-        from kinv.agent.graph import source_patch_of
+        from kinv.agent.graph_support import source_patch_of
 
         target, src_diff = source_patch_of(adapter, variant)
         verdicts = store.verdicts(exp["id"])
@@ -270,8 +270,7 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
     sequential plan and the workstream's A/A offsets, the sequential A/B with every rule (:func:`sequential.run`).  A finished one of this
     very pair on this backend is re-read, never measured twice; an unfinished one resumes from its rounds.
     Without a recording of the pair on replay (or on any backend failure) it refuses, and nothing is kept."""
-    from kinv.agent.graph import sequential_plan
-    from kinv.agent.tools import backends, bench
+    from kinv.agent.tools import backends, bench, protocol
     from kinv.agent.tools.backends import base
     from kinv.kernels.launch_config import config_hash, describe
 
@@ -312,7 +311,7 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
 
     try:
         out = sequential.run(store, exp_id, be, plan.kernel, base, var, env=dict(plan.environment), levels=levels,
-                             thresholds=thresholds, seq=sequential_plan(plan), offset_sd=offsets,
+                             thresholds=thresholds, seq=protocol.sequential_plan(plan.stats), offset_sd=offsets,
                              n_variants=len(plan.variants), names=("live", vid), ws=ws,
                              matrix_fallback=get_device(plan.device).matrix_tflops)  # fmt: skip
     except base.BackendError as exc:

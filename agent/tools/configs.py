@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kinv.agent import faults
-from kinv.agent.tools.config_text import (  # noqa: F401 - kinv.agent.tools.configs keeps exporting them
+from kinv.agent.tools.config_text import (
     PatchError,
     apply_unified_diff,
-    config_diff,
     diff_text,
     edit_config_text,
     render_config,
@@ -514,13 +513,8 @@ def recover(store: Store) -> list[dict]:
 
 
 __all__ = [
-    "PatchError",
     "RevertError",
-    "apply_unified_diff",
     "backup",
-    "config_diff",
-    "diff_text",
-    "edit_config_text",
     "edit_diff",
     "file_of_record",
     "keep_record",
@@ -530,7 +524,6 @@ __all__ = [
     "plan_config_edit",
     "read_config",
     "recover",
-    "render_config",
     "restore_file_of_record",
     "revert",
     "sha",

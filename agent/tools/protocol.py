@@ -4,7 +4,7 @@ One module owns what a live investigation, ``kinv bench``, ``kinv noise``, a cam
 executor and the recorder (benchmarks/record.py) must agree on, so that a replayed measurement sees the
 statistics a live one does:
 
-* **rounds and seeds**: round r of every arm draws its inputs from :func:`round_seed` (r), so the data are
+* **rounds and seeds**: round r of every arm draws its inputs from :func:`backends.base.round_seed` (r), so the data are
   common to a round's arms (and cancel in its paired log-ratio); the memory placement is each arm's own,
   re-drawn every sample;
 * **arm order**: two arms alternate in ABBA order (:func:`kinv.agent.stats.abba_order`), more arms are
@@ -32,20 +32,10 @@ from kinv.agent import noise, stats
 from kinv.agent.tools.backends.base import Arm, Backend, harness_hash, reference_hash
 from kinv.kernels.adapter import Level
 
-ROUND_SEED0 = 1000
-"""Round r of every arm draws its inputs from seed ROUND_SEED0 + r: the data are common to a round's arms
-(and cancel in its paired log-ratio); the memory placement is each arm's own, re-drawn every round."""
-
-
 LOST_SHARE = 0.25
 """The share of a level's rounds an arm may lose (a command that failed, hung or printed no metric) before it fails."""
 LOST_MIN = 3
 """An arm fails for lost samples only once it has lost at least this many at a level."""
-
-
-def round_seed(round_index: int) -> int:
-    """The input seed of round ``round_index``, the same for every arm of the round."""
-    return ROUND_SEED0 + round_index
 
 
 def rotated(items: Sequence, round_index: int) -> list:

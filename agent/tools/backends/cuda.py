@@ -7,7 +7,6 @@ import logging
 import time
 from pathlib import Path
 
-from kinv.agent.tools import protocol
 from kinv.agent.tools.backends.base import (
     RECORDINGS,
     Arm,
@@ -17,9 +16,10 @@ from kinv.agent.tools.backends.base import (
     Tampered,
     VariantFailed,
     gpu_visible,
+    round_seed,
 )
 from kinv.agent.tools.worker_client import WorkerCrashed, WorkerError, WorkerProcess
-from kinv.agent.tools.worker_pool import MAX_IDLE, POOL, REUSE_ENV, WorkerPool, check_in_worker, reuse, worker_key
+from kinv.agent.tools.worker_pool import POOL, WorkerPool, reuse, worker_key
 from kinv.kernels.adapter import Level
 
 
@@ -112,7 +112,7 @@ class CudaArm(Arm):
         s = self.setups.get(level.key) or self.setup(level)
         t0 = time.perf_counter()
         try:
-            r = self.worker.request("sample", key=s["key"], seed=protocol.round_seed(round_index))
+            r = self.worker.request("sample", key=s["key"], seed=round_seed(round_index))
         except (WorkerCrashed, WorkerError) as exc:
             raise self._fail(f"{self.name} failed while sampling {level.key}: {exc}") from None
         r["request_wall_s"] = time.perf_counter() - t0
@@ -255,4 +255,4 @@ class CudaBackend(Backend):
         return self._copy
 
 
-__all__ = ["MAX_IDLE", "POOL", "REUSE_ENV", "CudaArm", "CudaBackend", "WorkerPool", "check_in_worker", "worker_key"]
+__all__ = ["CudaArm", "CudaBackend"]
