@@ -41,7 +41,7 @@ from kinv.agent.graph_support import (
 )
 from kinv.agent.models import Plan
 from kinv.agent.tools import config_text, configs, correctness, envcheck, protocol, resources, sequential
-from kinv.agent.tools.backends import base
+from kinv.agent.tools.backends.base import harness_hash, kernel_hash, reference_hash
 from kinv.kernels.devices import get_device
 from kinv.kernels.errors import KinvError
 from kinv.kernels.launch_config import config_hash, describe
@@ -115,8 +115,8 @@ def setup(state: State, runtime: Runtime[Context]) -> dict:
         )
     store.update_workstream(ws, baseline_hash=configs.sha(ctx.config_path), status="running")
     hashes = state.get("baseline_hashes") or {
-        "harness": base.harness_hash(), "reference": base.reference_hash(plan.kernel),
-        "kernel": base.kernel_hash(plan.kernel), "snapshot": str(_snapshot(ctx)),
+        "harness": harness_hash(), "reference": reference_hash(plan.kernel),
+        "kernel": kernel_hash(plan.kernel), "snapshot": str(_snapshot(ctx)),
     }  # fmt: skip
     planner.init_todos(store, plan)
     parent = plan.workstream.parent
@@ -431,7 +431,7 @@ def revert(state: State, runtime: Runtime[Context]) -> dict:
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
     _revert_all(ctx)
     wsrow = store.workstream(ws)
-    now_sha, src = configs.sha(ctx.config_path), base.kernel_hash(plan.kernel)
+    now_sha, src = configs.sha(ctx.config_path), kernel_hash(plan.kernel)
     if now_sha != wsrow["baseline_hash"] or src != state["baseline_hashes"]["kernel"]:
         raise InvestigationError(f"revert left {ctx.config_path} at {now_sha} and the kernel source at {src}; "
                                  f"the baseline is {wsrow['baseline_hash']} / {state['baseline_hashes']['kernel']}")

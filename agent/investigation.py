@@ -322,7 +322,9 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
 
     from kinv.agent import stats
     from kinv.agent.tools import bench, protocol
-    from kinv.kernels.launch_config import ConfigError, brief_repr, describe, load_config
+    from kinv.kernels.errors import ConfigError
+    from kinv.kernels.launch_config import describe, load_config
+    from kinv.kernels.tunables import brief_repr
 
     plan, be, said = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter

@@ -15,8 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from kinv.agent.ids import norm_ws
-from kinv.kernels.errors import BadInput
-from kinv.kernels.launch_config import ConfigError, brief_repr, one_line
+from kinv.kernels.errors import BadInput, ConfigError
+from kinv.kernels.tunables import brief_repr, one_line
 
 WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")
 ITEM_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")

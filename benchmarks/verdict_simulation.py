@@ -48,7 +48,8 @@ AA_ARMS, AA_ROUNDS, N_VARIANTS, THRESHOLD = 4, 16, 3, 0.01
 
 def recorded_residuals(directory: Path | None = None) -> dict[str, np.ndarray]:
     """Per level (b1..b96): residuals of the recorded A/A arms' log times after arm and round means."""
-    from kinv.agent.tools.bench import RECORDINGS, Recording
+    from kinv.agent.tools.backends.base import RECORDINGS
+    from kinv.agent.tools.backends.replay_index import Recording
 
     directory = directory or RECORDINGS / "h200"
     rec = Recording(sorted(directory.rglob("*.jsonl.gz")), "mla_decode")

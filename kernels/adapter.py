@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kinv.kernels.devices import DeviceSpec
 from kinv.kernels.errors import BadInput
-from kinv.kernels.launch_config import ConfigError, Params, TunableSpec, brief_repr, one_line
+from kinv.kernels.tunables import Params, TunableSpec, brief_repr, one_line
 
 KERNELS_DIR = Path(__file__).resolve().parent
 ENTRY_POINT_GROUP = "kinv.kernels"
@@ -186,11 +186,6 @@ class KernelAdapter(ABC):
 
     def validate_config(self, data) -> dict:
         return self.spec.validate(data, self.name)
-
-    def load_config(self, path: Path | None = None) -> dict:
-        from kinv.kernels.launch_config import load_config
-
-        return load_config(path or self.config_path(), self.name)
 
     def params_for(self, config: dict, level: Level) -> Params:
         return self.spec.resolve(config, level.dims)
@@ -452,7 +447,6 @@ def _said(exc: BaseException) -> str:
 
 
 __all__ = [
-    "ConfigError",
     "KernelAdapter",
     "Level",
     "Resources",

@@ -41,3 +41,6 @@ class BadInput(KinvError, ValueError):
 
     exit_code = ExitCode.BAD_INPUT
 
+
+class ConfigError(BadInput):
+    """A launch config that cannot be used; the message names the field."""

@@ -52,7 +52,7 @@ def test_every_kinv_exception_is_a_kinv_error_with_its_exit_code():
             continue  # a command's own exit: its code is the instance's
         assert cls.exit_code == (2 if issubclass(cls, BadInput) else 1), cls
     from kinv.agent.store import NoState
-    from kinv.agent.tools.bench import NoDevice, NoRecording
+    from kinv.agent.tools.backends.base import NoDevice, NoRecording
 
     assert NoRecording.exit_code == NoDevice.exit_code == NoState.exit_code == 2  # bad input wins over a failure
 

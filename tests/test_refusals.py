@@ -266,9 +266,8 @@ def test_a_bugs_value_error_is_an_internal_error(box, monkeypatch):
 
 def test_bad_input_is_a_type_of_its_own():
     from kinv.agent.models import PlanError
-    from kinv.agent.tools.bench import NoRecording
-    from kinv.kernels.errors import BadInput
-    from kinv.kernels.launch_config import ConfigError
+    from kinv.agent.tools.backends.base import NoRecording
+    from kinv.kernels.errors import BadInput, ConfigError
 
     for cls in (PlanError, ConfigError, NoRecording):
         assert issubclass(cls, BadInput), cls

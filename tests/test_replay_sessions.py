@@ -11,7 +11,7 @@ import gzip
 import json
 from pathlib import Path
 
-from kinv.agent.tools.bench import Recording
+from kinv.agent.tools.backends.replay_index import Recording
 from kinv.kernels.launch_config import config_hash
 
 H200 = Path(__file__).resolve().parents[1] / "kernels" / "recordings" / "h200"

@@ -271,7 +271,7 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
     very pair on this backend is re-read, never measured twice; an unfinished one resumes from its rounds.
     Without a recording of the pair on replay (or on any backend failure) it refuses, and nothing is kept."""
     from kinv.agent.tools import backends, bench, protocol
-    from kinv.agent.tools.backends import base
+    from kinv.agent.tools.backends.base import BackendError
     from kinv.kernels.launch_config import config_hash, describe
 
     if backend is None:
@@ -281,7 +281,7 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
         raise AdoptError(f"--backend {backend!r} is not valid; use {', '.join(backends.BACKENDS)}")
     try:
         be = bench.get_backend(backend)
-    except base.BackendError as exc:  # no GPU for --backend cuda, no recordings for replay: nothing is measured
+    except BackendError as exc:  # no GPU for --backend cuda, no recordings for replay: nothing is measured
         raise AdoptError(f"the confirming A/B of {ws} {vid} against the live file cannot run: "
                          f"{str(exc).splitlines()[0]}") from None  # fmt: skip
     base, var = _bare(live), _bare(cand)
@@ -314,7 +314,7 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
                              thresholds=thresholds, seq=protocol.sequential_plan(plan.stats), offset_sd=offsets,
                              n_variants=len(plan.variants), names=("live", vid), ws=ws,
                              matrix_fallback=get_device(plan.device).matrix_tflops)  # fmt: skip
-    except base.BackendError as exc:
+    except BackendError as exc:
         out = sequential.Outcome("failed", str(exc), kind="failed")
     if out.kind in ("not measured", "failed") and not out.void:
         if fresh:
@@ -367,9 +367,9 @@ def apply(store: Store, a: Adoption) -> dict:
 
 
 def recordings_dir() -> Path:
-    from kinv.agent.tools.backends import base
+    from kinv.agent.tools.backends.base import RECORDINGS
 
-    return Path(os.environ.get("KINV_RECORDINGS") or base.RECORDINGS)
+    return Path(os.environ.get("KINV_RECORDINGS") or RECORDINGS)
 
 
 def record_replay(store: Store, exp_id: int, arms: dict[str, str], config: dict, directory: Path | None = None) -> Path:
@@ -380,7 +380,7 @@ def record_replay(store: Store, exp_id: int, arms: dict[str, str], config: dict,
     import gzip
     import time
 
-    from kinv.agent.tools.backends import base
+    from kinv.agent.tools.backends.base import kernel_hash
     from kinv.kernels.launch_config import config_hash, describe
 
     exp = store.experiment(exp_id)
@@ -401,7 +401,7 @@ def record_replay(store: Store, exp_id: int, arms: dict[str, str], config: dict,
         levels.append(lv_key)
     header = {"type": "header", "version": 2, "kernel": adapter.name, "fingerprint": fingerprint,
               "harness_hash": keep[0]["harness_hash"], "reference_hash": keep[0]["reference_hash"],
-              "kernel_hash": base.kernel_hash(kernel), "env": env.get("seen", {}),
+              "kernel_hash": kernel_hash(kernel), "env": env.get("seen", {}),
               "rounds": max(s["round"] for s in keep) + 1, "aa_rounds": 0, "aa_arms": 0, "level_keys": levels,
               "protocol": f"kinv adopt: the {exp['backend']} A/B of experiment {exp_id}, at each level the arm that "
                           "runs what the adopted config runs there (ABBA, one baseline worker)",

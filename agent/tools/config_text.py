@@ -79,7 +79,8 @@ def edit_config_text(old_text: str, new_config: dict, kernel: str | None = None)
       the measured one (its hash, its recordings), which is exactly what must not change.
     - A file that is not a JSON object is replaced by :func:`render_config` of ``new_config``.
     """
-    from kinv.kernels.launch_config import ConfigError, config_hash, spec_of, validate_config
+    from kinv.kernels.errors import ConfigError
+    from kinv.kernels.launch_config import config_hash, spec_of, validate_config
 
     try:
         old = json.loads(old_text)

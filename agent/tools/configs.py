@@ -35,8 +35,8 @@ from kinv.agent.tools.config_text import (
     edit_config_text,
     render_config,
 )
-from kinv.kernels.errors import KinvError
-from kinv.kernels.launch_config import ConfigError, load_config, validate_config
+from kinv.kernels.errors import ConfigError, KinvError
+from kinv.kernels.launch_config import load_config, validate_config
 
 if TYPE_CHECKING:
     from kinv.agent.store import Store

@@ -216,7 +216,8 @@ def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None,
     plan measured its own baseline (``baseline_on_disk: false``) ran beside the file, and is named so."""
     from kinv.agent.tools import configs
     from kinv.kernels.adapter import UnknownKernelError, get_adapter, registered
-    from kinv.kernels.launch_config import ConfigError, config_hash
+    from kinv.kernels.errors import ConfigError
+    from kinv.kernels.launch_config import config_hash
 
     exps = {e["id"]: e for e in experiments or []}
     measured = {e["workstream"]: e["config_hash"] for e in experiments or [] if e["kind"] == "baseline"}

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import itertools
 
-from kinv.kernels.launch_config import ConfigError, config_hash, describe
+from kinv.kernels.errors import ConfigError
+from kinv.kernels.launch_config import config_hash, describe
 
 
 def space_configs(plan, names: list[str] | None = None, around: dict | None = None) -> list[dict]:

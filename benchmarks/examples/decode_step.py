@@ -89,7 +89,8 @@ class Refused(Exception):
 def _configs() -> dict:
     """TARGET_CTAS and both kernels' config files, validated by kinv's own code; Refused (exit 2) naming the value."""
     from kinv.kernels.adapter import get_adapter
-    from kinv.kernels.launch_config import ConfigError, load_config
+    from kinv.kernels.errors import ConfigError
+    from kinv.kernels.launch_config import load_config
     from kinv.kernels.mla_decode import target_ctas_from_env
 
     mla = get_adapter("mla_decode")
