@@ -26,9 +26,12 @@ from pathlib import Path
 
 from kinv.kernels.adapter import get_adapter
 from kinv.kernels.errors import ConfigError
-from kinv.kernels.tunables import TunableSpec, brief_repr, one_line
+from kinv.kernels.tunables import Params, TunableSpec, brief_repr, one_line
 
 MAX_CONFIG_BYTES = 256 * 1024
+
+LaunchParams = Params
+"""The first interface's name for resolved parameters (kernels annotate ``params: LaunchParams``)."""
 
 
 # --------------------------------------------------------------------------- #

@@ -108,10 +108,6 @@ class Params(Mapping):
         return self._spec.label(self._values)
 
 
-LaunchParams = Params
-"""The first interface's name for resolved parameters (kernels annotate ``params: LaunchParams``)."""
-
-
 @dataclass(frozen=True)
 class TunableSpec:
     """Everything about a kernel's launch configuration: tunables, restrictions, label, override dimensions.

@@ -35,9 +35,9 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kinv.kernels import mla_decode as K  # noqa: E402
+from kinv.kernels.launch_config import LaunchParams  # noqa: E402
 from kinv.kernels.mla_decode_adapter import mla_params  # noqa: E402
 from kinv.kernels.mla_decode_ref import mla_decode_reference  # noqa: E402
-from kinv.kernels.tunables import LaunchParams  # noqa: E402
 
 SHAPES = {"v3": (576, 512), "v4flash": (512, 512)}
 HEADS, PAGE = 16, 64
