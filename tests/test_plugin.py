@@ -80,7 +80,7 @@ def matmul(a, b, p, out=None):
 
 ADAPTER = '''
 from kinv.kernels.adapter import KernelAdapter, Resources
-from kinv.kernels.launch_config import Restriction, Tunable, TunableSpec
+from kinv.kernels.tunables import Restriction, Tunable, TunableSpec
 
 SPEC = TunableSpec(
     kernel="tiled_matmul",
