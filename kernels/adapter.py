@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kinv.kernels.devices import DeviceSpec
+from kinv.kernels.devices import DeviceSpec, roofline
 from kinv.kernels.errors import BadInput
 from kinv.kernels.tunables import Params, TunableSpec, brief_repr, one_line
 
@@ -232,14 +232,8 @@ class KernelAdapter(ABC):
         """The fewest seconds one call can take at this level and what bounds it: ``(seconds, "memory")`` at the
         device's copy bandwidth, ``(seconds, "compute")`` at its matrix peak, whichever is slower (None with
         neither figure).  A campaign's goal and the close-out's roofline read it; override it for a kernel
-        bound by something else."""
-        mem = self.bytes_moved(level) / (copy_gbps * 1e9) if copy_gbps else None
-        comp = self.flops(level) / (matrix_tflops * 1e12) if matrix_tflops else None
-        if mem is None and comp is None:
-            return None
-        if comp is not None and (mem is None or comp > mem):
-            return comp, "compute"
-        return mem, "memory"
+        bound by something else (:func:`kinv.kernels.devices.roofline` is the rule)."""
+        return roofline(self.bytes_moved(level), self.flops(level), copy_gbps, matrix_tflops)
 
     # ---- the kernel ------------------------------------------------------------------
     @abstractmethod
