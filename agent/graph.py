@@ -44,7 +44,7 @@ from kinv.agent.tools import config_text, configs, correctness, envcheck, protoc
 from kinv.agent.tools.backends.base import harness_hash, kernel_hash, reference_hash
 from kinv.kernels.devices import get_device
 from kinv.kernels.errors import KinvError
-from kinv.kernels.launch_config import config_hash, describe
+from kinv.kernels.launch_config import config_hash, describe, load_config
 
 APPROVAL_POLICIES = tuple(Approval)
 
@@ -102,7 +102,7 @@ def setup(state: State, runtime: Runtime[Context]) -> dict:
     ctx = runtime.context
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
     configs.recover(store)
-    live = configs.read_config(ctx.config_path, ctx.adapter.name)
+    live = load_config(ctx.config_path, ctx.adapter.name)
     base = _baseline_config(ctx)
     if config_hash(live) != config_hash(base) and plan.baseline_on_disk:
         last = configs.last_editor(ctx.config_path)
@@ -369,7 +369,7 @@ def gate(state: State, runtime: Runtime[Context]) -> Command[Literal["measure", 
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
     vid = state["current"]
     _ensure_applied(ctx, plan.variant(vid), state["exp_id"])
-    live = configs.read_config(ctx.config_path, ctx.adapter.name)
+    live = load_config(ctx.config_path, ctx.adapter.name)
     with ctx.heartbeat(f"{vid}: correctness check at {len(ctx.levels())} levels ({_corr_device(ctx)})"):
         variant = plan.variant(vid)  # the judge imports from the baseline snapshot while a source patch is live
         judge_path = [state["baseline_hashes"]["snapshot"]] if variant.source_patch else None
@@ -392,7 +392,7 @@ def measure(state: State, runtime: Runtime[Context]) -> dict:
     vid, exp = state["current"], state["exp_id"]
     variant = plan.variant(vid)
     _ensure_applied(ctx, variant, exp)
-    live = configs.read_config(ctx.config_path, ctx.adapter.name)  # the variant is what is on disk
+    live = load_config(ctx.config_path, ctx.adapter.name)  # the variant is what is on disk
     # while a source patch is live, the baseline arm runs the baseline source snapshot
     base_path = [state["baseline_hashes"]["snapshot"]] if variant.source_patch else None
     levels = ctx.levels()

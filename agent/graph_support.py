@@ -17,7 +17,7 @@ from kinv.agent.store import Store
 from kinv.agent.tools import bench, config_text, configs
 from kinv.agent.tools.backends import base
 from kinv.kernels.adapter import Level, get_adapter
-from kinv.kernels.launch_config import config_hash, describe
+from kinv.kernels.launch_config import config_hash, describe, load_config
 
 RECURSION_LIMIT = 200
 
@@ -127,7 +127,7 @@ def _source_patch(ctx: Context, variant) -> tuple[Path, str] | None:
 def _ensure_applied(ctx: Context, variant, exp_id: int) -> None:
     """The variant is what is on disk: its config and its source patch (re-applied after a recovery)."""
     cfg = ctx.plan.variant_config(variant)
-    live = configs.read_config(ctx.config_path, ctx.adapter.name)
+    live = load_config(ctx.config_path, ctx.adapter.name)
     if config_hash(live) != config_hash(cfg):
         configs.patch_config(ctx.store, ctx.config_path, cfg, ctx.plan.ws, exp_id)
     src = _source_patch(ctx, variant)
@@ -183,7 +183,7 @@ def _baseline_note(ctx: Context, vid: str, cfg: dict) -> str:
     the live file's real replacement while the variant is patched."""
     if ctx.plan.baseline_on_disk:
         return ""
-    live = configs.read_config(ctx.config_path, ctx.adapter.name)
+    live = load_config(ctx.config_path, ctx.adapter.name)
     if config_hash(live) == config_hash(_baseline_config(ctx)):
         return ""
     return (f"note: {ctx.plan.ws} measures against its plan's baseline {describe(_baseline_config(ctx))}, not the "

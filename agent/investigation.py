@@ -88,6 +88,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
     from kinv.agent import noise
     from kinv.agent.tools import backends, bench, configs, envcheck
     from kinv.agent.tools.backends import base
+    from kinv.kernels.launch_config import load_config
 
     if approval not in APPROVAL_POLICIES:
         raise BadInput(f"--approval {approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}")
@@ -111,7 +112,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
     if hasattr(be, "log_dir"):  # the command backend keeps every run's output in this run's state dir
         be.log_dir = state_path(state_dir) / "commands"
     if not (state_path(state_dir) / "kinv.db").exists():
-        configs.read_config(plan.adapter.config_path(), plan.adapter.name)  # ConfigError: exit 2 in main
+        load_config(plan.adapter.config_path(), plan.adapter.name)  # ConfigError: exit 2 in main
     store = Store(state_dir)
     ws = plan.ws
     log.info("run %s (%s): backend %s, approval %s%s", plan_path, ws, be.name if be else backend, approval,
@@ -507,7 +508,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[
     write); ``--to-plan-baseline`` (``baseline`` True): the plan's measurement baseline written into the live
     file, asked for by name.  Needs no state dir and creates none; the config lock records ``state_dir``."""
     from kinv.agent.tools import config_text, configs
-    from kinv.kernels.launch_config import config_hash, describe
+    from kinv.kernels.launch_config import config_hash, describe, load_config
 
     plan, _ = load_plan(plan_path)  # PlanError -> exit 2 in main
     path = plan.adapter.config_path()
@@ -523,7 +524,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[
                 return ExitCode.OK, f"{path} already holds its file of record: {rec.source} (file sha {rec.sha})"
             return ExitCode.OK, f"restored {path} to its file of record: {rec.source} (file sha {rec.sha})"
         base = {**plan.baseline, "kernel": plan.adapter.name}
-        now = configs.read_config(path, plan.adapter.name) if path.exists() else None
+        now = load_config(path, plan.adapter.name) if path.exists() else None
         if now is not None and config_hash(now) == config_hash(base):
             return ExitCode.OK, f"{path} already holds the measurement baseline of {plan.ws} ({describe(base)})"
         before = path.read_bytes() if path.exists() else None
@@ -531,7 +532,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> tuple[
             new = config_text.edit_config_text(before.decode("utf-8", errors="replace"), base, plan.adapter.name).encode()
             configs.note_kinv_write(path, before, new)  # the shipped bytes stay the file of record
         configs.write_config(path, base)
-        got = configs.read_config(path, plan.adapter.name)
+        got = load_config(path, plan.adapter.name)
         if config_hash(got) != config_hash(base):
             raise configs.RevertError(f"{path} did not verify after the write")
     return ExitCode.OK, (f"wrote the measurement baseline of {plan.ws} into {path} ({describe(base)}, config hash "

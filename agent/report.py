@@ -12,7 +12,7 @@ from kinv.agent import planner, summary
 from kinv.agent.enums import MEASURED_VERDICTS
 from kinv.agent.ids import stamp
 from kinv.agent.store import Store
-from kinv.kernels.launch_config import describe
+from kinv.kernels.launch_config import describe, load_config
 
 
 def _ordered(rows: list[dict], levels) -> list[tuple]:
@@ -352,10 +352,9 @@ def verdict_objects(plan, data: dict, levels) -> list[summary.VariantVerdict]:
 def summarize(store: Store, plan, data: dict, ctx) -> summary.Summary:
     """The close-out's sentences for this workstream: :func:`kinv.agent.summary.summarize` of its verdicts, with
     the live file as it is on disk."""
-    from kinv.agent.tools import configs
 
     try:
-        live = describe(configs.read_config(ctx.config_path, ctx.adapter.name))
+        live = describe(load_config(ctx.config_path, ctx.adapter.name))
     except Exception:  # noqa: BLE001 - an unreadable live file is named as such, the close-out still written
         live = "(unreadable)"
     parent = plan.workstream.parent

@@ -201,8 +201,8 @@ def record_configs(args) -> int:
     any two of them form a pair of one recording session.
     """
     from kinv.agent.models import load_plan
-    from kinv.agent.tools.space import effective
     from kinv.kernels.launch_config import config_hash as chash
+    from kinv.kernels.launch_config import effective
 
     if len(args.plan) != 1:
         raise SystemExit("--configs takes exactly one --plan (its levels and environment)")

@@ -107,6 +107,13 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+def effective(adapter, config: dict, level) -> dict:
+    """The uniform config that runs at ``level``: ``config`` resolved there (its overrides applied) as a config of
+    its own, with no overrides."""
+    params = adapter.params_for(config, level)
+    return adapter.validate_config({**dict(params), "kernel": adapter.name})
+
+
 def canonical_json(config: dict) -> str:
     """The config as canonical JSON (sorted keys, no description, optional tunables at their default left
     out): what is hashed."""

@@ -60,8 +60,9 @@ def _ab_experiment(store: Store, ws: str, vid: str) -> dict | None:
 def _live(path: Path, kernel: str) -> tuple[dict, dict, str]:
     """The live file as written (its keys in the file's order), validated, and its sha."""
     from kinv.agent.tools import configs
+    from kinv.kernels.launch_config import load_config
 
-    cfg = configs.read_config(path, kernel)
+    cfg = load_config(path, kernel)
     raw = json.loads(path.read_text())
     return raw, cfg, configs.sha(path)
 
@@ -89,7 +90,7 @@ def where_it_won(adapter, raw: dict, live: dict, cand: dict, levels: list, won: 
     """The live file ``raw`` with an override per level in ``won`` that runs the candidate there, put before
     the live file's own overrides (the first match wins); every other key of the live file is kept.  None when
     the candidate runs what the live file runs at every level it won."""
-    from kinv.agent.tools.space import effective
+    from kinv.kernels.launch_config import effective
 
     spec = adapter.spec
     dims, choices = list(spec.override_dims), list(spec.override_choices)
@@ -337,7 +338,7 @@ def apply(store: Store, a: Adoption) -> dict:
     """Write the adoption through the journal (the caller holds the run locks) and mark it final.  On the cuda
     backend the adopted config's samples are saved as a replay recording too."""
     from kinv.agent.tools import configs
-    from kinv.kernels.launch_config import describe
+    from kinv.kernels.launch_config import describe, load_config
 
     if a.live_sha and a.kind != "source" and configs.sha(a.path) != a.live_sha:
         raise AdoptError(f"{a.path} changed since the adoption was measured against it (sha {configs.sha(a.path)}, "
@@ -354,7 +355,7 @@ def apply(store: Store, a: Adoption) -> dict:
     msg.write_text(a.message)
     recording = None
     if a.kind != "source" and (store.experiment(exp_id) or {}).get("backend") == "cuda":
-        recording = str(record_replay(store, exp_id, a.arms, configs.read_config(a.path)))
+        recording = str(record_replay(store, exp_id, a.arms, load_config(a.path)))
     what = (f"confirmed against the file it replaced in experiment {a.confirm['experiment']}" if a.confirm else
             f"measured against the file it replaced in experiment {exp_id}")  # fmt: skip
     store.event(a.ws, "adopted", f"adopted {a.ws} {a.variant} into {a.path.name} (patch #{row['id']}, {what})",

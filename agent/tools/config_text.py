@@ -10,7 +10,8 @@ import os
 import re
 from pathlib import Path
 
-from kinv.kernels.errors import BadInput
+from kinv.kernels.errors import BadInput, ConfigError
+from kinv.kernels.launch_config import config_hash, spec_of, validate_config
 
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -26,8 +27,6 @@ def render_config(config: dict) -> str:
     and :func:`patch_config` edit its own bytes (:func:`edit_config_text`)."""
     names: tuple = ()
     try:
-        from kinv.kernels.launch_config import spec_of
-
         spec = spec_of(config["kernel"])
         config, names = spec.without_defaults(config), spec.names
     except (KeyError, ImportError, ValueError, TypeError, AttributeError):
@@ -79,9 +78,6 @@ def edit_config_text(old_text: str, new_config: dict, kernel: str | None = None)
       the measured one (its hash, its recordings), which is exactly what must not change.
     - A file that is not a JSON object is replaced by :func:`render_config` of ``new_config``.
     """
-    from kinv.kernels.errors import ConfigError
-    from kinv.kernels.launch_config import config_hash, spec_of, validate_config
-
     try:
         old = json.loads(old_text)
     except (json.JSONDecodeError, RecursionError, ValueError):

@@ -36,7 +36,7 @@ from kinv.agent.tools.config_text import (
     render_config,
 )
 from kinv.kernels.errors import ConfigError, KinvError
-from kinv.kernels.launch_config import load_config, validate_config
+from kinv.kernels.launch_config import validate_config
 
 if TYPE_CHECKING:
     from kinv.agent.store import Store
@@ -182,11 +182,6 @@ def write_config(path: str | os.PathLike, config: dict) -> None:
         _atomic_write(path, edit_config_text(path.read_bytes().decode("utf-8", errors="replace"), config).encode())
     else:
         _atomic_write(path, render_config(config).encode())
-
-
-def read_config(path: str | os.PathLike, kernel: str | None = None) -> dict:
-    """Read and validate a config file (ConfigError names the file and the field)."""
-    return load_config(path, kernel)
 
 
 # --------------------------------------------------------------------------- #
@@ -522,7 +517,6 @@ __all__ = [
     "patch_config",
     "patch_source",
     "plan_config_edit",
-    "read_config",
     "recover",
     "restore_file_of_record",
     "revert",

@@ -16,6 +16,7 @@ from kinv.agent.store import Store
 from kinv.agent.tools import config_text, configs
 from kinv.agent.tools.config_text import PatchError
 from kinv.agent.tools.configs import RevertError
+from kinv.kernels.launch_config import load_config
 from tests.utils import write_seed_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def base_cfg(path) -> dict:
 
 def test_an_edit_to_the_same_config_keeps_the_real_file_byte_for_byte_and_a_new_file_is_in_declared_order():
     text = REAL_CONFIG.read_text()
-    assert config_text.edit_config_text(text, configs.read_config(REAL_CONFIG)) == text
+    assert config_text.edit_config_text(text, load_config(REAL_CONFIG)) == text
     shuffled = {"num_stages": 2, "BLOCK_T": 16, "kernel": "mla_decode", "num_warps": 4, "BLOCK_H": 16}
     assert list(json.loads(config_text.render_config(shuffled))) == ["kernel", "BLOCK_T", "BLOCK_H", "num_warps",
                                                                  "num_stages"]  # fmt: skip
@@ -176,8 +177,8 @@ def test_revert_refuses_a_corrupt_backup(store, cfg_path):
     assert store.dangling_patches()[0]["id"] == row["id"]  # still dangling: nothing claimed it was reverted
 
 
-def test_config_diff_and_read_config(cfg_path):
-    old = configs.read_config(cfg_path, "mla_decode")
+def test_config_diff_of_a_read_config(cfg_path):
+    old = load_config(cfg_path, "mla_decode")
     d = config_text.config_diff(old, {**old, "num_stages": 3}, "kernels/configs/mla_decode.json")
     assert d.startswith("--- a/kernels/configs/mla_decode.json\n+++ b/kernels/configs/mla_decode.json\n")
     assert '-  "num_stages": 2\n+  "num_stages": 3\n' in d
