@@ -46,7 +46,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
                "agent/tools/doctor.py")),
     ("store", ("agent/store/",)),
     ("plan", ("agent/models.py",)),
-    ("kernel interface", ("kernels/adapter.py", "kernels/launch_config.py", "kernels/quick.py",
+    ("kernel interface", ("kernels/adapter.py", "kernels/launch_config.py", "kernels/tunables.py", "kernels/quick.py",
                           "kernels/command_adapter.py", "kernels/devices.py", "kernels/hashes.py")),
     ("errors, words, ids", ("kernels/errors.py", "agent/enums.py", "agent/ids.py", "agent/logs.py",
                             "agent/signals.py", "agent/faults.py")),
