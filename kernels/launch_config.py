@@ -15,7 +15,8 @@ finds that spec through the config's ``"kernel"`` (the adapter registry).  A con
 V3.  A categorical dimension is matched by value (``"shape": "v3"``; MLA's model shape).  The first
 matching override wins.
 
-This module imports only the standard library: the GPU worker uses it on a machine without pydantic.
+This module imports only the standard library and kinv.kernels: the GPU worker uses it on a machine without
+pydantic.
 """
 
 from __future__ import annotations
