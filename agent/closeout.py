@@ -161,10 +161,10 @@ def _l2_bytes(be, kernel: str) -> int | None:
 
 def _live(ctx) -> str:
     """The live config file as it is on disk, described; an unreadable one is named as such."""
-    from kinv.agent.tools import configs
+    from kinv.kernels.launch_config import load_config
 
     try:
-        return describe(configs.read_config(ctx.config_path, ctx.adapter.name))
+        return describe(load_config(ctx.config_path, ctx.adapter.name))
     except Exception:  # noqa: BLE001 - an unreadable live file is named as such, the close-out still written
         return "(unreadable)"
 

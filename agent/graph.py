@@ -20,8 +20,7 @@ from langgraph.types import Command, interrupt
 from kinv.agent import faults, planner
 from kinv.agent.enums import MEASURED_VERDICTS, Approval
 from kinv.agent.fmt import kv
-from kinv.agent.graph_support import (  # noqa: F401 - re-exported: callers import these from agent.graph
-    RECURSION_LIMIT,
+from kinv.agent.graph_support import (
     Context,
     _baseline_config,
     _baseline_note,
@@ -32,25 +31,21 @@ from kinv.agent.graph_support import (  # noqa: F401 - re-exported: callers impo
     _experiment,
     _failed,
     _failure_kind,
-    _integrity,
     _needs_approval,
     _revert_all,
     _seed,
     _snapshot,
     _source_patch,
     _thresholds,
-    open_checkpointer,
     recorded,
-    run_config,
-    source_patch_of,
-    thread_id,
     todo_reason,
 )
 from kinv.agent.models import Plan
-from kinv.agent.tools import bench, configs, correctness, envcheck, protocol, resources, sequential
+from kinv.agent.tools import configs, correctness, envcheck, protocol, resources, sequential
+from kinv.agent.tools.backends.base import harness_hash, kernel_hash, reference_hash
 from kinv.kernels.devices import get_device
 from kinv.kernels.errors import InvestigationError, PatchError
-from kinv.kernels.launch_config import config_hash, describe
+from kinv.kernels.launch_config import config_hash, describe, load_config
 
 APPROVAL_POLICIES = tuple(Approval)
 
@@ -104,7 +99,7 @@ def setup(state: State, runtime: Runtime[Context]) -> dict:
     ctx = runtime.context
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
     configs.recover(store)
-    live = configs.read_config(ctx.config_path, ctx.adapter.name)
+    live = load_config(ctx.config_path, ctx.adapter.name)
     base = _baseline_config(ctx)
     if config_hash(live) != config_hash(base) and plan.baseline_on_disk:
         last = configs.last_editor(ctx.config_path)
@@ -117,8 +112,8 @@ def setup(state: State, runtime: Runtime[Context]) -> dict:
         )
     store.update_workstream(ws, baseline_hash=configs.sha(ctx.config_path), status="running")
     hashes = state.get("baseline_hashes") or {
-        "harness": bench.harness_hash(), "reference": bench.reference_hash(plan.kernel),
-        "kernel": bench.kernel_hash(plan.kernel), "snapshot": str(_snapshot(ctx)),
+        "harness": harness_hash(), "reference": reference_hash(plan.kernel),
+        "kernel": kernel_hash(plan.kernel), "snapshot": str(_snapshot(ctx)),
     }  # fmt: skip
     planner.init_todos(store, plan)
     parent = plan.workstream.parent
@@ -176,7 +171,7 @@ def baseline(state: State, runtime: Runtime[Context]) -> dict:
 def noise(state: State, runtime: Runtime[Context]) -> dict:
     ctx = runtime.context
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
-    from kinv.agent import stats
+    from kinv.agent import noise
 
     planner.start(store, ws, "noise")
     done = store.done_experiment(ws, planner.todo_id(ws, "noise"), "noise", ctx.version)
@@ -187,7 +182,7 @@ def noise(state: State, runtime: Runtime[Context]) -> dict:
     base = _baseline_config(ctx)
     s = plan.stats
     t0 = time.time()
-    acc, gpu_s = bench.run_aa(store, exp, ctx.backend, plan.kernel, base, plan.environment, levels, s.aa_rounds,
+    acc, gpu_s = protocol.run_aa(store, exp, ctx.backend, plan.kernel, base, plan.environment, levels, s.aa_rounds,
                               s.aa_arms, on_round=lambda r: ctx.say("round", phase="noise", round=r + 1,
                                                                      total=s.aa_rounds))  # fmt: skip
     thresholds = _thresholds(ctx)
@@ -196,7 +191,7 @@ def noise(state: State, runtime: Runtime[Context]) -> dict:
     gpu_total = protocol.Ledger.of(store, [exp]).gpu_s
     store.update_experiment(exp, status="done", rounds=s.aa_rounds, gpu_s=gpu_total,
                             wall_s=time.time() - t0, finished=time.time())  # fmt: skip
-    warnings = stats.check_aa(bands)  # HarnessBroken only on evidence that the harness is broken
+    warnings = noise.check_aa(bands)  # HarnessBroken only on evidence that the harness is broken
     for w in warnings:
         ctx.say("warning", message=w)
     outliers = sum(b.outliers for b in bands)
@@ -371,7 +366,7 @@ def gate(state: State, runtime: Runtime[Context]) -> Command[Literal["measure", 
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
     vid = state["current"]
     _ensure_applied(ctx, plan.variant(vid), state["exp_id"])
-    live = configs.read_config(ctx.config_path, ctx.adapter.name)
+    live = load_config(ctx.config_path, ctx.adapter.name)
     with ctx.heartbeat(f"{vid}: correctness check at {len(ctx.levels())} levels ({_corr_device(ctx)})"):
         variant = plan.variant(vid)  # the judge imports from the baseline snapshot while a source patch is live
         judge_path = [state["baseline_hashes"]["snapshot"]] if variant.source_patch else None
@@ -394,7 +389,7 @@ def measure(state: State, runtime: Runtime[Context]) -> dict:
     vid, exp = state["current"], state["exp_id"]
     variant = plan.variant(vid)
     _ensure_applied(ctx, variant, exp)
-    live = configs.read_config(ctx.config_path, ctx.adapter.name)  # the variant is what is on disk
+    live = load_config(ctx.config_path, ctx.adapter.name)  # the variant is what is on disk
     # while a source patch is live, the baseline arm runs the baseline source snapshot
     base_path = [state["baseline_hashes"]["snapshot"]] if variant.source_patch else None
     levels = ctx.levels()
@@ -433,7 +428,7 @@ def revert(state: State, runtime: Runtime[Context]) -> dict:
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
     _revert_all(ctx)
     wsrow = store.workstream(ws)
-    now_sha, src = configs.sha(ctx.config_path), bench.kernel_hash(plan.kernel)
+    now_sha, src = configs.sha(ctx.config_path), kernel_hash(plan.kernel)
     if now_sha != wsrow["baseline_hash"] or src != state["baseline_hashes"]["kernel"]:
         raise InvestigationError(f"revert left {ctx.config_path} at {now_sha} and the kernel source at {src}; "
                                  f"the baseline is {wsrow['baseline_hash']} / {state['baseline_hashes']['kernel']}")

@@ -15,9 +15,10 @@ from kinv.agent.enums import Approval
 from kinv.agent.models import Plan
 from kinv.agent.store import Store
 from kinv.agent.tools import bench, configs
+from kinv.agent.tools.backends import base
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.errors import PatchError
-from kinv.kernels.launch_config import config_hash, describe
+from kinv.kernels.launch_config import config_hash, describe, load_config
 
 RECURSION_LIMIT = 200
 
@@ -34,10 +35,10 @@ class Context:
     approval: str
     progress: object = None  # callable(kind, **info) for the CLI's progress display
     version: int = 1  # the plan version of the workstream (kinv run --new-version)
-    _backend: bench.Backend | None = field(default=None, repr=False)
+    _backend: base.Backend | None = field(default=None, repr=False)
 
     @property
-    def backend(self) -> bench.Backend:
+    def backend(self) -> base.Backend:
         if self._backend is None:
             self._backend = bench.get_backend(self.backend_name)
             self.say("backend", message=self._backend.loud)
@@ -127,7 +128,7 @@ def _source_patch(ctx: Context, variant) -> tuple[Path, str] | None:
 def _ensure_applied(ctx: Context, variant, exp_id: int) -> None:
     """The variant is what is on disk: its config and its source patch (re-applied after a recovery)."""
     cfg = ctx.plan.variant_config(variant)
-    live = configs.read_config(ctx.config_path, ctx.adapter.name)
+    live = load_config(ctx.config_path, ctx.adapter.name)
     if config_hash(live) != config_hash(cfg):
         configs.patch_config(ctx.store, ctx.config_path, cfg, ctx.plan.ws, exp_id)
     src = _source_patch(ctx, variant)
@@ -183,7 +184,7 @@ def _baseline_note(ctx: Context, vid: str, cfg: dict) -> str:
     the live file's real replacement while the variant is patched."""
     if ctx.plan.baseline_on_disk:
         return ""
-    live = configs.read_config(ctx.config_path, ctx.adapter.name)
+    live = load_config(ctx.config_path, ctx.adapter.name)
     if config_hash(live) == config_hash(_baseline_config(ctx)):
         return ""
     return (f"note: {ctx.plan.ws} measures against its plan's baseline {describe(_baseline_config(ctx))}, not the "
@@ -242,7 +243,7 @@ def _snapshot(ctx: Context) -> Path:
     hash it reports must be the snapshot's name)."""
     from kinv.agent.tools.snapshot import materialize, package_files
 
-    dest = ctx.store.dir / "snapshots" / bench.kernel_hash(ctx.plan.kernel)
+    dest = ctx.store.dir / "snapshots" / base.kernel_hash(ctx.plan.kernel)
     return materialize(package_files(ctx.adapter.package_dir()), dest, ctx.adapter.package_name())
 
 

@@ -19,7 +19,8 @@ from typing import Literal
 
 from rich.markup import escape
 
-from kinv.agent.graph import APPROVAL_POLICIES, Context, build_graph, open_checkpointer, run_config
+from kinv.agent.graph import APPROVAL_POLICIES, build_graph
+from kinv.agent.graph_support import Context, open_checkpointer, run_config
 from kinv.agent.models import load_plan
 from kinv.agent.store import Store
 from kinv.agent.store import state_dir as state_path
@@ -100,12 +101,13 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
               backend_obj) -> RunOutcome:  # fmt: skip
     from langgraph.types import Command
 
-    from kinv.agent.tools import bench, configs
+    from kinv.agent.tools import backends, bench, configs
+    from kinv.kernels.launch_config import load_config
 
     if approval not in APPROVAL_POLICIES:
         raise BadInput(f"--approval {approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}")
-    if backend not in bench.BACKENDS:
-        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
+    if backend not in backends.BACKENDS:
+        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(backends.BACKENDS)}")
     plan, plan_hash = load_plan(plan_path)  # PlanError -> exit 2 in main
     if plan.campaign is not None and not plan.variants:
         raise BadInput(f"{plan_path} is a campaign plan (no variants of its own): run it with kinv campaign {plan_path}")
@@ -124,7 +126,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
     if hasattr(be, "log_dir"):  # the command backend keeps every run's output in this run's state dir
         be.log_dir = state_path(state_dir) / "commands"
     if not (state_path(state_dir) / "kinv.db").exists():
-        configs.read_config(plan.adapter.config_path(), plan.adapter.name)  # ConfigError: exit 2 in main
+        load_config(plan.adapter.config_path(), plan.adapter.name)  # ConfigError: exit 2 in main
     store = Store(state_dir)
     ws = plan.ws
     log.info("run %s (%s): backend %s, approval %s%s", plan_path, ws, be.name if be else backend, approval,
@@ -302,10 +304,10 @@ def _paused(store: Store, aid: str, console, state_dir, ws: str) -> RunOutcome:
 def _plan_and_backend(plan_path, backend, as_json: bool = False):
     """The plan and the backend (its banner: :func:`_banner`, once the caller's inputs are valid)."""
     from kinv.agent.models import load_plan
-    from kinv.agent.tools import bench
+    from kinv.agent.tools import backends, bench
 
-    if backend not in bench.BACKENDS:  # bad input (exit 2); get_backend's BackendError would be a failed step
-        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
+    if backend not in backends.BACKENDS:  # bad input (exit 2); get_backend's BackendError would be a failed step
+        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(backends.BACKENDS)}")
     said = ""
     if plan_path is None:  # no --plan: a registered kernel's example plan, and a phrase saying whose
         from kinv.kernels.adapter import default_plan
@@ -335,7 +337,8 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
     from kinv.agent import fmt, stats
     from kinv.agent.tools import bench, protocol
     from kinv.kernels.errors import ConfigError
-    from kinv.kernels.launch_config import brief_repr, describe, load_config
+    from kinv.kernels.launch_config import describe, load_config
+    from kinv.kernels.tunables import brief_repr
 
     plan, be, said = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter
@@ -420,12 +423,12 @@ def _bench_line(m: dict, short: dict) -> str:
 
 
 def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_n: int = 4):
-    """``kinv noise``: the A/A the graph runs (bench.run_aa + protocol.noise_bands), at the plan's levels and
+    """``kinv noise``: the A/A the graph runs (protocol.run_aa + protocol.noise_bands), at the plan's levels and
     thresholds."""
     import json
 
-    from kinv.agent import fmt, stats
-    from kinv.agent.tools import bench, protocol
+    from kinv.agent import fmt, noise, stats
+    from kinv.agent.tools import protocol
     from kinv.kernels.launch_config import load_config
 
     plan, be, said = _plan_and_backend(plan_path, backend, as_json)
@@ -437,7 +440,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
     _banner(be, as_json, said)
     store = Store(state_dir)
     exp = store.new_experiment(kind="noise", variant="A/A", backend=be.name)
-    acc, gpu_s = bench.run_aa(store, exp, be, plan.kernel, cfg, dict(plan.environment), lvls, rounds, arms_n)
+    acc, gpu_s = protocol.run_aa(store, exp, be, plan.kernel, cfg, dict(plan.environment), lvls, rounds, arms_n)
     bands = protocol.noise_bands(plan, lvls, acc)
     store.add_noise(exp, None, [b.__dict__ for b in bands])
     store.update_experiment(exp, status="done", rounds=rounds, gpu_s=gpu_s)
@@ -456,7 +459,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
                       f"{fmt.signed(b.effect)} {fmt.interval(b.ci_low, b.ci_high)}", str(b.outliers), f"{b.threshold:.1%}",
                       "yes" if b.equivalent else "NO")  # fmt: skip
         console.print(t)
-    for w in stats.check_aa(bands):
+    for w in noise.check_aa(bands):
         console.print(f"[yellow]warning[/yellow]: {escape(w)}")
     return "" if as_json else f"stored as experiment {exp} in {store.path}"
 
@@ -518,8 +521,8 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
     record, the shipped bytes (git HEAD when the checkout tracks it, else the copy kinv kept before its first
     write); ``--to-plan-baseline`` (``baseline`` True): the plan's measurement baseline written into the live
     file, asked for by name.  Needs no state dir and creates none; the config lock records ``state_dir``."""
-    from kinv.agent.tools import configs
-    from kinv.kernels.launch_config import config_hash, describe
+    from kinv.agent.tools import config_text, configs
+    from kinv.kernels.launch_config import config_hash, describe, load_config
 
     plan, _ = load_plan(plan_path)  # PlanError -> exit 2 in main
     path = plan.adapter.config_path()
@@ -535,15 +538,15 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
                 return f"{path} already holds its file of record: {rec.source} (file sha {rec.sha})"
             return f"restored {path} to its file of record: {rec.source} (file sha {rec.sha})"
         base = {**plan.baseline, "kernel": plan.adapter.name}
-        now = configs.read_config(path, plan.adapter.name) if path.exists() else None
+        now = load_config(path, plan.adapter.name) if path.exists() else None
         if now is not None and config_hash(now) == config_hash(base):
             return f"{path} already holds the measurement baseline of {plan.ws} ({describe(base)})"
         before = path.read_bytes() if path.exists() else None
         if before is not None:
-            new = configs.edit_config_text(before.decode("utf-8", errors="replace"), base, plan.adapter.name).encode()
+            new = config_text.edit_config_text(before.decode("utf-8", errors="replace"), base, plan.adapter.name).encode()
             configs.note_kinv_write(path, before, new)  # the shipped bytes stay the file of record
         configs.write_config(path, base)
-        got = configs.read_config(path, plan.adapter.name)
+        got = load_config(path, plan.adapter.name)
         if config_hash(got) != config_hash(base):
             raise RevertError(f"{path} did not verify after the write")
     return (f"wrote the measurement baseline of {plan.ws} into {path} ({describe(base)}, config hash "

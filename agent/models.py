@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from kinv.agent.ids import norm_ws
 from kinv.kernels.errors import ConfigError, PlanError, TooBig
-from kinv.kernels.launch_config import brief_repr, one_line
+from kinv.kernels.tunables import brief_repr, one_line
 
 WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")
 ITEM_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")

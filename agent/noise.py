@@ -1,5 +1,5 @@
 """The A/A's analysis: how noisy the harness is at each level, its outliers, and whether it reproduces the
-baseline at all (agent.stats holds the estimators it uses and re-exports every name here).
+baseline at all (agent.stats holds the estimators it uses).
 
 ``aa_arms`` baseline workers (default 4) are timed in every one of ``aa_rounds`` rounds (default 16), the
 A/B's protocol (agent/tools/protocol.py).  A robust two-way analysis (median-polish fit, outliers winsorized

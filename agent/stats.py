@@ -1,7 +1,7 @@
 """Noise-aware A/B statistics for kernel timing investigations.
 
 Everything here is pure numpy + scipy.  The A/A's analysis (:func:`aa_noise`, :func:`check_aa`) and the one
-I/O, :func:`recorded_noise_residuals`, live in agent/noise.py and are importable from here.
+I/O, :func:`recorded_noise_residuals`, live in agent/noise.py.
 
 Model and conventions
 ---------------------
@@ -585,16 +585,3 @@ def run_sequential(
         conf_per_look=conf_look,
         samples={lv: (base[lv], variant[lv]) for lv in levels},
     )
-
-
-_NOISE = ("NoiseBand", "OFFSET_ALPHA", "OUTLIER_K", "BROKEN_CONF", "aa_noise", "HarnessBroken", "check_aa",
-          "recorded_noise_residuals", "RECORDINGS_DIR", "_median_polish")  # fmt: skip
-
-
-def __getattr__(name: str):
-    """The A/A's analysis lives in agent/noise.py; its names are importable from here too."""
-    if name in _NOISE:
-        from kinv.agent import noise
-
-        return getattr(noise, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

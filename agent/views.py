@@ -407,8 +407,13 @@ def status(store: Store) -> StatusView:
                       adhoc=adhoc, campaigns=campaigns(store))  # fmt: skip
 
 
+def n_screened(step: dict) -> int:
+    """How many candidates a step screened (a count; a state dir written before kept the list itself)."""
+    v = step.get("screened")
+    return v if isinstance(v, int) else len(v or [])
+
+
 def campaigns(store: Store) -> list[CampaignView]:
-    from kinv.agent.campaign.results import n_screened
     from kinv.kernels.launch_config import describe
 
     out = []
@@ -511,7 +516,7 @@ def report(store: Store, ws: str, markdown: str) -> ReportView:
 def history(store: Store, ws: str) -> list[HistoryItem]:
     """`kinv history WS`: the graph nodes that ran for the workstream's current plan version, in order, with
     what each concluded; a node that paused (waiting for approval) or failed says so.  Every node writes its
-    row as it finishes (agent.graph.recorded), so this never reads LangGraph's private tables."""
+    row as it finishes (agent.graph_support.recorded), so this never reads LangGraph's private tables."""
     ws_id = norm_ws(str(ws))
     row = store.workstream(ws_id)
     if row is None:

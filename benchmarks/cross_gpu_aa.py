@@ -5,7 +5,7 @@
 
 GPUs are not interchangeable: two H200s of one node differ by a clock, a thermal state, a memory placement.
 Each GPU gets ``--workers-per-gpu`` workers of the plan's baseline (pinned by CUDA_VISIBLE_DEVICES), and in
-round r every worker times every level (seed protocol.round_seed(r) for all, order rotated by the round, every sample
+round r every worker times every level (seed round_seed(r) for all, order rotated by the round, every sample
 re-setting its worker as in a live A/B).  Per level it reports the GPU-to-GPU offset (GPU j against GPU 0:
 the mean over rounds of the log-ratio of the two GPUs' mean times, with a 95% interval) beside the offset
 between two workers of one GPU: what a campaign spread over GPUs must never pool, and why it combines GPUs
@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kinv.agent.tools import protocol  # noqa: E402
+from kinv.agent.tools.backends.base import round_seed  # noqa: E402
 from kinv.agent.tools.worker_client import WorkerProcess  # noqa: E402
 
 
@@ -80,7 +81,7 @@ def main() -> int:
             for key in order:
                 w, _h, sets = workers[key]
                 s = sets[plan.adapter.level(lv).key]
-                smp = w.request("sample", key=s["key"], seed=protocol.round_seed(r))
+                smp = w.request("sample", key=s["key"], seed=round_seed(r))
                 times.setdefault(s["level"], {}).setdefault(key, []).append(smp["us"])
     out = {"gpus": n_gpu, "fingerprints": {f"gpu{g}": workers[(g, 0)][1]["fingerprint"] for g in range(n_gpu)},
            "config": cfg, "rounds": args.rounds, "workers_per_gpu": args.workers_per_gpu, "levels": {}}  # fmt: skip

@@ -18,7 +18,7 @@ Rounds run on the protocol's round loop (agent.tools.protocol.RoundLoop): at eac
 
 ``--sweep PLAN`` records a campaign's whole space instead (plans/7-decode-ceiling.yaml): every config of
 ``campaign.space`` that the resource model passes, as ``--replicas`` independent workers each, all timed in
-every round at every level (round r draws seed protocol.round_seed(r) for every arm, the order rotated per round).  Any two
+every round at every level (round r draws seed round_seed(r) for every arm, the order rotated per round).  Any two
 configs' workers then form a paired A/B (round r against round r), replica j of one config is arm j of its
 A/A, and the means over all rounds are the exhaustive sweep a campaign is judged against
 (benchmarks/campaign_truth.py).  Slots are ``("sw", <config hash>, "R<j>")``.
@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kinv.agent.tools import protocol  # noqa: E402
+from kinv.agent.tools.backends.base import round_seed  # noqa: E402
 from kinv.agent.tools.worker_client import WorkerProcess  # noqa: E402
 from kinv.kernels.launch_config import config_hash, describe  # noqa: E402
 
@@ -72,7 +73,7 @@ class Worker:
 
     def sample(self, level, round_index: int) -> dict:
         t_req = time.perf_counter()
-        smp = self.w.request("sample", key=self.sets[level.key]["key"], seed=protocol.round_seed(round_index))
+        smp = self.w.request("sample", key=self.sets[level.key]["key"], seed=round_seed(round_index))
         return {**smp, "request_wall_s": time.perf_counter() - t_req}
 
     def line(self, kind: str, pair: str, role: str, chash: str, level: str, r: int, smp: dict) -> dict:
@@ -219,8 +220,8 @@ def record_configs(args) -> int:
     any two of them form a pair of one recording session.
     """
     from kinv.agent.models import load_plan
-    from kinv.agent.tools.space import effective
     from kinv.kernels.launch_config import config_hash as chash
+    from kinv.kernels.launch_config import effective
 
     if len(args.plan) != 1:
         raise SystemExit("--configs takes exactly one --plan (its levels and environment)")

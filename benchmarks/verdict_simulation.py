@@ -4,7 +4,7 @@
 
 Each simulated investigation runs the same code the graph runs (agent.stats):
 
-1. an A/A of ``aa_arms`` baseline workers x ``aa_rounds`` rounds, analysed by :func:`agent.stats.aa_noise`
+1. an A/A of ``aa_arms`` baseline workers x ``aa_rounds`` rounds, analysed by :func:`agent.noise.aa_noise`
    at every level (it yields the between-arm offset SD that enters the A/B's interval);
 2. a sequential A/B (:func:`agent.stats.run_sequential`) of one variant against a baseline worker of its
    own, at the 5 levels of #3a, with #3a's plan: threshold 1%, looks at 8, 12, ..., 32 rounds, and the
@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinv.agent import stats  # noqa: E402
+from kinv.agent import noise, stats  # noqa: E402
 
 LEVELS = ("b1", "b8", "b32", "b64", "b96")
 EFFECTS = (0.0, 0.005, -0.005, 0.01, -0.01, 0.015, -0.015, 0.02, -0.02, 0.05, -0.05)
@@ -48,7 +48,8 @@ AA_ARMS, AA_ROUNDS, N_VARIANTS, THRESHOLD = 4, 16, 3, 0.01
 
 def recorded_residuals(directory: Path | None = None) -> dict[str, np.ndarray]:
     """Per level (b1..b96): residuals of the recorded A/A arms' log times after arm and round means."""
-    from kinv.agent.tools.bench import RECORDINGS, Recording
+    from kinv.agent.tools.backends.base import RECORDINGS
+    from kinv.agent.tools.backends.replay_index import Recording
 
     directory = directory or RECORDINGS / "h200"
     rec = Recording(sorted(directory.rglob("*.jsonl.gz")), "mla_decode")
@@ -80,7 +81,7 @@ def investigation(rng: np.random.Generator, resid: dict[str, np.ndarray], delta:
     offsets = {}
     for lv in LEVELS:
         logs = draw((AA_ARMS, AA_ROUNDS), lv) + arm_offsets(AA_ARMS, AA_ROUNDS)
-        band = stats.aa_noise(100.0 * np.exp(logs), lv, THRESHOLD, PLAN.max_rounds,
+        band = noise.aa_noise(100.0 * np.exp(logs), lv, THRESHOLD, PLAN.max_rounds,
                               stats.look_confidence(PLAN, len(LEVELS), N_VARIANTS))  # fmt: skip
         offsets[lv] = band.offset_sd if use_offset else 0.0
     # A/B: a baseline worker and the variant's worker, their own offsets

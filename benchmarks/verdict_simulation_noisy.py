@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinv.agent import stats  # noqa: E402
+from kinv.agent import noise, stats  # noqa: E402
 
 LEVELS = ("C1", "C32", "C96")
 THRESHOLD, AA_ARMS, AA_ROUNDS, N_VARIANTS = 0.03, 2, 8, 2
@@ -34,7 +34,7 @@ def investigation(rng, delta: float, sd: float, offset: float) -> dict:
     look = stats.look_confidence(PLAN, len(LEVELS), N_VARIANTS)
     for lv in LEVELS:
         logs = rng.normal(0, sd, (AA_ARMS, AA_ROUNDS)) + rng.normal(0, offset, (AA_ARMS, AA_ROUNDS))
-        offsets[lv] = stats.aa_noise(100.0 * np.exp(logs), lv, THRESHOLD, PLAN.max_rounds, look).offset_sd
+        offsets[lv] = noise.aa_noise(100.0 * np.exp(logs), lv, THRESHOLD, PLAN.max_rounds, look).offset_sd
     n = PLAN.max_rounds
     base = {lv: rng.normal(0, sd, n) + rng.normal(0, offset, n) for lv in LEVELS}
     var = {lv: rng.normal(0, sd, n) + rng.normal(0, offset, n) - math.log1p(delta) for lv in LEVELS}

@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kinv.kernels.devices import DeviceSpec
+from kinv.kernels.devices import DeviceSpec, roofline
 from kinv.kernels.errors import BadInput, UnknownKernelError
-from kinv.kernels.launch_config import Params, TunableSpec, brief_repr, one_line
+from kinv.kernels.tunables import Params, TunableSpec, brief_repr, one_line
 
 KERNELS_DIR = Path(__file__).resolve().parent
 ENTRY_POINT_GROUP = "kinv.kernels"
@@ -187,11 +187,6 @@ class KernelAdapter(ABC):
     def validate_config(self, data) -> dict:
         return self.spec.validate(data, self.name)
 
-    def load_config(self, path: Path | None = None) -> dict:
-        from kinv.kernels.launch_config import load_config
-
-        return load_config(path or self.config_path(), self.name)
-
     def params_for(self, config: dict, level: Level) -> Params:
         return self.spec.resolve(config, level.dims)
 
@@ -237,14 +232,8 @@ class KernelAdapter(ABC):
         """The fewest seconds one call can take at this level and what bounds it: ``(seconds, "memory")`` at the
         device's copy bandwidth, ``(seconds, "compute")`` at its matrix peak, whichever is slower (None with
         neither figure).  A campaign's goal and the close-out's roofline read it; override it for a kernel
-        bound by something else."""
-        mem = self.bytes_moved(level) / (copy_gbps * 1e9) if copy_gbps else None
-        comp = self.flops(level) / (matrix_tflops * 1e12) if matrix_tflops else None
-        if mem is None and comp is None:
-            return None
-        if comp is not None and (mem is None or comp > mem):
-            return comp, "compute"
-        return mem, "memory"
+        bound by something else (:func:`kinv.kernels.devices.roofline` is the rule)."""
+        return roofline(self.bytes_moved(level), self.flops(level), copy_gbps, matrix_tflops)
 
     # ---- the kernel ------------------------------------------------------------------
     @abstractmethod

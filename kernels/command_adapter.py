@@ -26,7 +26,7 @@ from pathlib import Path
 
 from kinv.kernels.adapter import KernelAdapter, Level, Resources
 from kinv.kernels.errors import BadInput
-from kinv.kernels.launch_config import TunableSpec
+from kinv.kernels.tunables import TunableSpec
 
 
 class _CommandSpec(TunableSpec):

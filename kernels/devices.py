@@ -56,6 +56,20 @@ def get_device(name: str) -> DeviceSpec:
     return DEVICES[key]
 
 
+def roofline(bytes_moved: float, flops: float, copy_gbps: float | None,
+             matrix_tflops: float | None) -> tuple[float, str] | None:
+    """The roofline: the fewest seconds a call that moves ``bytes_moved`` bytes and computes ``flops`` FLOPs can
+    take, and what bounds it: ``(seconds, "memory")`` at the copy bandwidth, ``(seconds, "compute")`` at the matrix
+    peak, whichever is slower (None with neither figure)."""
+    mem = bytes_moved / (copy_gbps * 1e9) if copy_gbps else None
+    comp = flops / (matrix_tflops * 1e12) if matrix_tflops else None
+    if mem is None and comp is None:
+        return None
+    if comp is not None and (mem is None or comp > mem):
+        return comp, "compute"
+    return mem, "memory"
+
+
 def detect():
     """The visible CUDA device as a DeviceSpec, or None without a GPU."""
     try:

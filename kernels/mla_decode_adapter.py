@@ -8,7 +8,7 @@ import re
 
 from kinv.kernels.adapter import KernelAdapter, Level, Resources, check_level_values
 from kinv.kernels.devices import DeviceSpec, occupancy
-from kinv.kernels.launch_config import Params, Tunable, TunableSpec
+from kinv.kernels.tunables import Params, Tunable, TunableSpec
 
 # Model shapes: (d_qk, d_v).  K is the whole latent row, V its first d_v values.
 SHAPES: dict[str, tuple[int, int]] = {

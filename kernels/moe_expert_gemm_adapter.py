@@ -11,7 +11,7 @@ import math
 
 from kinv.kernels.adapter import KernelAdapter, Level, Resources, check_level_values
 from kinv.kernels.devices import DeviceSpec, occupancy
-from kinv.kernels.launch_config import Params, Restriction, Tunable, TunableSpec
+from kinv.kernels.tunables import Params, Restriction, Tunable, TunableSpec
 
 ELT = 2  # bf16 / fp16 bytes per element, the dtypes kinv benchmarks
 

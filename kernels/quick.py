@@ -61,7 +61,7 @@ from pathlib import Path
 from kinv.kernels.adapter import NAME, KernelAdapter, Level, Resources
 from kinv.kernels.devices import DeviceSpec, occupancy
 from kinv.kernels.errors import BadInput
-from kinv.kernels.launch_config import MAX_DIM, Params, Restriction, Tunable, TunableSpec, brief_repr
+from kinv.kernels.tunables import MAX_DIM, Params, Restriction, Tunable, TunableSpec, brief_repr
 
 CPU_CAP = 64  # the largest integer level dimension the CPU stand-in runs (the Triton interpreter is slow)
 DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16",

@@ -174,7 +174,7 @@ def test_adopt_writes_the_variant_only_where_it_beat_the_live_file_and_drops_not
     done = json.loads(kinv_in_process(env, "adopt", "3b", "V1", "--yes", "--json", "--backend", "replay").stdout)
     assert done["written"] and done["kind"] == "overrides" and done["confirm"]
     # the diff a person reviews applies to the live file's bytes and yields exactly the bytes written
-    from kinv.agent.tools.configs import apply_unified_diff
+    from kinv.agent.tools.config_text import apply_unified_diff
     assert apply_unified_diff(before_text, done["diff"], cfg) == cfg.read_text()
     levels = done["confirm"]["levels"]
     assert levels["v4flash/h16/p64/ctx4096/b1"] == "regressed"  # BT32/w4 against the live BT64/w8

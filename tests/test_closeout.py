@@ -134,7 +134,7 @@ def test_roofline_fractions_above_one_or_inside_l2_are_flagged_never_stated(tmp_
 def test_a_standalone_plan_never_calls_its_baseline_a_campaigns_incumbent(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from kinv.agent import graph
+    from kinv.agent import graph, graph_support
     from tests.utils import write_seed_config
 
     cfg = tmp_path / "cfg"
@@ -143,7 +143,7 @@ def test_a_standalone_plan_never_calls_its_baseline_a_campaigns_incumbent(tmp_pa
     monkeypatch.setenv("KINV_CONFIG_DIR", str(cfg))
     store, plan, _state, _ctx = build(tmp_path)
     said = []
-    ctx = graph.Context(store=store, plan=plan, plan_path=_ctx.plan_path, plan_hash=_ctx.plan_hash,
+    ctx = graph_support.Context(store=store, plan=plan, plan_path=_ctx.plan_path, plan_hash=_ctx.plan_hash,
                         backend_name="replay", approval="auto", progress=lambda kind, **i: said.append(i["message"]),
                         _backend=_ctx.backend)  # fmt: skip
     graph.setup({"ws": plan.ws}, SimpleNamespace(context=ctx))

@@ -31,7 +31,7 @@ def _changed_lines(diff: str) -> tuple[list[str], list[str]]:
 
 
 def test_a_one_value_patch_changes_one_line_and_keeps_the_files_own_order_indent_and_description(tmp_path):
-    from kinv.agent.tools import configs
+    from kinv.agent.tools import config_text, configs
 
     live = {"num_stages": 2, "BLOCK_H": 16, "kernel": "mla_decode", "BLOCK_T": 16, "num_warps": 4,
             "description": "kept by hand, last on purpose: é"}  # fmt: skip
@@ -42,12 +42,12 @@ def test_a_one_value_patch_changes_one_line_and_keeps_the_files_own_order_indent
     after = path.read_text()
     assert after == before.replace('"num_warps": 4', '"num_warps": 8')  # one line, nothing else
     assert _changed_lines(row["diff"]) == (['-    "num_warps": 4,'], ['+    "num_warps": 8,'])
-    assert configs.apply_unified_diff(before, row["diff"], path) == after
+    assert config_text.apply_unified_diff(before, row["diff"], path) == after
 
 
 def test_a_variant_measured_against_another_baseline_is_written_as_the_minimal_edit_of_the_live_file(tmp_path):
     from kinv.agent.models import load_plan
-    from kinv.agent.tools import configs
+    from kinv.agent.tools import config_text, configs
     from kinv.kernels.launch_config import config_hash, load_config
 
     plan, _ = load_plan(ROOT / "plans" / "3a-attention-occupancy.yaml")
@@ -57,7 +57,7 @@ def test_a_variant_measured_against_another_baseline_is_written_as_the_minimal_e
     row = configs.patch_config(_store(tmp_path), path, measured, "#3a")
     written = path.read_bytes()
     assert config_hash(load_config(path)) == config_hash(measured)  # the kernel runs exactly what is measured
-    assert configs.apply_unified_diff(SHIPPED.decode(), row["diff"], path).encode() == written
+    assert config_text.apply_unified_diff(SHIPPED.decode(), row["diff"], path).encode() == written
     old, new = json.loads(SHIPPED), json.loads(written)
     assert new["description"] == old["description"]  # a temporary patch keeps the file's description
     assert [k for k in new] == [k for k in old if k in new]  # the file's own key order
@@ -111,13 +111,13 @@ def test_an_approval_shows_the_diff_from_the_live_bytes_to_exactly_the_bytes_wri
     r = run_kinv(env, "run", plan, "--backend", "replay", "--approval", "ask")
     assert r.returncode == 3, r.stdout + r.stderr
     item = json.loads(run_kinv(env, "pending", "--json").stdout)[0]
-    from kinv.agent.tools import configs
+    from kinv.agent.tools import config_text, configs
 
     note = [ln for ln in item["diff"].splitlines() if ln.startswith("note:")]
     assert len(note) == 1 and "BT16/BH16/w4/s2" in note[0] and "BT64/BH16/w4/s2/cps2" in note[0], item["diff"]
     removed, added = _changed_lines(item["diff"])
     assert '+  "BLOCK_T": 16,' in added and not any("description" in ln for ln in removed + added)
-    promised = configs.apply_unified_diff(SHIPPED.decode(), item["diff"], live).encode()  # applies to the live bytes
+    promised = config_text.apply_unified_diff(SHIPPED.decode(), item["diff"], live).encode()  # applies to the live bytes
     assert live.read_bytes() == SHIPPED  # the run pauses before writing anything
     assert run_kinv(env, "approve", item["id"]).returncode == 0
     proc = subprocess.Popen([os.sys.executable, "-m", "kinv.agent.cli", "resume", "3a", "--backend", "replay"],

@@ -48,7 +48,6 @@ def test_every_exception_kinv_raises_is_defined_in_one_module_with_its_exit_code
     a kind with its exit code: bad input 2, a failed step 1, damaged state 1, interrupted 130."""
     from kinv.kernels import errors
     from kinv.kernels.errors import BadInput, Interrupted, KinvError, StateDamaged, StepFailed
-
     elsewhere = [f"{c.__module__}.{c.__qualname__}" for c in _exception_classes()
                  if c.__module__ != "kinv.kernels.errors" and c.__qualname__ != "Exit"]  # fmt: skip
     assert not elsewhere, f"define these in kernels/errors.py: {elsewhere}"

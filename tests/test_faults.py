@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kinv.agent.graph import _integrity
+from kinv.agent.graph_support import _integrity
 from tests.utils import project_copy
 
 pytestmark = pytest.mark.slow  # the slow lane: kills, races, fuzzing, drills (python -m pytest -m slow)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from kinv.agent.graph import Context, build_graph, make_nodes
+from kinv.agent.graph import build_graph, make_nodes
+from kinv.agent.graph_support import Context
 from kinv.agent.models import load_plan
 from kinv.agent.store import Store
 

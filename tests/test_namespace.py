@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kinv import IMPORT_ROOT
-from kinv.agent.tools import bench
+from kinv.agent.tools.backends import base
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def test_a_baseline_snapshot_shadows_the_live_kernel_package_in_a_child_started_
     assert r.returncode == 0, r.stderr
     module_file, khash = r.stdout.split()
     assert Path(module_file) == f
-    assert khash != bench.kernel_hash("mla_decode")  # the baseline arm would time the snapshot, not the live file
+    assert khash != base.kernel_hash("mla_decode")  # the baseline arm would time the snapshot, not the live file
 
 
 def test_a_source_checkout_imports_kinv_with_nothing_installed():

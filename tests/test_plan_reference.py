@@ -77,7 +77,8 @@ def test_bounds_is_a_list_of_allowed_values_as_the_reference_says(tmp_path, monk
     import pytest
     import yaml
 
-    from kinv.agent.models import PlanError, load_plan
+    from kinv.agent.models import load_plan
+    from kinv.kernels.errors import PlanError
 
     monkeypatch.chdir(ROOT)
     plan = yaml.safe_load((ROOT / "plans" / "3a-attention-occupancy.yaml").read_text())

@@ -80,7 +80,7 @@ def matmul(a, b, p, out=None):
 
 ADAPTER = '''
 from kinv.kernels.adapter import KernelAdapter, Resources
-from kinv.kernels.launch_config import Restriction, Tunable, TunableSpec
+from kinv.kernels.tunables import Restriction, Tunable, TunableSpec
 
 SPEC = TunableSpec(
     kernel="tiled_matmul",
@@ -189,14 +189,15 @@ def _recording(path: Path, env: dict, kernel: str = "tiled_matmul", cwd: Path = 
     plan names it (a registered name, or package.module:Class importable from ``cwd``)."""
     code = textwrap.dedent("""
         import json, sys
-        from kinv.agent.tools import bench, bench_worker
+        from kinv.agent.tools import bench_worker
+        from kinv.agent.tools.backends.base import kernel_hash, reference_hash
         from kinv.kernels.adapter import get_adapter
         from kinv.kernels.launch_config import config_hash
         kernel = sys.argv[1]
         a = get_adapter(kernel)
         base = a.validate_config({"kernel": "tiled_matmul", "TILE_M": 16, "TILE_N": 16, "TILE_K": 16, "num_warps": 1})
         var = a.validate_config({**base, "TILE_N": 32})
-        print(json.dumps({"kernel_hash": bench.kernel_hash(kernel), "reference_hash": bench.reference_hash(kernel),
+        print(json.dumps({"kernel_hash": kernel_hash(kernel), "reference_hash": reference_hash(kernel),
                           "harness_hash": bench_worker.harness_hash(), "base": base, "var": var,
                           "hb": config_hash(base), "hv": config_hash(var)}))
     """)

@@ -10,6 +10,7 @@ import pytest
 
 from kinv.agent.models import load_plan
 from kinv.agent.tools import bench, protocol
+from kinv.agent.tools.backends import base, replay
 from kinv.agent.tools.space import feasibility, space_configs
 from kinv.kernels.errors import BackendError, NoRecording
 
@@ -20,7 +21,7 @@ def test_round_order_is_abba_for_a_pair_and_rotated_for_more_arms():
     assert [protocol.round_order(2, r, abba=True) for r in range(4)] == [[0, 1], [1, 0], [0, 1], [1, 0]]
     assert [protocol.round_order(3, r) for r in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
     assert protocol.rotated(["I", "C1", "C2"], 4) == ["C1", "C2", "I"]
-    assert protocol.round_seed(0) == 1000 and protocol.round_seed(7) == 1007  # what the recordings drew
+    assert base.round_seed(0) == 1000 and base.round_seed(7) == 1007  # what the recordings drew
 
 
 def test_the_gpu_second_ledger_sums_samples_without_a_time_as_zero():
@@ -75,11 +76,10 @@ def test_a_screened_candidate_on_replay_has_a_gain_and_an_interval_at_every_leve
 
 
 def test_a_backend_is_one_class_and_one_registration(monkeypatch):
-    """A registered backend is a valid --backend name and what bench.get_backend builds; the facade's
-    names are the package's."""
+    """A registered backend is a valid --backend name and what bench.get_backend builds."""
     from kinv.agent.tools import backends
 
-    class Lone(bench.Backend):
+    class Lone(base.Backend):
         name = "lone"
         loud = "LONE backend"
 
@@ -88,14 +88,13 @@ def test_a_backend_is_one_class_and_one_registration(monkeypatch):
 
     monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY))
     monkeypatch.setattr(backends, "BACKENDS", list(backends.BACKENDS))
-    monkeypatch.setattr(bench, "BACKENDS", backends.BACKENDS)
     backends.register_backend("lone", Lone)
-    assert "lone" in bench.BACKENDS and isinstance(bench.get_backend("lone"), Lone)
+    assert "lone" in backends.BACKENDS and isinstance(bench.get_backend("lone"), Lone)
     with pytest.raises(BackendError, match="unknown backend 'nope'; valid: auto, cuda, replay, command, lone"):
         bench.get_backend("nope")
     with pytest.raises(ValueError):
         backends.register_backend("auto", Lone)
-    assert bench.ReplayBackend is backends.backend_class("replay")
+    assert replay.ReplayBackend is backends.backend_class("replay")
 
 
 def test_every_backend_and_its_arms_subclass_the_interface():
@@ -104,6 +103,6 @@ def test_every_backend_and_its_arms_subclass_the_interface():
     from kinv.agent.tools.backends.replay import ReplayArm, ReplayBackend
 
     for cls in (CudaBackend, ReplayBackend, RayBackend):
-        assert issubclass(cls, bench.Backend)
+        assert issubclass(cls, base.Backend)
     for cls in (CudaArm, ReplayArm):
-        assert issubclass(cls, bench.Arm)
+        assert issubclass(cls, base.Arm)

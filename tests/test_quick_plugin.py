@@ -221,7 +221,7 @@ NAMES = ("TILE_M", "TILE_N", "num_warps")
 def test_restriction_strings_are_evaluated_over_the_tunables_without_eval(monkeypatch):
     from kinv.kernels import quick
     from kinv.kernels.errors import ConfigError
-    from kinv.kernels.launch_config import Tunable, TunableSpec
+    from kinv.kernels.tunables import Tunable, TunableSpec
 
     def no_eval(*a, **k):
         raise AssertionError("eval must never be called")
@@ -448,13 +448,13 @@ def _synthetic(path: Path, hashes: dict, base: dict, variants: dict[str, tuple[d
 
 
 def test_replay_serves_a_plugins_own_recordings_with_their_own_banner_and_copy_bandwidth(example, monkeypatch):
-    from kinv.agent.tools import bench
+    from kinv.agent.tools.backends.base import harness_hash, kernel_hash, reference_hash
     from kinv.agent.tools.backends.replay import ReplayBackend
     from kinv.kernels.errors import NoRecording
 
     monkeypatch.delenv("KINV_RECORDINGS", raising=False)
     a = _adapter()
-    hashes = {"harness": bench.harness_hash(), "kernel": bench.kernel_hash(REF), "reference": bench.reference_hash(REF)}
+    hashes = {"harness": harness_hash(), "kernel": kernel_hash(REF), "reference": reference_hash(REF)}
     base = a.validate_config(_config())
     _synthetic(example / PKG / "recordings" / "synthetic" / "quick_matmul.jsonl.gz", hashes, base,
                {"V1": (a.validate_config(_config(TILE_N=128)), 0.9)}, {"M512/N512/K512": 2.0}, 2, 2, 2)  # fmt: skip
@@ -517,9 +517,10 @@ HASHES = textwrap.dedent("""
     import json, sys
     from kinv.agent.models import load_plan
     from kinv.agent.tools import bench
+    from kinv.agent.tools.backends.base import harness_hash, kernel_hash, reference_hash
     plan, _ = load_plan(sys.argv[1])
-    print(json.dumps({"harness": bench.harness_hash(), "kernel": bench.kernel_hash(plan.kernel),
-                      "reference": bench.reference_hash(plan.kernel), "base": {**plan.baseline, "kernel": plan.adapter.name},
+    print(json.dumps({"harness": harness_hash(), "kernel": kernel_hash(plan.kernel),
+                      "reference": reference_hash(plan.kernel), "base": {**plan.baseline, "kernel": plan.adapter.name},
                       "variants": {v.id: plan.variant_config(v) for v in plan.variants},
                       "levels": {lv.key: 2 * lv.M * lv.N * lv.K for lv in plan.levels()}}))
 """)

@@ -228,6 +228,7 @@ def test_a_remote_arm_answers_setup_and_sample_like_a_local_one(monkeypatch, clu
     """A Ray-hosted arm set up and sampled one level at a time gives the replay's sample for that round, the
     same as the arm opened in this process, and says which actor timed it."""
     from kinv.agent.tools import bench
+    from kinv.agent.tools.backends import base
     from kinv.agent.tools.executor import RayExecutor
 
     monkeypatch.setenv("KINV_FORCE_NO_GPU", "1")
@@ -242,7 +243,7 @@ def test_a_remote_arm_answers_setup_and_sample_like_a_local_one(monkeypatch, clu
     ex = RayExecutor("replay", address=cluster, actors=2)
     try:
         be = ex.measuring_backend()
-        assert isinstance(be, bench.Backend)
+        assert isinstance(be, base.Backend)
         arm = be.open("A0", "mla_decode", seed, env, replica=0)
         assert arm.setup(level) == local.setup(level)  # the actor's set-up record, not an empty one
         got = arm.sample(level, 3)

@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from kinv.agent.cli import main
-from kinv.kernels.errors import NoRecording
 from tests.utils import write_seed_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -314,10 +313,11 @@ def test_bad_input_is_a_type_of_its_own():
 # a variant the replay cannot measure: its reason, said once, with labels
 # --------------------------------------------------------------------------- #
 def test_no_recording_names_the_partner_config_not_its_hash():
-    from kinv.agent.tools import bench
+    from kinv.agent.tools.backends.base import NoRecording
+    from kinv.agent.tools.backends.replay import ReplayBackend
     from kinv.kernels.launch_config import config_hash
 
-    be = bench.ReplayBackend()
+    be = ReplayBackend()
     base = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
     var = {**base, "num_warps": 16}
     with pytest.raises(NoRecording) as exc:
@@ -326,7 +326,7 @@ def test_no_recording_names_the_partner_config_not_its_hash():
 
 
 def test_finished_todo_reason_says_the_verdict_once():
-    from kinv.agent.graph import todo_reason
+    from kinv.agent.graph_support import todo_reason
 
     assert todo_reason({"verdict": "not measured", "reason": "replay has no A/B"}) == "not measured: replay has no A/B"
     assert todo_reason({"verdict": "not measured", "reason": "not measured: replay has no A/B"}) == \

@@ -11,8 +11,8 @@ import gzip
 import json
 from pathlib import Path
 
-from kinv.agent.tools.bench import Recording
-from kinv.kernels.launch_config import config_hash
+from kinv.agent.tools.backends.replay_index import Recording
+from kinv.kernels.launch_config import config_hash, effective
 
 H200 = Path(__file__).resolve().parents[1] / "kernels" / "recordings" / "h200"
 BT32 = {"kernel": "mla_decode", "BLOCK_T": 32, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
@@ -44,9 +44,7 @@ def test_a_config_recorded_in_two_sessions_is_never_served_as_a_mix_of_both():
 def test_a_pair_is_served_from_the_session_that_holds_both_sides():
     rec = Recording(sorted(H200.glob("*.jsonl.gz")), "mla_decode")
     live_b8 = {"kernel": "mla_decode", "BLOCK_T": 64, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2, "CTAS_PER_SM": 2}
-    from kinv.agent.tools.space import effective
     from kinv.kernels.adapter import get_adapter
-
     a = get_adapter("mla_decode")
     lv = a.level({"shape": "v4flash", "heads": 16, "page_size": 64, "context": 4096, "batch": 8})
     live_h = config_hash(effective(a, a.validate_config(live_b8), lv))

@@ -149,7 +149,7 @@ def test_bad_plan_is_one_line_exit_2_and_writes_nothing(env, tmp_path, mutate, n
 def test_every_command_has_help_with_an_example(env):
     import typer.main
 
-    from kinv.agent.cli import app
+    from kinv.agent.commands.common import app
 
     group = typer.main.get_command(app)
     for name in group.list_commands(None):

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 from kinv import IMPORT_ROOT
-from kinv.agent.tools import bench, bench_worker
+from kinv.agent.tools import bench_worker
+from kinv.agent.tools.backends import base
 from kinv.agent.tools.snapshot import materialize, package_files
 from kinv.kernels.adapter import get_adapter
 
@@ -18,7 +19,7 @@ def test_a_package_copy_shadows_the_live_kernel_and_hashes_the_same(tmp_path):
     files = package_files(adapter.package_dir())
     assert "mla_decode.py" in files and "configs/mla_decode.json" in files
     assert not any(f.startswith("recordings/") or "__pycache__" in f for f in files)
-    live = bench.kernel_hash("mla_decode")
+    live = base.kernel_hash("mla_decode")
     root = materialize(files, tmp_path / live, adapter.package_name())
     copy_root = root / "kinv"  # the copy's kernels/ sits under kinv/, as kinv.kernels
     assert bench_worker.kernel_source_hash(adapter, root=copy_root) == live

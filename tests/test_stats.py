@@ -32,24 +32,26 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from kinv.agent.noise import (
+    OFFSET_ALPHA,
+    RECORDINGS_DIR,
+    NoiseBand,
+    aa_noise,
+    check_aa,
+    recorded_noise_residuals,
+)
 from kinv.agent.stats import (
     DEFAULT_THRESHOLD,
     HL_MIN_ROUNDS,
     LEVEL_VERDICTS,
-    OFFSET_ALPHA,
-    RECORDINGS_DIR,
     VARIANT_VERDICTS,
     Effect,
-    NoiseBand,
     SequentialPlan,
     SequentialResult,
-    aa_noise,
     abba_order,
-    check_aa,
     classify,
     look_confidence,
     paired_effect,
-    recorded_noise_residuals,
     robust_scale,
     run_sequential,
     sequential_decision,

@@ -95,10 +95,11 @@ def leave_kinv_patch_live(cfg, changes: dict) -> None:
 
     from kinv.agent.store import Store
     from kinv.agent.tools import configs
+    from kinv.kernels.launch_config import load_config
 
     lost = Path(tempfile.mkdtemp(prefix="kinv-lost-state-"))
     try:
-        configs.patch_config(Store(lost, create=True), cfg, {**configs.read_config(cfg), **changes}, None)
+        configs.patch_config(Store(lost, create=True), cfg, {**load_config(cfg), **changes}, None)
     finally:
         shutil.rmtree(lost, ignore_errors=True)
 

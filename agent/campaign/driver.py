@@ -55,13 +55,13 @@ def ws_id(plan: Plan, n: int) -> str:
 def run(s: Settings) -> CampaignOutcome:
     """Run (or resume) the campaign; returns how its pass ended.  Raises :class:`BadInput` for input it cannot
     use (nothing created) and a :class:`StepFailed` for a campaign that cannot go on."""
-    from kinv.agent.investigation import APPROVAL_POLICIES
-    from kinv.agent.tools import bench
+    from kinv.agent.graph import APPROVAL_POLICIES
+    from kinv.agent.tools import backends, bench
 
     if s.approval not in APPROVAL_POLICIES:
         raise BadInput(f"--approval {s.approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}")
-    if s.backend not in bench.BACKENDS:
-        raise BadInput(f"--backend {s.backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
+    if s.backend not in backends.BACKENDS:
+        raise BadInput(f"--backend {s.backend!r} is not valid; use {', '.join(backends.BACKENDS)}")
     from kinv.agent.tools.executor import EXECUTORS
 
     if s.executor not in EXECUTORS:

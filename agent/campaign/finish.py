@@ -7,8 +7,9 @@ import os
 from pathlib import Path
 
 from kinv.agent.campaign.levels import per_level
-from kinv.agent.campaign.results import FINAL, CampaignEnd, n_screened
+from kinv.agent.campaign.results import FINAL, CampaignEnd
 from kinv.agent.ids import state_flag
+from kinv.agent.views import n_screened
 from kinv.kernels.launch_config import describe
 
 SCREENING_SKIPS = ("a screening's short paired rounds decide no verdict (no A/A offsets, no sequential looks, no "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kinv.agent.models import Plan
 from kinv.kernels.errors import CampaignError
-from kinv.kernels.launch_config import config_hash
+from kinv.kernels.launch_config import config_hash, effective
 
 
 def uniform(adapter, config: dict) -> dict:
@@ -15,8 +15,6 @@ def uniform(adapter, config: dict) -> dict:
 
 def per_level(plan: Plan, config: dict) -> dict[str, dict]:
     """level key -> the uniform config that runs there."""
-    from kinv.agent.tools.space import effective
-
     return {lv.key: effective(plan.adapter, config, lv) for lv in plan.levels()}
 
 

@@ -94,9 +94,3 @@ def best_accepted(store, ws: str) -> str | None:
             if eff > best_eff:
                 best, best_eff = e["variant"], eff
     return best
-
-
-def n_screened(step: dict) -> int:
-    """How many candidates a step screened (a count; a state dir written before kept the list itself)."""
-    v = step.get("screened")
-    return v if isinstance(v, int) else len(v or [])

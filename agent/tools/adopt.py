@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kinv.agent.store import Store
-from kinv.kernels.errors import AdoptError, BackendError, BadInput, NoGain
+from kinv.kernels.errors import AdoptError, BadInput, NoGain
 
 
 @dataclass
@@ -51,8 +51,9 @@ def _ab_experiment(store: Store, ws: str, vid: str) -> dict | None:
 def _live(path: Path, kernel: str) -> tuple[dict, dict, str]:
     """The live file as written (its keys in the file's order), validated, and its sha."""
     from kinv.agent.tools import configs
+    from kinv.kernels.launch_config import load_config
 
-    cfg = configs.read_config(path, kernel)
+    cfg = load_config(path, kernel)
     raw = json.loads(path.read_text())
     return raw, cfg, configs.sha(path)
 
@@ -80,7 +81,7 @@ def where_it_won(adapter, raw: dict, live: dict, cand: dict, levels: list, won: 
     """The live file ``raw`` with an override per level in ``won`` that runs the candidate there, put before
     the live file's own overrides (the first match wins); every other key of the live file is kept.  None when
     the candidate runs what the live file runs at every level it won."""
-    from kinv.agent.tools.space import effective
+    from kinv.kernels.launch_config import effective
 
     spec = adapter.spec
     dims, choices = list(spec.override_dims), list(spec.override_choices)
@@ -152,7 +153,7 @@ def prepare(store: Store, ws: str, vid: str, backend: str | None = None, progres
         if exp["verdict"] == "mixed":
             raise BadInput(f"{ws} {vid} is mixed and carries a source patch: a source change applies at every level, "
                            "so it cannot be adopted only where it won; split the patch or tune the levels it lost")
-        from kinv.agent.graph import source_patch_of
+        from kinv.agent.graph_support import source_patch_of
 
         target, src_diff = source_patch_of(adapter, variant)
         verdicts = store.verdicts(exp["id"])
@@ -264,15 +265,17 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
     sequential plan and the workstream's A/A offsets, the sequential A/B with every rule (:func:`sequential.run`).  A finished one of this
     very pair on this backend is re-read, never measured twice; an unfinished one resumes from its rounds.
     Without a recording of the pair on replay (or on any backend failure) it refuses, and nothing is kept."""
-    from kinv.agent.graph import sequential_plan
-    from kinv.agent.tools import bench
+    from kinv.agent.tools import bench, protocol
+    from kinv.agent.tools.backends.base import BackendError
     from kinv.kernels.launch_config import config_hash, describe
 
     if backend is None:
         raise BadInput(f"{ws} {vid} was measured against another baseline than the live file; a confirming A/B "
                        "needs a backend (--backend)")  # fmt: skip
-    if backend not in bench.BACKENDS:
-        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(bench.BACKENDS)}")
+    from kinv.agent.tools import backends
+
+    if backend not in backends.BACKENDS:
+        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(backends.BACKENDS)}")
     try:
         be = bench.get_backend(backend)
     except BackendError as exc:  # no GPU for --backend cuda, no recordings for replay: nothing is measured
@@ -306,7 +309,7 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
 
     try:
         out = sequential.run(store, exp_id, be, plan.kernel, base, var, env=dict(plan.environment), levels=levels,
-                             thresholds=thresholds, seq=sequential_plan(plan), offset_sd=offsets,
+                             thresholds=thresholds, seq=protocol.sequential_plan(plan.stats), offset_sd=offsets,
                              n_variants=len(plan.variants), names=("live", vid), ws=ws,
                              matrix_fallback=get_device(plan.device).matrix_tflops)  # fmt: skip
     except BackendError as exc:
@@ -332,7 +335,7 @@ def apply(store: Store, a: Adoption) -> dict:
     """Write the adoption through the journal (the caller holds the run locks) and mark it final.  On the cuda
     backend the adopted config's samples are saved as a replay recording too."""
     from kinv.agent.tools import configs
-    from kinv.kernels.launch_config import describe
+    from kinv.kernels.launch_config import describe, load_config
 
     if a.live_sha and a.kind != "source" and configs.sha(a.path) != a.live_sha:
         raise AdoptError(f"{a.path} changed since the adoption was measured against it (sha {configs.sha(a.path)}, "
@@ -349,7 +352,7 @@ def apply(store: Store, a: Adoption) -> dict:
     msg.write_text(a.message)
     recording = None
     if a.kind != "source" and (store.experiment(exp_id) or {}).get("backend") == "cuda":
-        recording = str(record_replay(store, exp_id, a.arms, configs.read_config(a.path)))
+        recording = str(record_replay(store, exp_id, a.arms, load_config(a.path)))
     what = (f"confirmed against the file it replaced in experiment {a.confirm['experiment']}" if a.confirm else
             f"measured against the file it replaced in experiment {exp_id}")  # fmt: skip
     store.event(a.ws, "adopted", f"adopted {a.ws} {a.variant} into {a.path.name} (patch #{row['id']}, {what})",
@@ -362,9 +365,9 @@ def apply(store: Store, a: Adoption) -> dict:
 
 
 def recordings_dir() -> Path:
-    from kinv.agent.tools import bench
+    from kinv.agent.tools.backends.base import RECORDINGS
 
-    return Path(os.environ.get("KINV_RECORDINGS") or bench.RECORDINGS)
+    return Path(os.environ.get("KINV_RECORDINGS") or RECORDINGS)
 
 
 def record_replay(store: Store, exp_id: int, arms: dict[str, str], config: dict, directory: Path | None = None) -> Path:
@@ -375,7 +378,7 @@ def record_replay(store: Store, exp_id: int, arms: dict[str, str], config: dict,
     import gzip
     import time
 
-    from kinv.agent.tools import bench
+    from kinv.agent.tools.backends.base import kernel_hash
     from kinv.kernels.launch_config import config_hash, describe
 
     exp = store.experiment(exp_id)
@@ -396,7 +399,7 @@ def record_replay(store: Store, exp_id: int, arms: dict[str, str], config: dict,
         levels.append(lv_key)
     header = {"type": "header", "version": 2, "kernel": adapter.name, "fingerprint": fingerprint,
               "harness_hash": keep[0]["harness_hash"], "reference_hash": keep[0]["reference_hash"],
-              "kernel_hash": bench.kernel_hash(kernel), "env": env.get("seen", {}),
+              "kernel_hash": kernel_hash(kernel), "env": env.get("seen", {}),
               "rounds": max(s["round"] for s in keep) + 1, "aa_rounds": 0, "aa_arms": 0, "level_keys": levels,
               "protocol": f"kinv adopt: the {exp['backend']} A/B of experiment {exp_id}, at each level the arm that "
                           "runs what the adopted config runs there (ABBA, one baseline worker)",

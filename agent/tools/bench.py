@@ -1,9 +1,9 @@
-"""Benchmarks: the facade other code imports (backends, the measurement loops, ``kinv bench`` of a config).
+"""Benchmarks: the backend a run uses (``bench.get_backend``, where a test can stand a backend in for
+another) and ``kinv bench`` of a config.
 
 The backends live in agent/tools/backends/ (one module each, registered by name: cuda, replay, and the Ray
 executor's ray); the rounds, their order and seeds, the paired effects and the GPU-second ledger live in
-agent/tools/protocol.py.  Callers name them through this module (``bench.get_backend``, ``bench.run_aa``),
-so a test can stand a backend in for another here.  Verdicts are decided only by the sequential A/B with
+agent/tools/protocol.py.  Verdicts are decided only by the sequential A/B with
 every rule (agent/tools/sequential.py), which alone runs the round loop's A/B.
 """
 
@@ -13,48 +13,15 @@ import statistics
 from collections.abc import Callable
 
 from kinv.agent.tools import backends
-from kinv.agent.tools.backends import (  # noqa: F401 - re-exported
-    BACKENDS,
-    RECORDINGS,
-    Arm,
-    Backend,
-    gpu_visible,
-    harness_hash,
-    kernel_hash,
-    reference_hash,
-    register_backend,
-)
-from kinv.agent.tools.protocol import (  # noqa: F401 - re-exported
-    ROUND_SEED0,
-    RoundLoop,
-    device_of,
-    open_arms,
-    run_aa,
-    sample_row,
-    stored_rounds,
-)
+from kinv.agent.tools.backends.base import Backend, harness_hash, reference_hash
+from kinv.agent.tools.protocol import RoundLoop, sample_row
 from kinv.kernels.adapter import Level, get_adapter
-from kinv.kernels.errors import BackendError, NoDevice, NoRecording, VariantFailed  # noqa: F401 - used here and by callers not yet moved
 from kinv.kernels.launch_config import describe
-
-_sample_row = sample_row
 
 
 def get_backend(name: str) -> Backend:
     """Resolve ``auto|cuda|replay`` (or any registered backend); auto says which it picked through ``.loud``."""
     return backends.get_backend(name)
-
-
-def __getattr__(name: str):
-    """The backend classes by their old names here (``bench.ReplayBackend``, ``bench.Recording``), imported
-    when first used."""
-    where = {"CudaArm": "cuda", "CudaBackend": "cuda", "ReplayArm": "replay", "ReplayBackend": "replay",
-             "Recording": "replay_index"}.get(name)  # fmt: skip
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"kinv.agent.tools.backends.{where}"), name)
 
 
 def verdict_rows(result) -> list[dict]:

@@ -10,7 +10,8 @@ import os
 import re
 from pathlib import Path
 
-from kinv.kernels.errors import PatchError
+from kinv.kernels.errors import ConfigError, PatchError
+from kinv.kernels.launch_config import config_hash, spec_of, validate_config
 
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -22,8 +23,6 @@ def render_config(config: dict) -> str:
     and :func:`patch_config` edit its own bytes (:func:`edit_config_text`)."""
     names: tuple = ()
     try:
-        from kinv.kernels.launch_config import spec_of
-
         spec = spec_of(config["kernel"])
         config, names = spec.without_defaults(config), spec.names
     except (KeyError, ImportError, ValueError, TypeError, AttributeError):
@@ -75,8 +74,7 @@ def edit_config_text(old_text: str, new_config: dict, kernel: str | None = None)
       the measured one (its hash, its recordings), which is exactly what must not change.
     - A file that is not a JSON object is replaced by :func:`render_config` of ``new_config``.
     """
-    from kinv.kernels.errors import ConfigError
-    from kinv.kernels.launch_config import config_hash, spec_of, validate_config
+    from kinv.kernels.launch_config import spec_of
 
     try:
         old = json.loads(old_text)

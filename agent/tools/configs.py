@@ -30,13 +30,12 @@ from typing import TYPE_CHECKING
 from kinv.agent import faults
 from kinv.agent.tools.config_text import (  # noqa: F401 - kinv.agent.tools.configs keeps exporting them
     apply_unified_diff,
-    config_diff,
     diff_text,
     edit_config_text,
     render_config,
 )
 from kinv.kernels.errors import ConfigError, LockedElsewhere, PatchError, RevertError
-from kinv.kernels.launch_config import load_config, validate_config
+from kinv.kernels.launch_config import validate_config
 
 if TYPE_CHECKING:
     from kinv.agent.store import Store
@@ -174,11 +173,6 @@ def write_config(path: str | os.PathLike, config: dict) -> None:
         _atomic_write(path, edit_config_text(path.read_bytes().decode("utf-8", errors="replace"), config).encode())
     else:
         _atomic_write(path, render_config(config).encode())
-
-
-def read_config(path: str | os.PathLike, kernel: str | None = None) -> dict:
-    """Read and validate a config file (ConfigError names the file and the field)."""
-    return load_config(path, kernel)
 
 
 # --------------------------------------------------------------------------- #
@@ -507,9 +501,6 @@ def recover(store: Store) -> list[dict]:
 __all__ = [
     "apply_unified_diff",
     "backup",
-    "config_diff",
-    "diff_text",
-    "edit_config_text",
     "edit_diff",
     "file_of_record",
     "keep_record",
@@ -517,9 +508,7 @@ __all__ = [
     "patch_config",
     "patch_source",
     "plan_config_edit",
-    "read_config",
     "recover",
-    "render_config",
     "restore_file_of_record",
     "revert",
     "sha",

@@ -217,7 +217,7 @@ def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None,
     from kinv.agent.tools import configs
     from kinv.kernels.adapter import get_adapter, registered
     from kinv.kernels.errors import ConfigError, UnknownKernelError
-    from kinv.kernels.launch_config import config_hash
+    from kinv.kernels.launch_config import config_hash, load_config
 
     exps = {e["id"]: e for e in experiments or []}
     measured = {e["workstream"]: e["config_hash"] for e in experiments or [] if e["kind"] == "baseline"}
@@ -251,7 +251,7 @@ def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None,
                 out.append(Finding(f"config {name}", "bad", f"{path} is missing", "kinv revert --to-plan PLAN"))
             continue
         try:
-            cfg = configs.read_config(path, name)
+            cfg = load_config(path, name)
         except (ConfigError, ValueError) as exc:
             out.append(Finding(f"config {name}", "bad", f"{path} is invalid: {exc}", "kinv revert --to-plan PLAN"))
             continue

@@ -48,7 +48,7 @@ class RayExecutor:
             import ray
         except ImportError:
             raise ExecutorError("--executor ray needs Ray: pip install -e '.[ray]'") from None
-        from kinv.agent.tools import bench
+        from kinv.agent.tools.backends import base
 
         self.ray = ray
         self.started_here = not ray.is_initialized()
@@ -67,7 +67,7 @@ class RayExecutor:
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 raise ExecutorError(f"cannot start or reach the Ray cluster ({address or 'local'}): "
                                     f"{str(exc).splitlines()[0]}") from None  # fmt: skip
-        live = backend == "cuda" or (backend == "auto" and bench.gpu_visible())
+        live = backend == "cuda" or (backend == "auto" and base.gpu_visible())
         gpus = int(ray.cluster_resources().get("GPU", 0))
         if live:
             n = actors or gpus

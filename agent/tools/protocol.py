@@ -4,14 +4,14 @@ One module owns what a live investigation, ``kinv bench``, ``kinv noise``, a cam
 executor and the recorder (benchmarks/record.py) must agree on, so that a replayed measurement sees the
 statistics a live one does:
 
-* **rounds and seeds**: round r of every arm draws its inputs from :func:`round_seed` (r), so the data are
+* **rounds and seeds**: round r of every arm draws its inputs from :func:`backends.base.round_seed` (r), so the data are
   common to a round's arms (and cancel in its paired log-ratio); the memory placement is each arm's own,
   re-drawn every sample;
 * **arm order**: two arms alternate in ABBA order (:func:`kinv.agent.stats.abba_order`), more arms are
   rotated by the round (:func:`rotated`); :func:`round_order` picks the order of a round;
 * **paired effects with intervals**: the sequential A/B (:func:`run_ab`, agent.stats.run_sequential) and a
   screening's estimate (:func:`screen_effect`) use one estimator, agent.stats.paired_effect;
-* **outliers**: an A/A's outlier samples are winsorized by agent.stats.aa_noise, and the paired
+* **outliers**: an A/A's outlier samples are winsorized by agent.noise.aa_noise, and the paired
   estimator is robust to the rest (Hodges-Lehmann from 12 rounds on);
 * **the round loop**: :class:`RoundLoop` takes every round of every measurement (the A/A, the A/B, a screening's
   shard, ``kinv bench`` of a config, the recorder);
@@ -31,24 +31,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kinv.agent import stats
+from kinv.agent import noise, stats
 from kinv.agent.tools.backends.base import Arm, Backend, harness_hash, reference_hash
 from kinv.kernels.adapter import Level
-
-ROUND_SEED0 = 1000
-"""Round r of every arm draws its inputs from seed ROUND_SEED0 + r: the data are common to a round's arms
-(and cancel in its paired log-ratio); the memory placement is each arm's own, re-drawn every round."""
-
 
 LOST_SHARE = 0.25
 """The share of a level's rounds an arm may lose (a command that failed, hung or printed no metric) before it fails."""
 LOST_MIN = 3
 """An arm fails for lost samples only once it has lost at least this many at a level."""
-
-
-def round_seed(round_index: int) -> int:
-    """The input seed of round ``round_index``, the same for every arm of the round."""
-    return ROUND_SEED0 + round_index
 
 
 def rotated(items: Sequence, round_index: int) -> list:
@@ -122,7 +112,7 @@ def noise_bands(plan, levels: list[Level], acc: dict[str, list[list[float]]]) ->
     """The A/A's analysis at each level (agent.noise.aa_noise: outliers winsorized, the arm offset tested)
     at the plan's thresholds, round cap and per-look confidence; ``acc`` is what :func:`run_aa` returned."""
     s, look = plan.stats, look_conf(plan)
-    return [stats.aa_noise(acc[lv.key], lv.key, s.threshold_at(lv.label), s.max_rounds, look) for lv in levels]
+    return [noise.aa_noise(acc[lv.key], lv.key, s.threshold_at(lv.label), s.max_rounds, look) for lv in levels]
 
 
 def screen_effect(base_us: Sequence[float], cand_us: Sequence[float], level: str,

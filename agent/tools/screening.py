@@ -65,7 +65,9 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
     whose worker fails is dropped from the shard, failed with the reason.
     """
     from kinv.agent.tools import bench
+    from kinv.agent.tools.backends.base import harness_hash, reference_hash
     from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.errors import NoRecording, VariantFailed
 
     _fault("screen", where)
     be = bench.get_backend(backend)
@@ -79,7 +81,7 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
             for lv in lvs:
                 arm.setup(lv)
             return arm, None
-        except (bench.VariantFailed, bench.NoRecording) as exc:  # replay has no recording of it: not measured
+        except (VariantFailed, NoRecording) as exc:  # replay has no recording of it: not measured
             return None, str(exc)
 
     names = [("incumbent", incumbent)] + [(f"C:{h}", cfg) for h, cfg in candidates.items()]
@@ -97,7 +99,7 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
             else:
                 keys.append(h)
                 arms.append(arm)
-        hashes = (bench.harness_hash(), bench.reference_hash(kernel))
+        hashes = (harness_hash(), reference_hash(kernel))
         times = {h: {lv.key: ([], []) for lv in lvs} for h in keys[1:]}  # (incumbent, candidate) per paired round
 
         def sample_round(arms_now, levels, round_index, orders):
@@ -110,7 +112,7 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
                         continue
                     try:
                         out[lv.key][j] = arms_now[j].sample(lv, round_index)
-                    except bench.VariantFailed as exc:
+                    except VariantFailed as exc:
                         if j == 0:
                             raise IncumbentFailed(f"the incumbent's worker failed on {where}: {exc}") from None
                         failed[keys[j]] = str(exc)

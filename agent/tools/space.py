@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 
 from kinv.kernels.errors import ConfigError
-from kinv.kernels.launch_config import config_hash, describe
+from kinv.kernels.launch_config import config_hash
 
 
 def space_configs(plan, names: list[str] | None = None, around: dict | None = None) -> list[dict]:
@@ -40,13 +40,3 @@ def feasibility(plan, config: dict) -> tuple[bool, str]:
 
     a = resources.assess(plan.adapter, config, plan.levels(), get_device(plan.device))
     return a["feasible"], a["reason"]
-
-
-def effective(adapter, config: dict, level) -> dict:
-    """The uniform config that runs at ``level`` (a level-conditional config resolved there)."""
-    params = adapter.params_for(config, level)
-    return adapter.validate_config({**dict(params), "kernel": adapter.name})
-
-
-def label(config: dict) -> str:
-    return describe(config)

@@ -16,8 +16,9 @@ import threading
 import time
 
 from kinv.agent import faults, signals
+from kinv.agent.tools.bench_worker import kernel_source_hash
 from kinv.agent.tools.worker_client import WorkerProcess
-from kinv.kernels.adapter import import_path
+from kinv.kernels.adapter import get_adapter, import_path
 from kinv.kernels.errors import WorkerCrashed, WorkerError
 
 log = logging.getLogger(__name__)
@@ -131,9 +132,8 @@ atexit.register(close_at_exit)
 def worker_key(kernel: str, env: dict[str, str], pythonpath: list[str] | None) -> tuple:
     """What a worker's start fixes, and a later request must share to take it: the environment, the folders in
     front of kinv on its import path (a baseline snapshot, a plugin's folder) and the kernel's source on disk."""
-    from kinv.agent.tools.backends.base import kernel_hash
-
-    return (tuple(sorted(env.items())), tuple(pythonpath or ()), tuple(import_path()), kernel_hash(kernel))
+    return (tuple(sorted(env.items())), tuple(pythonpath or ()), tuple(import_path()),
+            kernel_source_hash(get_adapter(kernel)))
 
 
 def check_in_worker(pool: WorkerPool, kernel: str, config: dict, levels: list, *, seed: int, device: str,

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from kinv.agent.store import Store
-from kinv.agent.tools import configs
+from kinv.agent.tools import config_text, configs
 from kinv.kernels.errors import PatchError, RevertError
+from kinv.kernels.launch_config import load_config
 from tests.utils import write_seed_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,9 +52,9 @@ def base_cfg(path) -> dict:
 
 def test_an_edit_to_the_same_config_keeps_the_real_file_byte_for_byte_and_a_new_file_is_in_declared_order():
     text = REAL_CONFIG.read_text()
-    assert configs.edit_config_text(text, configs.read_config(REAL_CONFIG)) == text
+    assert config_text.edit_config_text(text, load_config(REAL_CONFIG)) == text
     shuffled = {"num_stages": 2, "BLOCK_T": 16, "kernel": "mla_decode", "num_warps": 4, "BLOCK_H": 16}
-    assert list(json.loads(configs.render_config(shuffled))) == ["kernel", "BLOCK_T", "BLOCK_H", "num_warps",
+    assert list(json.loads(config_text.render_config(shuffled))) == ["kernel", "BLOCK_T", "BLOCK_H", "num_warps",
                                                                  "num_stages"]  # fmt: skip
 
 
@@ -115,6 +116,7 @@ def test_recover_after_a_crash_mid_patch(store, cfg_path, state_dir):
         import os, sys
         from kinv.agent.store import Store
         from kinv.agent.tools import configs
+        from kinv.agent.tools import config_text
         real = os.replace
         def crash(src, dst):
             real(src, dst)
@@ -174,9 +176,9 @@ def test_revert_refuses_a_corrupt_backup(store, cfg_path):
     assert store.dangling_patches()[0]["id"] == row["id"]  # still dangling: nothing claimed it was reverted
 
 
-def test_config_diff_and_read_config(cfg_path):
-    old = configs.read_config(cfg_path, "mla_decode")
-    d = configs.config_diff(old, {**old, "num_stages": 3}, "kernels/configs/mla_decode.json")
+def test_config_diff_of_a_read_config(cfg_path):
+    old = load_config(cfg_path, "mla_decode")
+    d = config_text.config_diff(old, {**old, "num_stages": 3}, "kernels/configs/mla_decode.json")
     assert d.startswith("--- a/kernels/configs/mla_decode.json\n+++ b/kernels/configs/mla_decode.json\n")
     assert '-  "num_stages": 2\n+  "num_stages": 3\n' in d
 
@@ -187,7 +189,7 @@ def test_config_diff_and_read_config(cfg_path):
 def test_source_patch_applies_and_reverts(store, src_path):
     before = src_path.read_bytes()
     new = SOURCE.replace("b = a * 2", "b = a * 3").replace("return 0", "return 1")
-    diff = configs.diff_text(SOURCE, new, "kern.py")
+    diff = config_text.diff_text(SOURCE, new, "kern.py")
     row = configs.patch_source(store, src_path, diff, WS)
     assert src_path.read_text() == new
     assert row["state"] == "applied" and row["kind"] == "source" and row["diff"] == diff
@@ -198,7 +200,7 @@ def test_source_patch_applies_and_reverts(store, src_path):
 def test_source_patch_without_trailing_newline_and_insertions():
     old = "a\nb\nc"
     for new in ("a\nb\nc\n", "x\na\nb\nc", "a\nb\nc\nd", "a\nc", ""):
-        assert configs.apply_unified_diff(old, configs.diff_text(old, new, "f.txt"), "f.txt") == new
+        assert config_text.apply_unified_diff(old, config_text.diff_text(old, new, "f.txt"), "f.txt") == new
 
 
 def test_bad_hunk_is_refused_and_changes_nothing(store, src_path):
@@ -206,7 +208,7 @@ def test_bad_hunk_is_refused_and_changes_nothing(store, src_path):
     diff = "--- a/kern.py\n+++ b/kern.py\n@@ -2,2 +2,2 @@\n     a = x + 2\n-    b = a * 2\n+    b = a * 3\n"
     with pytest.raises(PatchError, match=r"^hunk 1 does not apply at line 2 of .*kern\.py$"):
         configs.patch_source(store, src_path, diff, WS)
-    second = configs.diff_text(SOURCE, SOURCE.replace("return 0", "return 1"), "kern.py").replace(
+    second = config_text.diff_text(SOURCE, SOURCE.replace("return 0", "return 1"), "kern.py").replace(
         "return 0", "return 9"
     )
     first = "--- a/kern.py\n+++ b/kern.py\n@@ -1,1 +1,1 @@\n-def f(x):\n+def f(y):\n"
@@ -228,7 +230,7 @@ def test_malformed_diffs_are_refused(store, src_path, diff, msg):
 
 
 def test_source_patch_that_breaks_python_is_refused(store, src_path):
-    diff = configs.diff_text(SOURCE, SOURCE.replace("return b", "return b)"), "kern.py")
+    diff = config_text.diff_text(SOURCE, SOURCE.replace("return b", "return b)"), "kern.py")
     with pytest.raises(PatchError, match="not valid Python: line 4"):
         configs.patch_source(store, src_path, diff, WS)
     assert src_path.read_text() == SOURCE and store.patches() == []

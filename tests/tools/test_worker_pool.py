@@ -78,7 +78,7 @@ def test_arms_of_one_backend_reuse_a_worker_and_a_patched_source_gets_a_new_one(
     assert b.worker_pid == pid and b.reused
     assert b.setup(level)["correct"]
     b.close()
-    monkeypatch.setenv(cuda.REUSE_ENV, "0")
+    monkeypatch.setenv(worker_pool.REUSE_ENV, "0")
     c = CudaBackend().open("C", "mla_decode", cfg, {})
     assert c.worker_pid != pid and not c.reused
     c.close()

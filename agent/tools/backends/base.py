@@ -8,10 +8,10 @@ The arm contract, which every backend honours (cuda, replay, ray):
 * ``Arm.setup(level)`` prepares a level and returns its set-up record: at least ``correct`` and
   ``derived_env``; it raises :class:`VariantFailed` when the variant crashes or is incorrect there;
 * ``Arm.sample(level, round_index)`` returns one sample: at least ``us``, ``replays`` and ``gpu_s``; round r
-  draws its inputs from :func:`kinv.agent.tools.protocol.round_seed` (r);
+  draws its inputs from :func:`round_seed` (r);
 * ``Arm.close()`` stops what the arm started.
 
-The rounds, their order and their seeds belong to the measurement protocol (agent/tools/protocol.py), not
+The rounds and their order belong to the measurement protocol (agent/tools/protocol.py), not
 to a backend; a backend only says how one round is timed (:meth:`Backend.sample_round`).
 """
 
@@ -27,6 +27,15 @@ from kinv.kernels.adapter import KERNELS_DIR, Level, get_adapter
 from kinv.kernels.launch_config import config_hash
 
 RECORDINGS = KERNELS_DIR / "recordings"
+
+ROUND_SEED0 = 1000
+"""Round r of every arm draws its inputs from seed ROUND_SEED0 + r: the data are common to a round's arms
+(and cancel in its paired log-ratio); the memory placement is each arm's own, re-drawn every round."""
+
+
+def round_seed(round_index: int) -> int:
+    """The input seed of round ``round_index``, the same for every arm of the round."""
+    return ROUND_SEED0 + round_index
 
 def harness_hash() -> str:
     """Hash of the timing harness (the worker's own file)."""

@@ -7,10 +7,15 @@ import logging
 import time
 from pathlib import Path
 
-from kinv.agent.tools import protocol
-from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, gpu_visible
+from kinv.agent.tools.backends.base import (
+    RECORDINGS,
+    Arm,
+    Backend,
+    gpu_visible,
+    round_seed,
+)
 from kinv.agent.tools.worker_client import WorkerProcess
-from kinv.agent.tools.worker_pool import MAX_IDLE, POOL, REUSE_ENV, WorkerPool, check_in_worker, reuse, worker_key
+from kinv.agent.tools.worker_pool import POOL, WorkerPool, reuse, worker_key
 from kinv.kernels.adapter import Level
 from kinv.kernels.errors import Incorrect, JudgeFailed, NoDevice, Tampered, VariantFailed, WorkerCrashed, WorkerError
 
@@ -104,7 +109,7 @@ class CudaArm(Arm):
         s = self.setups.get(level.key) or self.setup(level)
         t0 = time.perf_counter()
         try:
-            r = self.worker.request("sample", key=s["key"], seed=protocol.round_seed(round_index))
+            r = self.worker.request("sample", key=s["key"], seed=round_seed(round_index))
         except (WorkerCrashed, WorkerError) as exc:
             raise self._fail(f"{self.name} failed while sampling {level.key}: {exc}") from None
         r["request_wall_s"] = time.perf_counter() - t0
@@ -247,4 +252,4 @@ class CudaBackend(Backend):
         return self._copy
 
 
-__all__ = ["MAX_IDLE", "POOL", "REUSE_ENV", "CudaArm", "CudaBackend", "WorkerPool", "check_in_worker", "worker_key"]
+__all__ = ["CudaArm", "CudaBackend"]

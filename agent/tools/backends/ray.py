@@ -81,10 +81,10 @@ class RayBackend(Backend):
     """
 
     def __init__(self, ex):
-        from kinv.agent.tools import bench
+        from kinv.agent.tools import backends
 
         self.ex = ex
-        self.inner = bench.get_backend(ex.backend)  # the driver's view: name, copy bandwidth, description
+        self.inner = backends.get_backend(ex.backend)  # the driver's view: name, copy bandwidth, description
         self.name, self.loud = self.inner.name, self.inner.loud
         self.arms: dict[int, RemoteArm] = {}
         self.owner: dict[str, int] = {}
@@ -103,7 +103,7 @@ class RayBackend(Backend):
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant", judge_path=None):
         from pathlib import Path
 
-        from kinv.agent.tools import bench
+        from kinv.agent.tools.backends import base
         from kinv.agent.tools.snapshot import package_files
         from kinv.kernels.adapter import get_adapter
 
@@ -111,7 +111,7 @@ class RayBackend(Backend):
         if pythonpath:  # the baseline snapshot: its directory is named by its source hash
             src, src_hash = Path(pythonpath[0]) / Path(*adapter.package_name().split(".")), Path(pythonpath[0]).name
         else:
-            src, src_hash = adapter.package_dir(), bench.kernel_hash(kernel)
+            src, src_hash = adapter.package_dir(), base.kernel_hash(kernel)
         spec = {"name": name, "kernel": kernel, "config": config, "env": dict(env), "replica": replica,
                 "partner": partner, "role": role, "files": package_files(src), "src_hash": src_hash,
                 "package": adapter.package_name(), "snapshot_arm": bool(pythonpath)}  # fmt: skip

@@ -15,7 +15,7 @@ from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, kernel_hash
 from kinv.agent.tools.backends.replay_index import Recording
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.errors import BackendError, NoRecording
-from kinv.kernels.launch_config import config_hash, describe
+from kinv.kernels.launch_config import config_hash, describe, effective
 
 COMPILED = "compiled.json"  # beside the recordings: {kernel: {config hash: {level key: compiled figures}}}
 PROFILES = "profiles.json"  # beside the recordings: {kernel: {config hash: {level key: profile figures}}}
@@ -143,8 +143,6 @@ class ReplayBackend(Backend):
             if not config.get("overrides") and not (partner or {}).get("overrides"):
                 raise
         # a level-conditional config: at each level the sweep's worker of the config that runs there
-        from kinv.agent.tools.space import effective
-
         adapter = get_adapter(kernel)
 
         def slot_at(level: Level):
