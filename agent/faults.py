@@ -18,7 +18,7 @@ first call, so an unset hook costs one dict lookup):
     test harness resumes it with ``SIGCONT``): a writer frozen at a known
     point, outside any transaction, for the concurrency tests.
 
-Used by tests/test_crash.py, tests/test_concurrency.py and
+Used by tests/agent/workstream/test_crash.py, tests/agent/cli/test_concurrency.py and
 benchmarks/crash_harness.py.
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import signal
 
-from kinv.kernels.errors import BadInput
+from kinv.agent.errors import BadInput
 
 _config: tuple[int, str | None, str | None] | None = None
 _count = 0

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from kinv.kernels.errors import Interrupted
+from kinv.agent.errors import Interrupted
 
 ROUTED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 AGAIN_S = 2.0  # while kinv exits: a signal this long after the first ends a hung exit at once, with its exit code

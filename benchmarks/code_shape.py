@@ -26,30 +26,26 @@ from collections import defaultdict
 # The floors, top to bottom, as path prefixes relative to the repository root. A module may import from its
 # own floor and the floors below it. A later move of files into new folders updates this table.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("cli", ("agent/cli.py", "agent/commands/", "agent/mcp_server.py")),
+    ("cli", ("agent/cli/",)),
     ("campaign", ("agent/campaign/",)),
-    ("workstream", ("agent/investigation.py", "agent/graph.py")),
-    ("workstream parts", ("agent/graph_support.py", "agent/tools/adopt.py")),
-    ("report", ("agent/report.py", "agent/summary.py", "agent/render.py", "agent/views.py",
-                "agent/todo_export.py")),
-    ("planner", ("agent/planner.py",)),
-    ("measure", ("agent/tools/protocol.py", "agent/tools/sequential.py", "agent/tools/bench.py",
-                 "agent/tools/screening.py", "agent/tools/executor.py", "agent/tools/placement.py",
-                 "agent/tools/plausibility.py", "agent/noise.py")),
+    ("workstream", ("agent/workstream/investigation.py", "agent/workstream/graph.py")),
+    ("workstream parts", ("agent/workstream/context.py", "agent/workstream/adopt.py", "agent/workstream/collect.py")),
+    ("report", ("agent/report/", "agent/plan_reference.py")),
+    ("planner", ("agent/workstream/planner.py",)),
+    ("measure", ("agent/tools/measure/protocol.py", "agent/tools/measure/sequential.py", "agent/tools/measure/bench.py",
+                 "agent/tools/measure/screening.py", "agent/tools/measure/executor.py",
+                 "agent/tools/measure/placement.py", "agent/tools/measure/plausibility.py",
+                 "agent/tools/measure/noise.py")),
     ("backends", ("agent/tools/backends/",)),
-    ("worker", ("agent/tools/bench_worker.py", "agent/tools/worker_pool.py")),
-    ("checks and figures", ("agent/stats.py", "agent/tools/correctness.py", "agent/tools/judge.py",
-                            "agent/tools/envcheck.py", "agent/tools/resources.py", "agent/tools/profile.py",
-                            "agent/tools/profile_target.py", "agent/tools/space.py",
-                            "agent/tools/worker_client.py")),
-    ("files", ("agent/tools/configs.py", "agent/tools/config_text.py", "agent/tools/snapshot.py",
-               "agent/tools/doctor.py")),
+    ("worker", ("agent/tools/worker/bench_worker.py", "agent/tools/worker/pool.py")),
+    ("checks and figures", ("agent/tools/measure/", "agent/tools/worker/client.py")),
+    ("files", ("agent/tools/files/",)),
     ("store", ("agent/store/",)),
-    ("plan", ("agent/models.py",)),
+    ("plan", ("agent/plan.py",)),
     ("kernel interface", ("kernels/adapter.py", "kernels/launch_config.py", "kernels/tunables.py", "kernels/quick.py",
                           "kernels/command_adapter.py", "kernels/devices.py", "kernels/hashes.py")),
-    ("errors, words, ids", ("kernels/errors.py", "agent/enums.py", "agent/ids.py", "agent/logs.py",
-                            "agent/signals.py", "agent/faults.py")),
+    ("errors, words, ids", ("agent/errors.py", "agent/words.py", "agent/ids.py", "agent/logs.py", "agent/signals.py",
+                            "agent/faults.py", "agent/fmt.py")),
 ]
 
 # the product's packages: folder -> the dotted name it installs as
@@ -68,7 +64,7 @@ def py_files(root: str) -> list[str]:
 
 
 def module_name(path: str) -> str | None:
-    """The dotted name a product file imports as (``agent/tools/bench.py`` -> ``kinv.agent.tools.bench``)."""
+    """The dotted name a product file imports as (``agent/tools/measure/bench.py`` -> ``kinv.agent.tools.measure.bench``)."""
     top = path.split("/", 1)[0]
     if top not in PACKAGES:
         return None
@@ -162,7 +158,7 @@ def load(root: str) -> tuple[dict[str, Module], dict[str, int]]:
                 if not src:
                     continue
                 for a in node.names:
-                    # `from kinv.agent import graph` imports the module kinv.agent.graph
+                    # `from kinv.agent.workstream import graph` imports the module kinv.agent.workstream.graph
                     t = target(f"{src}.{a.name}") if f"{src}.{a.name}" in by_name else target(src)
                     if t:
                         mod.edges.add(t)

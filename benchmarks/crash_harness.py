@@ -7,7 +7,7 @@ patched source are byte-identical to the baseline; the journal has no
 dangling entry; no committed sample is lost; the investigation finishes with
 the same verdicts as an uninterrupted run."
 
-How (the fault points are in agent/faults.py, agent/store/, agent/tools/configs.py):
+How (the fault points are in agent/faults.py, agent/store/, agent/tools/files/configs.py):
 
 1. A reference run of a small copy of the 3a plan (levels 1 and 96, short
    stats) in a fresh state counts its fault points M (KINV_COUNT_POINTS) and
@@ -116,7 +116,7 @@ class Investigation:
         self.runs = 0
 
     def kinv(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "kinv.agent.cli", *args], env=self.env, cwd=self.code,
+        return subprocess.run([sys.executable, "-m", "kinv.agent.cli.app", *args], env=self.env, cwd=self.code,
                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
 
     def start(self, crash_at: int | None = None, stop_at: str | None = None) -> tuple[subprocess.Popen, Path, Path]:
@@ -130,7 +130,7 @@ class Investigation:
         if stop_at:
             env["KINV_STOP_AT"] = stop_at
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli", "run", str(self.plan), "--backend", "replay",
+            proc = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli.app", "run", str(self.plan), "--backend", "replay",
                                      "--approval", "auto"], env=env, cwd=self.code, stdout=out,
                                     stderr=subprocess.STDOUT)  # fmt: skip
         return proc, points, log

@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinv.agent.tools import protocol  # noqa: E402
 from kinv.agent.tools.backends.base import round_seed  # noqa: E402
-from kinv.agent.tools.worker_client import WorkerProcess  # noqa: E402
+from kinv.agent.tools.measure import protocol  # noqa: E402
+from kinv.agent.tools.worker.client import WorkerProcess  # noqa: E402
 
 
 def gpu_count() -> int:
@@ -51,7 +51,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from kinv.agent.models import load_plan
+    from kinv.agent.plan import load_plan
 
     plan = load_plan(args.plan)[0]
     cfg = {**plan.baseline, "kernel": plan.adapter.name}

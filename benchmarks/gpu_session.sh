@@ -30,18 +30,18 @@ fi
 if [ -n "$CAMPAIGN" ]; then
   # campaign #7, live; cut at ${CAMPAIGN_S:-540} s by SIGINT (it restores every file and resumes later)
   CS=/tmp/kinv-campaign; rm -rf "$CS"
-  /usr/bin/time -f "campaign wall %e s" timeout -s INT "${CAMPAIGN_S:-540}" python3 -m kinv.agent.cli campaign \
+  /usr/bin/time -f "campaign wall %e s" timeout -s INT "${CAMPAIGN_S:-540}" python3 -m kinv.agent.cli.app campaign \
     plans/7-decode-ceiling.yaml --backend cuda --approval auto --state-dir "$CS" 2>&1 | grep -v "\] round" | tail -40
-  timeout -s INT 30 python3 -m kinv.agent.cli campaign plans/7-decode-ceiling.yaml --backend cuda --approval auto --state-dir "$CS" \
+  timeout -s INT 30 python3 -m kinv.agent.cli.app campaign plans/7-decode-ceiling.yaml --backend cuda --approval auto --state-dir "$CS" \
     --json > "$OUT/campaign-live.json" 2>/dev/null || true
-  python3 -m kinv.agent.cli status --state-dir "$CS" | head -60
+  python3 -m kinv.agent.cli.app status --state-dir "$CS" | head -60
   tar czf "$OUT/campaign-state.tgz" -C "$CS" . ; git diff --stat kernels/configs
 fi
 for plan in ${PLANS:-3a-attention-occupancy 3c-null-batch-aware 6a-fault-drill 6b-source-null}; do
   [ "$plan" = none ] && continue
-  /usr/bin/time -f "wall %e s" python3 -m kinv.agent.cli run plans/$plan.yaml --backend cuda --approval auto \
+  /usr/bin/time -f "wall %e s" python3 -m kinv.agent.cli.app run plans/$plan.yaml --backend cuda --approval auto \
     --state-dir "$ST" 2>&1 | grep -v "\] round" | tail -16
 done
-for ws in 3a 3c 6a 6b; do python3 -m kinv.agent.cli experiments $ws --state-dir "$ST" 2>/dev/null; done
+for ws in 3a 3c 6a 6b; do python3 -m kinv.agent.cli.app experiments $ws --state-dir "$ST" 2>/dev/null; done
 cp "$ST"/reports/* "$OUT"/ 2>/dev/null; cp "$ST/kinv.db" "$OUT/kinv-h200.db"
 git status --short kernels plans

@@ -28,7 +28,7 @@ async def measure(state: Path, calls: int) -> dict:
     from mcp.client.stdio import stdio_client
 
     env = dict(os.environ, KINV_FORCE_NO_GPU="1")
-    params = StdioServerParameters(command=sys.executable, args=["-m", "kinv.agent.cli", "mcp", "--state-dir", str(state)],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kinv.agent.cli.app", "mcp", "--state-dir", str(state)],
                                    env=env, cwd=str(ROOT))  # fmt: skip
     out = {}
     async with stdio_client(params) as (read, write):
@@ -60,7 +60,7 @@ def main() -> int:
     if not (state / "kinv.db").exists():
         cfg = Path(tempfile.mkdtemp(prefix="kinv-cfg-"))
         (cfg / "mla_decode.json").write_bytes((ROOT / "kernels" / "configs" / "mla_decode.json").read_bytes())
-        subprocess.run([sys.executable, "-m", "kinv.agent.cli", "run", "plans/3a-attention-occupancy.yaml", "--backend",
+        subprocess.run([sys.executable, "-m", "kinv.agent.cli.app", "run", "plans/3a-attention-occupancy.yaml", "--backend",
                         "replay", "--approval", "auto", "--state-dir", str(state)], cwd=ROOT, check=True,
                        env=dict(os.environ, KINV_FORCE_NO_GPU="1", TRITON_INTERPRET="1", KINV_CONFIG_DIR=str(cfg)),
                        stdout=subprocess.DEVNULL)  # fmt: skip

@@ -9,7 +9,7 @@
     python benchmarks/mla_ceiling.py --grid small --batches 1,8 --out ...  # batch 1 and 8, one override at a time
 
 Standard library + the worker (torch, triton) only, so it runs on the GPU machine as it is.  Every figure
-comes from ``agent/tools/bench_worker.py`` (correctness on fresh random inputs with the output poisoned,
+comes from ``agent/tools/worker/bench_worker.py`` (correctness on fresh random inputs with the output poisoned,
 then CUDA-graph replay with L2 rotated); the copy bandwidth is measured in the same run.  Configs are first
 compiled by ``--jobs`` workers side by side (Triton's cache keeps the binaries), then timed by one worker,
 one config at a time, so no two kernels ever share the GPU while timed.
@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinv.agent.tools.worker_client import WorkerProcess  # noqa: E402
-from kinv.kernels.errors import WorkerError  # noqa: E402
+from kinv.agent.errors import WorkerError  # noqa: E402
+from kinv.agent.tools.worker.client import WorkerProcess  # noqa: E402
 
 # the goal's levels: both shapes at context 4096 and 16384, batch >= 32 for bandwidth,
 # and batch 8, and batch 1 for latency

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> int:
     import torch
 
-    from kinv.agent.tools import correctness
+    from kinv.agent.tools.measure import correctness
     from kinv.kernels.adapter import get_adapter
     from kinv.kernels.launch_config import describe, load_config
 

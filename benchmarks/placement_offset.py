@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinv.agent.tools.worker_client import WorkerProcess  # noqa: E402
+from kinv.agent.tools.worker.client import WorkerProcess  # noqa: E402
 
 BASELINE = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
 

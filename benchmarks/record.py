@@ -3,11 +3,11 @@
     python benchmarks/record.py --plan plans/3a-attention-occupancy.yaml --plan plans/3b-tile-shape.yaml \
         --rounds 32 --aa-rounds 16 --out kernels/recordings/h200/mla_decode-v4flash.jsonl.gz
 
-The recording follows the protocol of a live investigation (agent/tools/protocol.py), so a replayed
+The recording follows the protocol of a live investigation (agent/tools/measure/protocol.py), so a replayed
 investigation sees the same statistics as a live one:
 
 * every sample re-sets its arm (fresh inputs, outputs and scratch at a new placement, the graph
-  captured again; agent/tools/bench_worker.py), so rounds are independent replicates;
+  captured again; agent/tools/worker/bench_worker.py), so rounds are independent replicates;
 * each variant is paired with a baseline worker of its own ("independent baseline rounds per
   variant"): round r of pair V holds the baseline and V timed back to back, in ABBA order;
 * the A/A has ``--aa-arms`` baseline workers, all timed in every round;
@@ -36,16 +36,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinv.agent.tools import protocol  # noqa: E402
 from kinv.agent.tools.backends.base import round_seed  # noqa: E402
-from kinv.agent.tools.worker_client import WorkerProcess  # noqa: E402
+from kinv.agent.tools.measure import protocol  # noqa: E402
+from kinv.agent.tools.worker.client import WorkerProcess  # noqa: E402
 from kinv.kernels.launch_config import config_hash, describe  # noqa: E402
 
 
 def from_plans(paths: list[str]):
     """(kernel ref, adapter, baseline, {variant title: config}, levels, env) from one or more plans of one
     kernel and baseline (every config-only variant; source patches are measured live, never replayed)."""
-    from kinv.agent.models import load_plan
+    from kinv.agent.plan import load_plan
 
     plans = [load_plan(p)[0] for p in paths]
     first = plans[0]
@@ -197,8 +197,8 @@ def write(out: str, lines: list[dict], resources: list[dict], t0: float) -> int:
 
 def record_sweep(args) -> int:
 
-    from kinv.agent.models import load_plan
-    from kinv.agent.tools.space import feasibility, space_configs
+    from kinv.agent.plan import load_plan
+    from kinv.agent.tools.measure.space import feasibility, space_configs
 
     plan = load_plan(args.sweep)[0]
     if plan.campaign is None:
@@ -214,12 +214,12 @@ def record_configs(args) -> int:
     """A sweep of the uniform configs that the given config files run at each level of one plan.
 
     A level-conditional config (one with ``overrides``) is served by the replay backend level by level from
-    the sweep's worker of the config that runs there (agent/tools/bench.py), so recording the per-level
+    the sweep's worker of the config that runs there (agent/tools/measure/bench.py), so recording the per-level
     configs of the shipped file, and of the variants timed against it, makes ``kinv bench``, ``kinv noise``
     and ``kinv bench --variant`` replayable.  Every config is timed at every level, as in ``--sweep``, so
     any two of them form a pair of one recording session.
     """
-    from kinv.agent.models import load_plan
+    from kinv.agent.plan import load_plan
     from kinv.kernels.launch_config import config_hash as chash
     from kinv.kernels.launch_config import effective
 
@@ -245,7 +245,7 @@ def record_configs(args) -> int:
     replicas = dict.fromkeys(configs, args.replicas)
     pruned = []
     if args.space:
-        from kinv.agent.tools.space import feasibility, space_configs
+        from kinv.agent.tools.measure.space import feasibility, space_configs
 
         space_plan = load_plan(args.space)[0]
         for cfg in space_configs(space_plan):

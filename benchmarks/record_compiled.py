@@ -6,7 +6,7 @@ recorded config at every recorded level, and Nsight Compute profiles of a plan's
 
 ``compiled.json`` is ``{kernel: {config hash: {level key: figures}}}`` (agent/tools/resources.compiled_figures):
 each config is compiled and launched once per level in a worker that sees its recording's environment (no
-timing).  ``profiles.json`` has the same layout and holds :func:`kinv.agent.tools.profile.summarize` of ncu's
+timing).  ``profiles.json`` has the same layout and holds :func:`kinv.agent.tools.measure.profile.summarize` of ncu's
 raw page.  ``--profile PLAN@LABEL[,LABEL]`` profiles the plan's baseline and every config variant at the levels
 with those labels (the levels of the largest effects: a replayed profile step looks up exactly those).  Existing
 files are merged into, so one kernel or one plan can be re-recorded alone.
@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinv.agent.tools.resources import compiled_figures  # noqa: E402
-from kinv.agent.tools.worker_client import WorkerProcess  # noqa: E402
+from kinv.agent.tools.measure.resources import compiled_figures  # noqa: E402
+from kinv.agent.tools.worker.client import WorkerProcess  # noqa: E402
 from kinv.kernels.launch_config import config_hash, describe  # noqa: E402
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "kernels" / "recordings" / "h200"
@@ -71,8 +71,8 @@ def lv_key(kernel: str, dims: dict) -> str:
 
 
 def record_profiles(spec: str) -> dict:
-    from kinv.agent.models import load_plan
-    from kinv.agent.tools import profile
+    from kinv.agent.plan import load_plan
+    from kinv.agent.tools.measure import profile
 
     path, _, labels = spec.partition("@")
     plan, _ = load_plan(path)

@@ -37,7 +37,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinv.agent import noise, stats  # noqa: E402
+from kinv.agent.tools.measure import (
+    noise,
+    stats,  # noqa: E402
+)
 
 LEVELS = ("b1", "b8", "b32", "b64", "b96")
 EFFECTS = (0.0, 0.005, -0.005, 0.01, -0.01, 0.015, -0.015, 0.02, -0.02, 0.05, -0.05)

@@ -22,7 +22,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinv.agent import noise, stats  # noqa: E402
+from kinv.agent.tools.measure import (
+    noise,
+    stats,  # noqa: E402
+)
 
 LEVELS = ("C1", "C32", "C96")
 THRESHOLD, AA_ARMS, AA_ROUNDS, N_VARIANTS = 0.03, 2, 8, 2

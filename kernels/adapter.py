@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kinv.agent.errors import BadInput, UnknownKernelError
 from kinv.kernels.devices import DeviceSpec, roofline
-from kinv.kernels.errors import BadInput, UnknownKernelError
 from kinv.kernels.tunables import Params, TunableSpec, brief_repr, one_line
 
 KERNELS_DIR = Path(__file__).resolve().parent

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from kinv.kernels.errors import BadInput
+from kinv.agent.errors import BadInput
 
 
 @dataclass(frozen=True)

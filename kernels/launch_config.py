@@ -25,8 +25,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from kinv.agent.errors import ConfigError
 from kinv.kernels.adapter import get_adapter
-from kinv.kernels.errors import ConfigError
 from kinv.kernels.tunables import Params, TunableSpec, brief_repr, one_line
 
 MAX_CONFIG_BYTES = 256 * 1024

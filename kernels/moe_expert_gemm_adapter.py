@@ -38,7 +38,7 @@ CPU_CAPS = {"tokens": 4, "experts": 8, "top_k": 2, "hidden": 64, "n": 64}
 def smem_estimate(params, elt: int = ELT) -> int:
     """Shared memory of one program: the x and w tiles of each buffered pipeline stage (Triton's pipeliner
     keeps ``num_stages - 1`` tiles in flight: exactly what the compiler allocated for every recorded config on
-    the H200, tests/tools/test_compiled_model.py)."""
+    the H200, tests/agent/tools/measure/test_compiled_model.py)."""
     return (params.BLOCK_M + params.BLOCK_N) * params.BLOCK_K * elt * max(1, params.num_stages - 1)
 
 

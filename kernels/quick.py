@@ -58,9 +58,9 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from kinv.agent.errors import BadInput
 from kinv.kernels.adapter import NAME, KernelAdapter, Level, Resources
 from kinv.kernels.devices import DeviceSpec, occupancy
-from kinv.kernels.errors import BadInput
 from kinv.kernels.tunables import MAX_DIM, Params, Restriction, Tunable, TunableSpec, brief_repr
 
 CPU_CAP = 64  # the largest integer level dimension the CPU stand-in runs (the Triton interpreter is slow)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from kinv.kernels.errors import ConfigError
+from kinv.agent.errors import ConfigError
 
 MAX_DIM = 1 << 30
 

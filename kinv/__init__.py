@@ -7,7 +7,7 @@ kinv installs one namespace, ``kinv``: ``kinv.agent`` (the planner, the CLI, the
 The folders stay where the project layout puts them (``agent/``, ``agent/tools/``, ``kernels/`` at the
 repository root).  A wheel maps them under ``kinv/`` (setuptools ``package-dir``).  In a source checkout,
 this file sits in ``kinv/`` beside those folders and adds the checkout root to the package's search path,
-so ``python -m kinv.agent.cli`` runs from a checkout with nothing installed (the GPU box runs it so).
+so ``python -m kinv.agent.cli.app`` runs from a checkout with nothing installed (the GPU box runs it so).
 
 The search path is built in ``sys.path`` order from every ``kinv`` portion found there.  A baseline
 snapshot (``<state>/snapshots/<hash>/kinv/kernels``) put first on PYTHONPATH therefore shadows the live

@@ -1,4 +1,4 @@
-"""What the bad-input tests share (tests/test_bad_plan.py, test_bad_config.py, test_bad_cli.py): the sandbox, the
+"""What the bad-input tests share (tests/agent/test_bad_plan.py, test_bad_config.py, test_bad_cli.py): the sandbox, the
 contract a refusal is checked against, the valid plan and config they mutate, and the generators.
 
 Every input there is bad.  Each must give exit code 2, exactly one stderr line
@@ -18,7 +18,7 @@ validator refuses them; categories that might, by chance, produce a valid input
 with ``hypothesis.reject`` and count them.  The CLI runs in-process (fast: a bad plan fails before torch, triton
 or the graph run); one subprocess test checks the same inputs through a real
 process.  Each surface's last test asserts how many inputs ran and prints the
-breakdown (``pytest -rP tests/test_bad_plan.py`` shows it).
+breakdown (``pytest -rP tests/agent/test_bad_plan.py`` shows it).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import yaml
 from hypothesis import HealthCheck, reject, settings
 from hypothesis import strategies as st
 
-from kinv.agent.cli import main
-from kinv.agent.models import load_plan
+from kinv.agent.cli.app import main
+from kinv.agent.plan import load_plan
 from kinv.kernels.adapter import get_adapter
 from kinv.kernels.launch_config import load_config
 from tests.utils import SEED_MLA_CONFIG, write_seed_config

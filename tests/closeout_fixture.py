@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
-from kinv.agent.models import load_plan
+from kinv.agent.plan import load_plan
 from kinv.agent.store import Store
 from kinv.agent.tools.backends.base import Backend
 
@@ -70,7 +70,7 @@ def build(tmp_path, plan_file: str = "3a-attention-occupancy.yaml", measured: di
     ws = plan.ws
     store.upsert_workstream({"id": ws, "title": plan.workstream.title, "kernel": plan.kernel, "status": "running",
                              "plan_path": str(path), "plan_hash": plan_hash, "version": version})  # fmt: skip
-    from kinv.agent import planner
+    from kinv.agent.workstream import planner
 
     planner.init_todos(store, plan)
     by_label = {lv.label: lv.key for lv in plan.levels()}
@@ -107,7 +107,7 @@ def build(tmp_path, plan_file: str = "3a-attention-occupancy.yaml", measured: di
         cfg_path.write_text(json.dumps(live_cfg, indent=2) + "\n")
     else:
         cfg_path.write_text(live)
-    from kinv.agent.tools import configs
+    from kinv.agent.tools.files import configs
 
     store.update_workstream(ws, baseline_hash=configs.sha(cfg_path))
     levels = plan.levels()

@@ -138,7 +138,7 @@ def _build_state(where, argv: list[str], want_rc: int, base_env: dict):
     env = dict(base_env, KINV_STATE_DIR=str(where / "state"), KINV_CONFIG_DIR=str(where / "configs"),
                XDG_STATE_HOME=str(where / "xdg-state"), TRITON_INTERPRET="1", KINV_FORCE_NO_GPU="1",
                PYTHONPATH=str(ROOT))  # fmt: skip
-    r = subprocess.run([sys.executable, "-m", "kinv.agent.cli", *argv], env=env, cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "kinv.agent.cli.app", *argv], env=env, cwd=ROOT, capture_output=True,
                        text=True, timeout=1200)  # fmt: skip
     if r.returncode != want_rc:
         raise RuntimeError(f"the shared run `kinv {' '.join(argv)}` exited {r.returncode}, not {want_rc}:\n"
@@ -226,7 +226,7 @@ def _copy(source, tmp_path, state_dir) -> str:
     import os
     import shutil
 
-    from kinv.agent.tools.configs import record_path
+    from kinv.agent.tools.files.configs import record_path
 
     shutil.copytree(source / "state", state_dir, symlinks=True)
     shutil.copytree(source / "configs", tmp_path / "configs", dirs_exist_ok=True)

@@ -45,16 +45,17 @@ def test_every_product_module_sits_on_a_floor(shape):
 
 def test_the_measures_see_what_they_look_for(shape, tmp_path):
     """A circle, a climb and a facade planted in a small tree are each found (a lazy import counts)."""
-    (tmp_path / "agent" / "tools").mkdir(parents=True)
-    (tmp_path / "agent" / "__init__.py").write_text("")
-    (tmp_path / "agent" / "tools" / "__init__.py").write_text("")
-    (tmp_path / "agent" / "stats.py").write_text("def f():\n    from kinv.agent import noise\n\nX = 1\n")
-    (tmp_path / "agent" / "noise.py").write_text("from kinv.agent.stats import X\n")
-    (tmp_path / "agent" / "tools" / "protocol.py").write_text("from kinv.agent.noise import X\n")
-    (tmp_path / "agent" / "tools" / "bench.py").write_text("from kinv.agent.tools import protocol\n")
-    (tmp_path / "agent" / "tools" / "envcheck.py").write_text("from kinv.agent.tools import bench\n")
+    m = tmp_path / "agent" / "tools" / "measure"
+    m.mkdir(parents=True)
+    for d in (tmp_path / "agent", tmp_path / "agent" / "tools", m):
+        (d / "__init__.py").write_text("")
+    (m / "stats.py").write_text("def f():\n    from kinv.agent.tools.measure import noise\n\nX = 1\n")
+    (m / "noise.py").write_text("from kinv.agent.tools.measure.stats import X\n")
+    (m / "protocol.py").write_text("from kinv.agent.tools.measure.noise import X\n")
+    (m / "bench.py").write_text("from kinv.agent.tools.measure import protocol\n")
+    (m / "envcheck.py").write_text("from kinv.agent.tools.measure import bench\n")
     s = shape.shape(str(tmp_path))
-    assert s["circles"] == [["kinv.agent.noise", "kinv.agent.stats"]]
-    assert "agent/stats.py (checks and figures) -> agent/noise.py (measure)" in s["climbs"]
-    assert "agent/tools/envcheck.py (checks and figures) -> agent/tools/bench.py (measure)" in s["climbs"]
-    assert s["facades"] == ["agent/tools/protocol.py:1 imports X from agent/noise.py (defined in kinv.agent.stats)"]
+    assert s["circles"] == [["kinv.agent.tools.measure.noise", "kinv.agent.tools.measure.stats"]]
+    assert "agent/tools/measure/stats.py (checks and figures) -> agent/tools/measure/noise.py (measure)" in s["climbs"]
+    assert "agent/tools/measure/envcheck.py (checks and figures) -> agent/tools/measure/bench.py (measure)" in s["climbs"]
+    assert s["facades"] == ["agent/tools/measure/protocol.py:1 imports X from agent/tools/measure/noise.py (defined in kinv.agent.tools.measure.stats)"]

@@ -45,12 +45,12 @@ def test_a_plain_pip_install_puts_everything_under_kinv_and_runs(tmp_path):
     assert (target / "kinv" / "kernels" / "configs" / "mla_decode.json").is_file()
     assert (target / "kinv" / "kernels" / "recordings" / "h200" / "mla_decode-v4flash.jsonl.gz").is_file()
     env = dict(os.environ, PYTHONPATH=str(target))
-    r = _py("import kinv.kernels.adapter as a, kinv.agent.cli; ad = a.get_adapter('mla_decode'); "
+    r = _py("import kinv.kernels.adapter as a, kinv.agent.cli.app; ad = a.get_adapter('mla_decode'); "
             "print(a.__file__); print(ad.config_path())", env, tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr
     module_file, config = r.stdout.split()
     assert module_file.startswith(str(target)) and config.startswith(str(target))
-    r = subprocess.run([sys.executable, "-P", "-m", "kinv.agent.cli", "kernels", "--json"], env=env, cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-P", "-m", "kinv.agent.cli.app", "kernels", "--json"], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert {"mla_decode", "moe_expert_gemm"} <= {k["name"] for k in json.loads(r.stdout)}
@@ -63,7 +63,7 @@ def test_a_baseline_snapshot_shadows_the_live_kernel_package_in_a_child_started_
     f = snap / "kinv" / "kernels" / "mla_decode.py"
     f.write_text(f.read_text() + "\nSNAPSHOT_OWN_CODE = 1\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(snap), IMPORT_ROOT]))
-    code = ("import kinv.kernels.mla_decode as m\nfrom kinv.agent.tools import bench_worker as w\n"
+    code = ("import kinv.kernels.mla_decode as m\nfrom kinv.agent.tools.worker import bench_worker as w\n"
             "from kinv.kernels.adapter import get_adapter\n"
             "print(m.__file__)\nprint(w.kernel_source_hash(get_adapter('mla_decode')))")  # fmt: skip
     r = _py(code, env, ROOT)  # the checkout is the cwd, as for kinv's workers: -P keeps it behind the snapshot
@@ -75,7 +75,7 @@ def test_a_baseline_snapshot_shadows_the_live_kernel_package_in_a_child_started_
 
 def test_a_source_checkout_imports_kinv_with_nothing_installed():
     # -S: no site-packages at all (so no editable install either); the checkout is the cwd
-    r = subprocess.run([sys.executable, "-S", "-c", "import kinv.kernels.adapter as a, kinv.agent.tools.worker_client "
+    r = subprocess.run([sys.executable, "-S", "-c", "import kinv.kernels.adapter as a, kinv.agent.tools.worker.client "
                         "as w; print(a.__file__); print(w.__file__)"], cwd=ROOT, capture_output=True, text=True,
                        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr

@@ -1,4 +1,4 @@
-"""docs/plan-reference.md is the plan model's own account of itself: generated from agent/models.py, and current."""
+"""docs/plan-reference.md is the plan model's own account of itself: generated from agent/plan.py, and current."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from kinv.agent.models import Plan
+from kinv.agent.plan import Plan
 from kinv.agent.plan_reference import render
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,8 +77,8 @@ def test_bounds_is_a_list_of_allowed_values_as_the_reference_says(tmp_path, monk
     import pytest
     import yaml
 
-    from kinv.agent.models import load_plan
-    from kinv.kernels.errors import PlanError
+    from kinv.agent.errors import PlanError
+    from kinv.agent.plan import load_plan
 
     monkeypatch.chdir(ROOT)
     plan = yaml.safe_load((ROOT / "plans" / "3a-attention-occupancy.yaml").read_text())

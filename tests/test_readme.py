@@ -206,7 +206,7 @@ def _project(tmp_path: Path) -> tuple[Path, dict]:
 
 def _run(root: Path, env: dict, command: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """The README's command line, as a shell runs it, with `kinv` this checkout's CLI."""
-    script = f'kinv() {{ "{sys.executable}" -m kinv.agent.cli "$@"; }}\n{command}\n'
+    script = f'kinv() {{ "{sys.executable}" -m kinv.agent.cli.app "$@"; }}\n{command}\n'
     return subprocess.run(["bash", "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -360,7 +360,7 @@ def test_the_own_benchmark_block_runs_a_real_command_on_a_fresh_clone(blocks):
     block = blocks["Your own benchmark"]
     problems, said = block.outcome()
     assert not problems, "\n".join(problems)
-    # which thread count wins depends on the machine's load (tests/test_command_backend.py); that T1 was decided does not
+    # which thread count wins depends on the machine's load (tests/agent/tools/backends/test_command_backend.py); that T1 was decided does not
     assert "COMMAND backend" in said and "T1: " in said and "close-out written" in said, said[-2000:]
 
 
@@ -392,7 +392,7 @@ def test_the_ray_block_runs_on_cpu_actors(blocks):
 # what the commands say: hints that run as printed, --json everywhere, a state dir that is a file
 # --------------------------------------------------------------------------- #
 def _kinv(capsys, *args) -> tuple[int, str, str]:
-    from kinv.agent.cli import main
+    from kinv.agent.cli.app import main
 
     code = main([str(a) for a in args])
     out, err = capsys.readouterr()
@@ -439,8 +439,8 @@ def test_a_paused_or_interrupted_run_names_commands_with_its_state_dir(tmp_path,
     from rich.console import Console
 
     from kinv.agent.ids import continue_command
-    from kinv.agent.investigation import _paused
     from kinv.agent.store import Store
+    from kinv.agent.workstream.investigation import _paused
 
     store = Store(demo_dir)
     store.add_approval(id="3a-V2-4", workstream="#3a", todo="#3a.V2", variant="V2", kind="config", diff="",

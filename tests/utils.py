@@ -75,12 +75,12 @@ def replay_env(tmp_path, state_dir, *, seed_config: bool = True, **extra) -> dic
 
 
 def run_kinv(env: dict, *args, timeout: float = 300, cwd=None):
-    """`python3 -m kinv.agent.cli ARGS` in a subprocess (from the project root unless ``cwd``)."""
+    """`python3 -m kinv.agent.cli.app ARGS` in a subprocess (from the project root unless ``cwd``)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    return subprocess.run([sys.executable, "-m", "kinv.agent.cli", *map(str, args)], env=env,
+    return subprocess.run([sys.executable, "-m", "kinv.agent.cli.app", *map(str, args)], env=env,
                           cwd=cwd or Path(__file__).resolve().parents[1], capture_output=True, text=True,
                           timeout=timeout)  # fmt: skip
 
@@ -94,7 +94,7 @@ def leave_kinv_patch_live(cfg, changes: dict) -> None:
     from pathlib import Path
 
     from kinv.agent.store import Store
-    from kinv.agent.tools import configs
+    from kinv.agent.tools.files import configs
     from kinv.kernels.launch_config import load_config
 
     lost = Path(tempfile.mkdtemp(prefix="kinv-lost-state-"))
@@ -105,7 +105,7 @@ def leave_kinv_patch_live(cfg, changes: dict) -> None:
 
 
 def kinv_in_process(env: dict, *args, cwd=None, timeout=None):
-    """What :func:`run_kinv` returns, without a new process: ``kinv.agent.cli.main(ARGS)`` in this one, under
+    """What :func:`run_kinv` returns, without a new process: ``kinv.agent.cli.app.main(ARGS)`` in this one, under
     ``env`` as the whole environment and ``cwd`` (the project root unless given) as the working directory, its
     stdout and stderr captured (piped, as a subprocess's are).  For tests about what a command prints, exits
     and records; tests about processes (signals, crashes, a fresh clone) keep :func:`run_kinv`."""
@@ -117,7 +117,7 @@ def kinv_in_process(env: dict, *args, cwd=None, timeout=None):
     import traceback
 
     from kinv.agent import faults
-    from kinv.agent.cli import main
+    from kinv.agent.cli.app import main
 
     argv = [str(a) for a in args]
     saved_env, saved_cwd, saved_stdin = dict(os.environ), os.getcwd(), sys.stdin

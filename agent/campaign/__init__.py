@@ -13,7 +13,7 @@ plan's baseline, the campaign repeats, within its budget and under the approval 
    before any GPU time; the rest get a few paired rounds against the incumbent at every level.
 3. **Confirm** the finalists (the best screened candidate at each level) in a workstream of their own
    (#7a, #7b, ...): a plan file a person could have written, run through the same graph as ``kinv run``
-   (noise, approvals, correctness, sequential A/B with agent/stats.py, close-out).  Its baseline is the
+   (noise, approvals, correctness, sequential A/B with agent/tools/measure/stats.py, close-out).  Its baseline is the
    incumbent, measured from the plan (``baseline_on_disk: false``): nothing is written to the live file.
 4. **Adopt in the campaign** only what was confirmed: at each level, the finalist with the largest
    confirmed improvement there becomes the incumbent (a level-conditional config when levels differ).

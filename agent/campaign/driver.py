@@ -18,10 +18,10 @@ from kinv.agent.campaign.levels import per_level, with_params
 from kinv.agent.campaign.results import FINAL, CampaignOutcome
 from kinv.agent.campaign.screen import Screening
 from kinv.agent.campaign.steps import Confirmation
+from kinv.agent.errors import BackendError, BadInput, CampaignError
 from kinv.agent.fmt import kv
-from kinv.agent.models import Plan, load_plan
+from kinv.agent.plan import Plan, load_plan
 from kinv.agent.store import Store
-from kinv.kernels.errors import BackendError, BadInput, CampaignError
 from kinv.kernels.launch_config import config_hash, describe
 
 
@@ -55,14 +55,15 @@ def ws_id(plan: Plan, n: int) -> str:
 def run(s: Settings) -> CampaignOutcome:
     """Run (or resume) the campaign; returns how its pass ended.  Raises :class:`BadInput` for input it cannot
     use (nothing created) and a :class:`StepFailed` for a campaign that cannot go on."""
-    from kinv.agent.graph import APPROVAL_POLICIES
-    from kinv.agent.tools import backends, bench
+    from kinv.agent.tools import backends
+    from kinv.agent.tools.measure import bench
+    from kinv.agent.workstream.graph import APPROVAL_POLICIES
 
     if s.approval not in APPROVAL_POLICIES:
         raise BadInput(f"--approval {s.approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}")
     if s.backend not in backends.BACKENDS:
         raise BadInput(f"--backend {s.backend!r} is not valid; use {', '.join(backends.BACKENDS)}")
-    from kinv.agent.tools.executor import EXECUTORS
+    from kinv.agent.tools.measure.executor import EXECUTORS
 
     if s.executor not in EXECUTORS:
         raise BadInput(f"--executor {s.executor!r} is not valid; use {', '.join(EXECUTORS)}")
@@ -103,8 +104,8 @@ def run(s: Settings) -> CampaignOutcome:
 def _restore_kernel_files(store: Store, plan: Plan) -> None:
     """Revert any patch the campaign's workstreams left on disk, under the kernel's lock (a patch another live run
     holds is that run's own: it is left alone)."""
-    from kinv.agent.tools import configs
-    from kinv.kernels.errors import StoreError
+    from kinv.agent.errors import StoreError
+    from kinv.agent.tools.files import configs
 
     lock = f"kernel:{plan.kernel}"
     try:
@@ -135,7 +136,7 @@ def _run_locked(s: Settings, store: Store, plan: Plan, plan_hash: str, cid: str)
         store.upsert_campaign({"id": cid, "status": "running", "backend": s.backend, "approval": s.approval})
     c = Campaign(store, plan, cid, s)
     from kinv.agent.campaign.flow import drive
-    from kinv.kernels.errors import ExecutorError
+    from kinv.agent.errors import ExecutorError
 
     try:
         end, line = drive(c)  # the campaign's graph: it ends at summarise, which saves the summary
@@ -178,7 +179,7 @@ class Campaign(Screening, Confirmation, Ending):
 
     def spent(self) -> tuple[float, int]:
         """The campaign's GPU seconds (its ledger: every sample taken, lost ones included) and samples stored."""
-        from kinv.agent.tools.protocol import Ledger
+        from kinv.agent.tools.measure.protocol import Ledger
 
         led = Ledger.of(self.store, workstreams=self.ws_list())
         return led.gpu_s, led.kept
@@ -263,7 +264,7 @@ class Campaign(Screening, Confirmation, Ending):
         """The campaign's backend, made once: a cuda backend measures copy bandwidth once, a replay one reads its
         recordings once (the loop asks for both at every step)."""
         if self._be is None:
-            from kinv.agent.tools import bench
+            from kinv.agent.tools.measure import bench
 
             self._be = bench.get_backend(self.s.backend)
         return self._be
@@ -296,7 +297,7 @@ class Campaign(Screening, Confirmation, Ending):
                 or i.env]  # fmt: skip
 
     def next_item(self):
-        from kinv.agent import planner
+        from kinv.agent.workstream import planner
 
         done = {s["item"] for s in self.row["steps"]}
         ok = {i.id: i for i in self.expressible() if i.id not in done}
@@ -343,7 +344,7 @@ class Campaign(Screening, Confirmation, Ending):
 
     def final_reserve(self) -> float:
         """GPU seconds kept for the final A/B: the first A/A's cost plus one full-length A/B at that rate."""
-        from kinv.agent.tools import protocol
+        from kinv.agent.tools.measure import protocol
 
         st = self.plan.stats
         for step in self.row["steps"]:
@@ -407,7 +408,7 @@ class Campaign(Screening, Confirmation, Ending):
     @property
     def executor(self):
         if self._ex is None:
-            from kinv.agent.tools.executor import get_executor
+            from kinv.agent.tools.measure.executor import get_executor
 
             self._ex = get_executor(self.s.executor, self.s.backend, self.s.ray_address, self.s.ray_actors)
             if self._ex.name != "local":

@@ -9,7 +9,7 @@ from pathlib import Path
 from kinv.agent.campaign.levels import per_level
 from kinv.agent.campaign.results import FINAL, CampaignEnd
 from kinv.agent.ids import state_flag
-from kinv.agent.views import n_screened
+from kinv.agent.report.views import n_screened
 from kinv.kernels.launch_config import describe
 
 SCREENING_SKIPS = ("a screening's short paired rounds decide no verdict (no A/A offsets, no sequential looks, no "
@@ -45,7 +45,7 @@ class Ending:
             self.save(status="done")
             return "done", (f"campaign {self.cid} done ({why}); adoption {last['adoption']}: the recorded rejection "
                              f"of {aid} stands under --approval {self.s.approval}")  # fmt: skip
-        from kinv.kernels.errors import AdoptError, NoGain
+        from kinv.agent.errors import AdoptError, NoGain
 
         try:
             a = self.adoption(ws)  # measured against the live file it would replace, first
@@ -87,7 +87,7 @@ class Ending:
                          f"{done['message_file']} {done['path']}{rec}")  # fmt: skip
 
     def adoption(self, ws: str):
-        from kinv.agent.tools import adopt
+        from kinv.agent.workstream import adopt
 
         # compared with the live file it replaces (a confirming A/B when the final one ran against another
         # baseline), and written only at the levels where it improved on that file
@@ -103,7 +103,8 @@ class Ending:
         return a
 
     def write_adoption(self, a) -> dict:
-        from kinv.agent.tools import adopt, configs
+        from kinv.agent.tools.files import configs
+        from kinv.agent.workstream import adopt
 
         lock = f"kernel:{self.plan.kernel}"
         self.store.acquire_lock(lock, os.getpid())

@@ -1,4 +1,4 @@
-"""The campaign as a LangGraph graph, beside the workstream graph it runs (agent/graph.py)::
+"""The campaign as a LangGraph graph, beside the workstream graph it runs (agent/workstream/graph.py)::
 
     START -> plan_next -+-> screen ---> plan_next          (a backlog item's screening)
                         +-> confirm --> plan_next          (its finalists' workstream; a pause -> summarise)
@@ -26,7 +26,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from kinv.agent.campaign.results import FINAL, CampaignEnd
-from kinv.kernels.errors import CampaignError
+from kinv.agent.errors import CampaignError
 
 RECURSION_LIMIT = 500  # a pass takes about three supersteps per backlog item
 
@@ -129,7 +129,7 @@ def thread(cid: str) -> str:
 
 def drive(c) -> tuple[CampaignEnd, str]:
     """One pass of the campaign's graph: resumed at the node a kill left it in, else started at plan_next."""
-    from kinv.agent.graph_support import open_checkpointer
+    from kinv.agent.workstream.context import open_checkpointer
 
     saver = open_checkpointer(c.store, c.s.plan_path)
     try:

@@ -3,8 +3,8 @@ at each level (the most common choice as its base, overrides for the rest)."""
 
 from __future__ import annotations
 
-from kinv.agent.models import Plan
-from kinv.kernels.errors import CampaignError
+from kinv.agent.errors import CampaignError
+from kinv.agent.plan import Plan
 from kinv.kernels.launch_config import config_hash, effective
 
 

@@ -10,10 +10,10 @@ import time
 from kinv.agent.campaign.levels import per_level, with_params
 from kinv.agent.campaign.results import STUDY_DB
 from kinv.agent.campaign.search import open_search
+from kinv.agent.errors import CampaignError
 from kinv.agent.fmt import signed
 from kinv.agent.store.screened import Screened
-from kinv.agent.tools.protocol import Ledger
-from kinv.kernels.errors import CampaignError
+from kinv.agent.tools.measure.protocol import Ledger
 from kinv.kernels.launch_config import config_hash, describe
 
 
@@ -21,7 +21,7 @@ class Screening:
     """The screening step of a Campaign (a mixin: it uses the campaign's store, plan, executor and steps)."""
 
     def screen(self, step: dict) -> None:
-        from kinv.agent.tools.space import feasibility
+        from kinv.agent.tools.measure.space import feasibility
 
         self.losses = []  # this screening's lost actors (its step records them)
         plan, c = self.plan, self.plan.campaign
@@ -145,7 +145,7 @@ class Screening:
         its own incumbent worker: every paired comparison on one GPU), run, store every row, every lost sample
         (its GPU seconds in the ledger) and every candidate's outcome here.  A candidate whose worker fails is
         recorded failed (with the reason); a lost actor's shard re-runs and the loss is recorded."""
-        from kinv.kernels.errors import IncumbentFailed
+        from kinv.agent.errors import IncumbentFailed
 
         if not todo:
             return

@@ -10,7 +10,7 @@ from pathlib import Path
 from kinv.agent.campaign.levels import compose, patch_of, per_level
 from kinv.agent.campaign.results import FINAL, CampaignEnd, best_accepted, read_workstream
 from kinv.agent.fmt import interval, kv, signed
-from kinv.agent.models import load_plan
+from kinv.agent.plan import load_plan
 from kinv.kernels.launch_config import config_hash, describe
 
 
@@ -95,8 +95,8 @@ class Confirmation:
         """Run the step's workstream through the graph (``kinv run``'s); once it is closed, adopt in the campaign
         what it confirmed.  A pause or an interrupt comes back as the workstream said it, whose continue hint
         names the campaign (agent.ids.continue_command)."""
-        from kinv.agent.investigation import run_plan
-        from kinv.kernels.errors import BadInput, KinvError
+        from kinv.agent.errors import BadInput, KinvError
+        from kinv.agent.workstream.investigation import run_plan
 
         be = self.executor.measuring_backend() if self.executor.name == "ray" else None
         seen = len(be.losses) if be else 0
@@ -137,7 +137,7 @@ class Confirmation:
         else:  # one config everywhere: the accepted finalist with the largest mean effect, else the incumbent
             vid = best_accepted(self.store, ws)
             new = config_of(vid) if vid else step["incumbent_before"]
-        from kinv.agent import planner
+        from kinv.agent.workstream import planner
 
         for t in self.store.todos(ws):  # a mixed verdict's level-conditional follow-up is what the campaign does
             if t["status"] == "pending" and t["id"].endswith("-cond"):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kinv.agent import faults
+from kinv.agent.errors import BadInput, NoState, StateDamaged, StoreError
 from kinv.agent.store import schema
 from kinv.agent.store.screened import ScreenedRows
 from kinv.agent.store.state import (
@@ -26,7 +27,6 @@ from kinv.agent.store.state import (
     now,
     state_dir,
 )
-from kinv.kernels.errors import BadInput, NoState, StateDamaged, StoreError
 
 if TYPE_CHECKING:
     import sqlite_utils

@@ -9,7 +9,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from kinv.kernels.errors import BadInput, StateDamaged, StoreError
+from kinv.agent.errors import BadInput, StateDamaged, StoreError
 
 DB_NAME = "kinv.db"
 CHECKPOINTS_NAME = "checkpoints.db"

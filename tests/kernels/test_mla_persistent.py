@@ -23,7 +23,7 @@ PATCH = ROOT / "plans" / "patches" / "10a-persistent-stage1.diff"
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory):
     """kernels/mla_decode.py with the patch applied, imported beside the shipped module (same package)."""
-    from kinv.agent.tools.config_text import apply_unified_diff
+    from kinv.agent.tools.files.config_text import apply_unified_diff
 
     source = ROOT / "kernels" / "mla_decode.py"
     text = apply_unified_diff(source.read_text(), PATCH.read_text(), source)
@@ -82,7 +82,7 @@ def test_the_shipped_source_refuses_persistent_programs_instead_of_ignoring_them
 
 
 def test_the_persistent_plan_loads_and_measures_the_patch_alone_first():
-    from kinv.agent.models import load_plan
+    from kinv.agent.plan import load_plan
 
     plan, _ = load_plan(ROOT / "plans" / "10a-decode-persistent.yaml")
     first = plan.variants[0]

@@ -1,4 +1,4 @@
-"""The GPU-second ledger of agent/tools/protocol.py: a run that loses samples reports one figure everywhere a person
+"""The GPU-second ledger of agent/tools/measure/protocol.py: a run that loses samples reports one figure everywhere a person
 reads it (the workstream's budget, its close-out and a campaign's budget), its lost rounds' GPU seconds included."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kinv.agent.tools.protocol import Ledger, Round, RoundLoop
+from kinv.agent.tools.measure.protocol import Ledger, Round, RoundLoop
 from tests.test_command_backend import _flaky_plan
 from tests.utils import kinv_in_process, replay_env
 
@@ -38,9 +38,9 @@ def test_the_round_loop_books_every_sample_it_takes_kept_or_lost():
 def test_a_run_that_loses_samples_reports_the_same_gpu_seconds_in_its_budget_close_out_and_a_campaigns_budget(
         tmp_path):  # fmt: skip
     from kinv.agent.campaign.driver import Campaign
-    from kinv.agent.graph import build_graph
-    from kinv.agent.graph_support import open_checkpointer, run_config
     from kinv.agent.store import Store
+    from kinv.agent.workstream.context import open_checkpointer, run_config
+    from kinv.agent.workstream.graph import build_graph
 
     env = replay_env(tmp_path, tmp_path / "state")
     r = kinv_in_process(env, "run", str(_flaky_plan(tmp_path, "1")), "--approval", "auto")
@@ -91,6 +91,6 @@ def test_every_measurement_takes_its_rounds_through_the_one_round_loop():
     paths = sorted((root / "agent").rglob("*.py")) + [root / "benchmarks" / "record.py"]
     found = [f"{p.relative_to(root)}:{line}" for p in paths if p.name != "protocol.py"
              for line in _loops_that_sample(p.read_text())]  # fmt: skip
-    assert found == [], f"a round loop outside agent/tools/protocol.py's RoundLoop: {found}"
+    assert found == [], f"a round loop outside agent/tools/measure/protocol.py's RoundLoop: {found}"
     old = "for r in range(rounds):\n    for lv in lvs:\n        smp = a.sample(lv, r)\n"
     assert _loops_that_sample(old) == [1]  # what the rule catches

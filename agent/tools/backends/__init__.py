@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 
+from kinv.agent.errors import BackendError
 from kinv.agent.tools.backends.base import (  # noqa: F401 - the interface, re-exported
     RECORDINGS,
     Arm,
@@ -25,7 +26,6 @@ from kinv.agent.tools.backends.base import (  # noqa: F401 - the interface, re-e
     kernel_hash,
     reference_hash,
 )
-from kinv.kernels.errors import BackendError
 
 _REGISTRY: dict[str, object] = {}
 BACKENDS: list[str] = ["auto"]

@@ -11,7 +11,7 @@ The arm contract, which every backend honours (cuda, replay, ray):
   draws its inputs from :func:`round_seed` (r);
 * ``Arm.close()`` stops what the arm started.
 
-The rounds and their order belong to the measurement protocol (agent/tools/protocol.py), not
+The rounds and their order belong to the measurement protocol (agent/tools/measure/protocol.py), not
 to a backend; a backend only says how one round is timed (:meth:`Backend.sample_round`).
 """
 
@@ -22,7 +22,7 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from kinv.agent.tools import bench_worker
+from kinv.agent.tools.worker import bench_worker
 from kinv.kernels.adapter import KERNELS_DIR, Level, get_adapter
 from kinv.kernels.launch_config import config_hash
 
@@ -145,18 +145,18 @@ class Backend(ABC):
                 "source": f"the {self.name} backend measures no ceiling"}  # fmt: skip
 
     def compiled(self, kernel: str, config: dict, env: dict, levels: list[Level]) -> dict | None:
-        """The compiler's resources of ``config`` at each level (:func:`~kinv.agent.tools.resources.compiled_figures`
+        """The compiler's resources of ``config`` at each level (:func:`~kinv.agent.tools.measure.resources.compiled_figures`
         by level key), compiled without timing; ``None`` where this backend has no compiler (or no record of one)."""
         return None
 
     def profile(self, adapter, config: dict, level: Level, env: dict) -> tuple[dict | None, str, float]:
-        """Profile ``config`` at ``level`` (:mod:`kinv.agent.tools.profile`): ``(figures or None, why not, GPU
+        """Profile ``config`` at ``level`` (:mod:`kinv.agent.tools.measure.profile`): ``(figures or None, why not, GPU
         seconds)``.  Here: no profiler."""
         return None, f"the {self.name} backend has no profiler; the profile step was skipped", 0.0
 
     def close(self) -> None:
         """Stop what the backend keeps between measurements (kept check processes; the cuda backend's workers)."""
-        from kinv.agent.tools import worker_pool
+        from kinv.agent.tools.worker import pool as worker_pool
 
         worker_pool.CHECKERS.close()
 
@@ -166,13 +166,14 @@ class Backend(ABC):
 
     def check(self, kernel: str, config: dict, levels: list[Level], *, seed: int, device: str, env: dict,
               pythonpath: list[str] | None = None, judge_path: list[str] | None = None) -> dict:  # fmt: skip
-        """The correctness gate for ``config`` at ``levels`` (:func:`~kinv.agent.tools.correctness.check`'s
+        """The correctness gate for ``config`` at ``levels`` (:func:`~kinv.agent.tools.measure.correctness.check`'s
         result), crash-isolated in a child process that sees ``env``: one kept from an earlier check of this
         run with the same environment, import path and kernel source when :meth:`check_pool` has one (a
         passed check leaves its process for the next; a failed one ends it), else one of its own.  That process
-        launches and saves the outputs; the judge (agent/tools/judge.py), started from ``judge_path`` (the
+        launches and saves the outputs; the judge (agent/tools/measure/judge.py), started from ``judge_path`` (the
         baseline snapshot while a source patch is live), computes the reference and compares."""
-        from kinv.agent.tools import correctness, judge, worker_pool
+        from kinv.agent.tools.measure import correctness, judge
+        from kinv.agent.tools.worker import pool as worker_pool
 
         pool = self.check_pool(device)
         judge.warm(device, judge_path)  # the judge starts while the check launches
@@ -188,7 +189,7 @@ class Backend(ABC):
     def check_pool(self, device: str):
         """Where checks on ``device`` keep their processes: on CPU one pool per process (the interpreter's
         imports take seconds), None with ``KINV_REUSE_WORKERS=0``."""
-        from kinv.agent.tools import worker_pool
+        from kinv.agent.tools.worker import pool as worker_pool
 
         return worker_pool.CHECKERS if device == "cpu" and worker_pool.reuse() else None
 

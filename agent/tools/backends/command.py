@@ -8,7 +8,7 @@ measured.  The rounds, ABBA order, A/A and decisions are the protocol's, unchang
 the reciprocal of a higher-is-better metric (so a throughput change is ``expm1(effect)``) or the metric itself.
 
 A timed run that fails, times out or prints no metric loses that sample with one recorded line naming the level and
-what it printed last (agent/tools/protocol.py drops it; an arm that loses too many fails); a warm-up or the
+what it printed last (agent/tools/measure/protocol.py drops it; an arm that loses too many fails); a warm-up or the
 correctness check that fails fails its arm.  Every run's whole output is kept under ``<state>/commands/``.
 """
 
@@ -22,9 +22,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from kinv.agent.errors import VariantFailed
 from kinv.agent.tools.backends.base import Arm, Backend
 from kinv.kernels.adapter import Level
-from kinv.kernels.errors import VariantFailed
 
 
 def _logs(where: Path | None) -> Path:
@@ -84,7 +84,7 @@ def _environ_of(proc: subprocess.Popen, names: list[str]) -> dict | None:
     """The listed variables of ``proc``'s environment, read from ``/proc``.  ``Popen`` returns only once the child
     has exec'd the command, so this is the measured process's own environment; None when it could not be read
     (it ended first: a reaped process has none)."""
-    from kinv.agent.tools import envcheck
+    from kinv.agent.tools.measure import envcheck
 
     try:
         seen = envcheck.proc_environ(proc.pid)
@@ -286,7 +286,7 @@ class CommandBackend(Backend):
 
     def __init__(self):
         self.first_levels: list[Level] = []
-        self.log_dir: Path | None = None  # the run's <state>/commands (agent/investigation.py sets it)
+        self.log_dir: Path | None = None  # the run's <state>/commands (agent/workstream/investigation.py sets it)
         self.servers = ServerPool()
         import atexit
 
@@ -307,7 +307,7 @@ class CommandBackend(Backend):
         return arm
 
     def preflight(self, kernel: str, env: dict, levels: list[Level], arms=()) -> None:
-        from kinv.kernels.errors import BadInput
+        from kinv.agent.errors import BadInput
 
         if kernel != "command":
             raise BadInput(f"--backend command measures plans of kernel 'command'; this plan's kernel is {kernel!r}")

@@ -1,5 +1,5 @@
 """The cuda backend: each arm is a worker subprocess with its own environment and config
-(agent/tools/bench_worker.py): CUDA-graph replay, L2 rotation, correctness before timing, crash isolation."""
+(agent/tools/worker/bench_worker.py): CUDA-graph replay, L2 rotation, correctness before timing, crash isolation."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import time
 from pathlib import Path
 
+from kinv.agent.errors import Incorrect, JudgeFailed, NoDevice, Tampered, VariantFailed, WorkerCrashed, WorkerError
 from kinv.agent.tools.backends.base import (
     RECORDINGS,
     Arm,
@@ -14,10 +15,9 @@ from kinv.agent.tools.backends.base import (
     gpu_visible,
     round_seed,
 )
-from kinv.agent.tools.worker_client import WorkerProcess
-from kinv.agent.tools.worker_pool import POOL, WorkerPool, reuse, worker_key
+from kinv.agent.tools.worker.client import WorkerProcess
+from kinv.agent.tools.worker.pool import POOL, WorkerPool, reuse, worker_key
 from kinv.kernels.adapter import Level
-from kinv.kernels.errors import Incorrect, JudgeFailed, NoDevice, Tampered, VariantFailed, WorkerCrashed, WorkerError
 
 
 def _recorded() -> str:
@@ -130,7 +130,7 @@ class CudaArm(Arm):
         return r
 
     def _judge(self, level: Level, saved: dict, what: str) -> None:
-        from kinv.agent.tools import judge
+        from kinv.agent.tools.measure import judge
 
         try:
             got = judge.outputs(self.kernel, level.to_dict(), saved, self.judge_path)
@@ -204,12 +204,12 @@ class CudaBackend(Backend):
         super().close()
 
     def profile(self, adapter, config: dict, level: Level, env: dict) -> tuple[dict | None, str, float]:
-        from kinv.agent.tools import profile
+        from kinv.agent.tools.measure import profile
 
         return profile.run(adapter, config, level, env)
 
     def compiled(self, kernel: str, config: dict, env: dict, levels: list[Level]) -> dict | None:
-        from kinv.agent.tools.resources import compiled_figures
+        from kinv.agent.tools.measure.resources import compiled_figures
 
         out = {}
         try:
@@ -243,8 +243,8 @@ class CudaBackend(Backend):
 
     def ceilings(self) -> dict:
         """The card's ceilings, measured once per run in the judge: copy bandwidth, the yardstick's, the matrix
-        peak per dtype (agent/tools/judge.py)."""
-        from kinv.agent.tools import judge
+        peak per dtype (agent/tools/measure/judge.py)."""
+        from kinv.agent.tools.measure import judge
 
         if self._copy is None:
             self._copy = {**judge.ceilings(), "source": "measured on this card by the judge, a process no variant "

@@ -3,13 +3,13 @@
 It wraps the backend the actors run (cuda or replay: ``ex.backend``) and honours the same arm contract
 (agent/tools/backends/base.py): an arm's ``setup`` returns the set-up record the actor's local arm
 returned, its ``sample`` the local arm's sample (with the GPU that timed it).  The Ray executor
-(agent/tools/executor.py) builds it; it is not chosen by name.
+(agent/tools/measure/executor.py) builds it; it is not chosen by name.
 """
 
 from __future__ import annotations
 
+from kinv.agent.errors import BackendError, NoRecording, VariantFailed
 from kinv.agent.tools.backends.base import Backend
-from kinv.kernels.errors import BackendError, NoRecording, VariantFailed
 
 
 class RemoteArm:
@@ -104,7 +104,7 @@ class RayBackend(Backend):
         from pathlib import Path
 
         from kinv.agent.tools.backends import base
-        from kinv.agent.tools.snapshot import package_files
+        from kinv.agent.tools.files.snapshot import package_files
         from kinv.kernels.adapter import get_adapter
 
         adapter = get_adapter(kernel)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kinv.agent.errors import BackendError, NoRecording
 from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, kernel_hash
 from kinv.agent.tools.backends.replay_index import Recording
 from kinv.kernels.adapter import Level, get_adapter
-from kinv.kernels.errors import BackendError, NoRecording
 from kinv.kernels.launch_config import config_hash, describe, effective
 
 COMPILED = "compiled.json"  # beside the recordings: {kernel: {config hash: {level key: compiled figures}}}

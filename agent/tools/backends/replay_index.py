@@ -6,8 +6,8 @@ import gzip
 import json
 from pathlib import Path
 
+from kinv.agent.errors import BackendError, NoRecording
 from kinv.agent.tools.backends.base import RECORDINGS
-from kinv.kernels.errors import BackendError, NoRecording
 from kinv.kernels.launch_config import config_hash, describe
 
 
