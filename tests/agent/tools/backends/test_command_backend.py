@@ -133,7 +133,12 @@ def test_the_cpu_matmul_threads_investigation_closes_out_on_this_machine(tmp_pat
     one wins.  What must hold either way: both arms ran in their own environment, the variant was decided, and
     every run's output was kept."""
     env = replay_env(tmp_path, tmp_path / "state")
-    run = run_kinv(env, "run", PLAN, "--approval", "auto", timeout=900)
+    # the README's session runs the plan as shipped; here its runs are shorter and its A/B stops at 4 rounds
+    plan = tmp_path / "cpu-matmul-threads.yaml"
+    text = PLAN.read_text().replace('"--seconds", "0.3"', '"--seconds", "0.05"').replace("max_rounds: 12", "max_rounds: 4")
+    assert '"0.05"' in text and "max_rounds: 4" in text
+    plan.write_text(text)
+    run = run_kinv(env, "run", str(plan), "--approval", "auto", timeout=900)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "COMMAND backend" in run.stdout and "with OMP_NUM_THREADS=1 in its processes" in run.stdout
     rep = json.loads(run_kinv(env, "report", "11a", "--json").stdout)
