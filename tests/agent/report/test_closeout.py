@@ -250,7 +250,7 @@ def test_a_close_out_rendered_twice_from_the_same_collected_data_is_the_same_tex
     assert "## Recommendation" in report.render(cd) and cd.ranked
 
 
-GOLDEN = Path(__file__).parent / "data" / "closeouts"
+GOLDEN = Path(__file__).resolve().parents[2] / "data" / "closeouts"
 SCENARIOS = {
     "mixed": {"measured": {"V1": ("mixed", {**_levels("improved", 0.0405, 0.012, 0.034, ALL[:2]),
                                             **_levels("regressed", -0.02, -0.03, -0.011, ALL[2:])}),

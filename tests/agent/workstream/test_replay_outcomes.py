@@ -14,7 +14,7 @@ import pytest
 from tests.utils import kinv_in_process, project_copy, replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[3]
-PINNED = Path(__file__).parent / "data" / "replay_outcomes.json"
+PINNED = Path(__file__).resolve().parents[2] / "data" / "replay_outcomes.json"
 PLANS = {"3a": "plans/3a-attention-occupancy.yaml", "3b": "plans/3b-tile-shape.yaml",
          "3c": "plans/3c-null-batch-aware.yaml", "4a": "plans/4a-expert-gemm-tiles.yaml",
          "6a": "plans/6a-fault-drill.yaml"}  # fmt: skip
