@@ -80,4 +80,4 @@ def test_a_source_checkout_imports_kinv_with_nothing_installed():
                        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert [Path(p) for p in r.stdout.split()] == [ROOT / "kernels" / "adapter.py",
-                                                    ROOT / "agent" / "tools" / "worker_client.py"]
+                                                    ROOT / "agent" / "tools" / "worker" / "client.py"]

@@ -87,7 +87,7 @@ def _loops_that_sample(text: str) -> list[int]:
 def test_every_measurement_takes_its_rounds_through_the_one_round_loop():
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[4]
     paths = sorted((root / "agent").rglob("*.py")) + [root / "benchmarks" / "record.py"]
     found = [f"{p.relative_to(root)}:{line}" for p in paths if p.name != "protocol.py"
              for line in _loops_that_sample(p.read_text())]  # fmt: skip
