@@ -403,7 +403,7 @@ def _kinv(capsys, *args) -> tuple[int, str, str]:
 def demo_dir(tmp_path, monkeypatch):
     """A state dir named with --state-dir (KINV_STATE_DIR points elsewhere), holding the #3a demo store."""
     from kinv.agent.store import Store
-    from tests.test_views import populate_demo
+    from tests.agent.report.test_views import populate_demo
 
     d = tmp_path / "elsewhere"
     store = Store(d)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_plugin import PKG, _write_package
+from tests.kernels.test_plugin import PKG, _write_package
 
 ROOT = Path(__file__).resolve().parents[2]
 REF = f"{PKG}.adapter:SplitMatmulAdapter"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_plugin import _recording, _write_package
+from tests.kernels.test_plugin import _recording, _write_package
 
 PKG = "kinv_demo_matmul_uninstalled"  # not the name test_plugin.py's fixture installs (the two may run at once)
 

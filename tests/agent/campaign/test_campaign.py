@@ -223,7 +223,7 @@ def test_per_level_false_searches_one_config_for_every_level_and_adopts_only_a_w
 @pytest.mark.slow
 def test_under_approval_ask_each_kernel_edit_waits_and_the_campaign_goes_on_once_decided(tmp_path):
     """On the small campaign of tests/agent/campaign/test_campaign_small.py (its token-tile sweep, at b1 and b96)."""
-    from tests.test_campaign_small import _small_campaign
+    from tests.agent.campaign.test_campaign_small import _small_campaign
 
     env = replay_env(tmp_path, tmp_path / "state")
     plan = _small_campaign(tmp_path)

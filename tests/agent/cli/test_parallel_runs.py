@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kinv.agent.errors import BadInput
-from tests.test_replay_outcomes import PLANS, _pinned, outcome
+from tests.agent.workstream.test_replay_outcomes import PLANS, _pinned, outcome
 from tests.utils import kinv_in_process, replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[3]

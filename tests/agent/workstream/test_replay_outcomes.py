@@ -71,7 +71,7 @@ def test_a_replayed_workstream_decides_and_measures_exactly_as_pinned(ws, tmp_pa
     _pinned(ws, outcome(json.loads(rep.stdout)))
 
 
-if __name__ == "__main__":  # python -m tests.test_replay_outcomes 3a=report.json ...: write the pinned file
+if __name__ == "__main__":  # python -m tests.agent.workstream.test_replay_outcomes 3a=report.json ...: write the pinned file
     import sys
 
     PINNED.parent.mkdir(exist_ok=True)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from kinv.agent.tools.measure.protocol import Ledger, Round, RoundLoop
-from tests.test_command_backend import _flaky_plan
+from tests.agent.tools.backends.test_command_backend import _flaky_plan
 from tests.utils import kinv_in_process, replay_env
 
 

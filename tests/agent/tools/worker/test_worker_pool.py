@@ -11,7 +11,7 @@ from kinv.agent.tools.worker import pool as worker_pool
 from kinv.agent.tools.worker.client import WorkerProcess
 from kinv.agent.tools.worker.pool import WorkerPool, worker_key
 from kinv.kernels.adapter import get_adapter
-from tests.test_plugin import _write_package
+from tests.kernels.test_plugin import _write_package
 
 PKG = "kinv_demo_matmul_pool"  # a plugin of this test's own: its source is edited below
 
