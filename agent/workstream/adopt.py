@@ -265,7 +265,7 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
     sequential plan and the workstream's A/A offsets, the sequential A/B with every rule (:func:`sequential.run`).  A finished one of this
     very pair on this backend is re-read, never measured twice; an unfinished one resumes from its rounds.
     Without a recording of the pair on replay (or on any backend failure) it refuses, and nothing is kept."""
-    from kinv.agent.tools.backends.base import BackendError
+    from kinv.agent.errors import BackendError
     from kinv.agent.tools.measure import bench, protocol
     from kinv.kernels.launch_config import config_hash, describe
 

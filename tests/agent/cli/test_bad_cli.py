@@ -406,7 +406,7 @@ def test_real_process_one_line_no_torch(tmp_path):
     ]:
         calls.append(argv + (["--backend", "replay"] if "--backend" not in argv else []) + ["--state-dir", state])
         named.append(name)
-    code = ("import json, sys\nfrom agent.cli import main\ncodes = [main(a) for a in json.loads(sys.argv[1])]\n"
+    code = ("import json, sys\nfrom agent.cli.app import main\ncodes = [main(a) for a in json.loads(sys.argv[1])]\n"
             "print('CODES', codes, 'HEAVY', [m for m in ('torch', 'triton') if m in sys.modules])")  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT), KINV_STATE_DIR=str(tmp_path / "state"))
     env.pop("KINV_DEBUG", None)

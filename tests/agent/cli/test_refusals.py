@@ -313,7 +313,7 @@ def test_bad_input_is_a_type_of_its_own():
 # a variant the replay cannot measure: its reason, said once, with labels
 # --------------------------------------------------------------------------- #
 def test_no_recording_names_the_partner_config_not_its_hash():
-    from kinv.agent.tools.backends.base import NoRecording
+    from kinv.agent.errors import NoRecording
     from kinv.agent.tools.backends.replay import ReplayBackend
     from kinv.kernels.launch_config import config_hash
 

@@ -232,7 +232,9 @@ def test_the_close_out_renderer_reads_asks_and_measures_nothing(module):
     """What a close-out shows is collected once by the close-out node: the renderer imports no store, backend,
     planner, tool or collector, and opens no file to read."""
     path = Path(__file__).resolve().parents[3] / module
-    reached = sorted(n for n in _imports(path) for c in COLLECTORS if n == c or n.startswith(c + "."))
+    pure = "kinv.agent.tools.measure.stats"  # level names and intervals: pure functions of what it is handed
+    reached = sorted(n for n in _imports(path) for c in COLLECTORS
+                     if (n == c or n.startswith(c + ".")) and not (n == pure or n.startswith(pure + ".")))
     assert not reached, f"{module} imports {reached}: hand the renderer the data instead"
     text = path.read_text()
     assert ".read_text(" not in text and ".read_bytes(" not in text and "open(" not in text, module

@@ -384,7 +384,7 @@ def test_history_of_a_workstream_that_never_ran_and_of_an_unknown_one(store, dem
 # imports
 # --------------------------------------------------------------------------- #
 def test_views_import_no_heavy_modules():
-    code = ("import sys, agent.views; heavy = [m for m in ('torch', 'triton', 'langgraph', 'rich', 'scipy')"
+    code = ("import sys, agent.report.views; heavy = [m for m in ('torch', 'triton', 'langgraph', 'rich', 'scipy')"
             " if m in sys.modules]; print(','.join(heavy))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
