@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from kinv.agent.errors import ConfigError, PlanError, TooBig
 from kinv.agent.ids import norm_ws
-from kinv.kernels.tunables import brief_repr, one_line
+from kinv.kernels.tunables import brief_repr, one_line, read_text_file
 
 WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")
 ITEM_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
@@ -530,16 +530,7 @@ def _load_plan(path: Path) -> tuple[Plan, str]:
         raise PlanError(f"plan file {path} is a directory; give a YAML file such as plans/3a-attention-occupancy.yaml")
     if not path.is_file():
         raise PlanError(f"plan file {path} does not exist (plans live in plans/, e.g. plans/3a-attention-occupancy.yaml)")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise PlanError(f"plan file {path} cannot be read: {exc.strerror or type(exc).__name__}") from None
-    if len(raw) > MAX_PLAN_BYTES:
-        raise PlanError(f"plan file {path} is {len(raw)} bytes; the limit is {MAX_PLAN_BYTES}")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise PlanError(f"plan file {path} is not UTF-8 text") from None
+    text = read_text_file(path, "plan file", MAX_PLAN_BYTES, PlanError)
     try:
         data = yaml.load(text, Loader=_BoundedLoader)
     except TooBig as exc:
@@ -569,7 +560,7 @@ def _load_plan(path: Path) -> tuple[Plan, str]:
         raise PlanError(f"plan file {path} is not a usable plan: it nests too deeply") from None
     except (ValueError, TypeError, OverflowError) as exc:
         raise PlanError(f"plan file {path}: {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}") from None
-    return plan, hashlib.sha256(raw).hexdigest()[:12]
+    return plan, hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
 def _make_loader():

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from kinv.agent.errors import ConfigError
 from kinv.kernels.adapter import get_adapter
-from kinv.kernels.tunables import Params, TunableSpec, brief_repr, one_line
+from kinv.kernels.tunables import Params, TunableSpec, brief_repr, one_line, read_text_file
 
 MAX_CONFIG_BYTES = 256 * 1024
 
@@ -64,18 +64,7 @@ def load_config(path: str | Path, kernel: str | None = None) -> dict:
 
 def read_json(path: Path, what: str = "config file") -> object:
     """A JSON file's value, or ConfigError (one line) saying why not: missing, too big, not UTF-8, bad JSON."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"{what} {path} cannot be read: {exc.strerror or type(exc).__name__}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{what} {path} is {len(raw)} bytes; the limit is {MAX_CONFIG_BYTES}")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{what} {path} is not UTF-8 text") from None
+    text = read_text_file(path, what, MAX_CONFIG_BYTES, ConfigError)
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:

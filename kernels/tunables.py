@@ -258,3 +258,20 @@ class TunableSpec:
             change = ",".join(f"{t.abbr}{ov[t.name]}" for t in self.tunables if t.name in ov)
             parts.append(f"{' '.join(rngs) or 'all'}: {change}")
         return base + (f" [{'; '.join(parts)}]" if parts else "")
+
+
+def read_text_file(path, what: str, limit: int, error: type[Exception]) -> str:
+    """A user's text file (a plan, a config) read whole, or ``error`` with one line saying why not: missing,
+    unreadable, over ``limit`` bytes, not UTF-8."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        raise error(f"{what} {path} cannot be read: {exc.strerror or type(exc).__name__}") from None
+    if len(raw) > limit:
+        raise error(f"{what} {path} is {len(raw)} bytes; the limit is {limit}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{what} {path} is not UTF-8 text") from None
