@@ -20,7 +20,8 @@ from kinv.kernels.tunables import brief_repr, one_line, read_text_file
 
 WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")
 ITEM_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
-ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}|KINV_ARG_[A-Za-z_][A-Za-z0-9_]{0,40}")
+ARG_ENV = "KINV_ARG_"  # a command argument {name} travels in an arm's environment as KINV_ARG_<name>
 MAX_PLAN_BYTES = 256 * 1024
 PLAN_ROOT_DIRS = ("plans", "kernels")
 BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
@@ -84,6 +85,9 @@ class Variant(Strict):
     env: dict[str, str] = Field(default_factory=dict, description="environment variables this variant's processes "
                                 "get on top of the plan's environment (e.g. {TARGET_CTAS: '1024'}); the env check "
                                 "confirms them in every one of its workers")
+    args: dict[str, str] = Field(default_factory=dict, description="a command plan's arguments this variant "
+                                 "changes: values for the command's '{name}' placeholders that the workload's args "
+                                 "names (e.g. {block: '128'}); the approval and the close-out show the command line")
     requires: Requires | None = Field(None, description="a premise: the variant is moot unless it holds")
     targets: Literal["roofline_gap", "occupancy", "tile_shape", "elsewhere"] | None = Field(
         None, description="the lever the variant pulls (occupancy, tile shape, ...): what its verdict is evidence about")
@@ -114,6 +118,17 @@ class BacklogItem(Strict):
                                       "each with the values to try (e.g. {TARGET_CTAS: ['256', '1024']}): a campaign "
                                       "screens them around the incumbent config; a deployment, not a config file, "
                                       "adopts what it finds")
+    args: dict[str, list[str]] = Field(default_factory=dict, description="a command plan's arguments this item "
+                                       "varies, each with the values to try (e.g. {block: ['128', '256']}): a "
+                                       "campaign screens them as it screens env (they reach the command's processes "
+                                       "as KINV_ARG_<name>)")
+
+    @model_validator(mode="after")
+    def _args_as_env(self):
+        # an argument is screened as the environment variable that carries it to the arm's runs
+        for name, values in self.args.items():
+            self.env.setdefault(f"{ARG_ENV}{name}", list(values))
+        return self
 
     @property
     def searchable(self) -> bool:
@@ -290,6 +305,14 @@ class Plan(Strict):
             bad = [x for x in values if x not in t.values]
             if bad:
                 raise ValueError(f"bounds.{key}: {brief_repr(bad[0])} is invalid: must be {t.says()}")
+        arg_names = self._arg_names()
+        for where, names in [(f"variants.{v.id}.args", v.args) for v in self.variants] + \
+                [(f"backlog.{i.id}.args", i.args) for i in self.backlog]:  # fmt: skip
+            for name in names:
+                if name not in arg_names:
+                    raise ValueError(f"{where}: {brief_repr(name)} is not an argument of this plan's command; "
+                                     + (f"its args: {', '.join(arg_names)}" if arg_names else
+                                        "arguments are a command plan's workload.args (its '{name}' placeholders)"))
         for v in self.variants:
             self._within_bounds(v)
             try:
@@ -333,6 +356,10 @@ class Plan(Strict):
         if self.expect_levels and self.expect != "no_change":
             raise ValueError("expect_levels needs expect: no_change (the levels where a null drill predicts no change)")
         return self
+
+    def _arg_names(self) -> list[str]:
+        """The command's argument names (a command plan's workload.args); none for a kernel."""
+        return sorted(getattr(self._workload, "args", None) or {}) if self.kernel == "command" else []
 
     def _within_bounds(self, v: Variant) -> None:
         """A variant's patch (its overrides included) stays inside the plan's bounds: the values a person
@@ -405,8 +432,9 @@ class Plan(Strict):
         return adapter.validate_config(cfg)
 
     def variant_env(self, variant: Variant) -> dict[str, str]:
-        """The environment the variant's processes get: the plan's, with the variant's own values on top."""
-        return {**self.environment, **variant.env}
+        """The environment the variant's processes get: the plan's, with the variant's own values on top (its
+        command arguments as ``KINV_ARG_<name>``)."""
+        return {**self.environment, **variant.env, **{f"{ARG_ENV}{k}": v for k, v in variant.args.items()}}
 
     def variant(self, vid: str) -> Variant:
         for v in self.variants:
@@ -552,6 +580,7 @@ def _load_plan(path: Path) -> tuple[Plan, str]:
         raise PlanError(f"plan file {path} is not valid YAML: {said}") from None
     if not isinstance(data, dict):
         raise PlanError(f"plan file {path} must be a YAML mapping with keys workstream, kernel, hypothesis, ...")
+    _beside_the_plan(path, data.get("kernel"))
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:
@@ -561,6 +590,21 @@ def _load_plan(path: Path) -> tuple[Plan, str]:
     except (ValueError, TypeError, OverflowError) as exc:
         raise PlanError(f"plan file {path}: {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}") from None
     return plan, hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def _beside_the_plan(path: Path, kernel) -> None:
+    """A plan that names its adapter's class (``kernel: mypkg.adapter:MyKernel``) and sits beside that package (a
+    plugin's own folder) finds it there, installed or not: the folder joins the import path (after what is on it)."""
+    import sys
+
+    from kinv.kernels.adapter import REF
+
+    if not isinstance(kernel, str) or not REF.fullmatch(kernel):
+        return
+    folder = path.resolve().parent
+    top = kernel.split(".", 1)[0].split(":", 1)[0]
+    if (folder / top).is_dir() and str(folder) not in sys.path:
+        sys.path.append(str(folder))
 
 
 def _make_loader():

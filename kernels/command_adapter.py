@@ -13,7 +13,11 @@ With ``server:`` (its ``command``, a ``ready_url`` polled until it answers 200, 
 has a long-lived server started in the arm's environment, and ``command`` is the client, run once per sample with
 the server's ``{port}``.
 
-A variant changes what the command's process sees: ``env: {OMP_NUM_THREADS: "1"}``.  The command has no tunables
+A variant changes what the command's process sees: ``env: {OMP_NUM_THREADS: "1"}``, or its arguments: the workload's
+``args: {block: "64"}`` names ``{block}`` placeholders of the command and their values in the baseline's runs, and a
+variant's ``args: {block: "128"}`` fills them in its own runs (a backlog item's ``args: {block: ["128", "256"]}`` is
+searched by a campaign as environment values are).  An arm's arguments reach its runs through its environment
+(``KINV_ARG_<name>``, so the env check confirms them in the very process measured).  The command has no tunables
 of kinv's: its config file holds only ``{"kernel": "command"}``.  The "correctness check" is that the command
 exits 0 and prints its metric at every level; checking its results is the command's own business.
 """
@@ -37,6 +41,13 @@ class _CommandSpec(TunableSpec):
 SPEC = _CommandSpec(kernel="command", tunables=())
 SCALE_US = {"s": 1e6, "ms": 1e3, "us": 1.0}
 RUN = "_run"  # the level's dimension that carries how to run it (never part of its key or label)
+ARG_ENV = "KINV_ARG_"  # an arm's command argument {name} travels in its environment as KINV_ARG_<name>
+RESERVED = ("python", "port")
+
+
+def args_of(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The command arguments an arm's environment carries (``KINV_ARG_<name>`` -> ``{name: value}``)."""
+    return {k[len(ARG_ENV):]: str(v) for k, v in (env or {}).items() if k.startswith(ARG_ENV)}
 
 
 def _workload_model():
@@ -102,7 +113,11 @@ def _workload_model():
         metric: Metric
         timeout_s: float = Field(120.0, gt=0, le=3600)
         warmup: int = Field(1, ge=0, le=10, description="unrecorded runs of each arm at each level first")
-        levels: list[dict[str, int | str]] = Field(min_length=1, max_length=16)
+        args: dict[str, str] = Field(default_factory=dict, description="the command's '{name}' placeholders that "
+                                     "are arguments, not level dimensions, with their values in the baseline's runs "
+                                     "(e.g. {block: '64'}); a variant's args: replaces them in its runs")
+        levels: list[dict[str, int | str]] = Field(min_length=1, max_length=16, description="the levels: each a "
+                                                   "mapping of the command's '{dim}' placeholders to values")
 
         @model_validator(mode="after")
         def _levels(self):
@@ -111,13 +126,22 @@ def _workload_model():
                 raise ValueError("every level must name the same dimensions")
             if len({tuple(sorted(lv.items())) for lv in self.levels}) != len(self.levels):
                 raise ValueError("levels must be distinct")
+            import re
+
+            for name in self.args:
+                if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,40}", name) or name in RESERVED:
+                    raise ValueError(f"args: {name!r} is not an argument name (letters, digits, _; not "
+                                     f"{' or '.join(RESERVED)})")  # fmt: skip
+                if name in self.levels[0]:
+                    raise ValueError(f"args: {name!r} is also a level dimension; give it in one place")
             for part in self.command:
                 for lv in self.levels:
                     try:
-                        part.format(python="python", **({"port": 0} if self.server else {}), **lv)
+                        part.format(python="python", **({"port": 0} if self.server else {}), **self.args, **lv)
                     except (KeyError, IndexError, ValueError) as exc:
-                        raise ValueError(f"command part {part!r}: {exc!r} is not a level dimension "
-                                         f"(dimensions: {', '.join(sorted(lv))})") from None  # fmt: skip
+                        raise ValueError(f"command part {part!r}: {exc!r} is not a level dimension or an argument "
+                                         f"(dimensions: {', '.join(sorted(lv))}; args: "
+                                         f"{', '.join(sorted(self.args)) or 'none'})") from None  # fmt: skip
             return self
 
     return CommandWorkload
@@ -146,7 +170,7 @@ class CommandAdapter(KernelAdapter):
 
     def levels(self, workload) -> list[Level]:
         run = {"command": list(workload.command), "metric": workload.metric.model_dump(),
-               "timeout_s": workload.timeout_s, "warmup": workload.warmup,
+               "timeout_s": workload.timeout_s, "warmup": workload.warmup, "args": dict(workload.args),
                "server": workload.server.model_dump() if workload.server else None}  # fmt: skip
         self.throughput_unit = workload.metric.unit
         return [self.level({**lv, RUN: run}) for lv in workload.levels]
@@ -164,13 +188,22 @@ class CommandAdapter(KernelAdapter):
 
     # ---- what the command backend runs and reads ---------------------------------------
     @staticmethod
-    def argv(level: Level, port: int | None = None) -> list[str]:
-        """The argv of one run at ``level`` (the client's, with the arm's server's ``port``)."""
+    def argv(level: Level, port: int | None = None, env: Mapping[str, str] | None = None,
+             placeholder_port: bool = False) -> list[str]:  # fmt: skip
+        """The argv of one run at ``level`` in an arm's environment ``env`` (its arguments: the workload's
+        ``args``, with the arm's own ``KINV_ARG_<name>`` values on top), the client's with the arm's server's
+        ``port`` (``placeholder_port``: ``{port}`` left as written, for a person to read)."""
         import sys
 
         dims = {k: v for k, v in level.dims.items() if k != RUN}
-        extra = {"port": port} if port is not None else {}
-        return [p.format(python=sys.executable, **extra, **dims) for p in level.dims[RUN]["command"]]
+        extra = {"port": port} if port is not None else {"port": "{port}"} if placeholder_port else {}
+        args = {**level.dims[RUN].get("args", {}), **args_of(env)}
+        return [p.format(python=sys.executable, **extra, **args, **dims) for p in level.dims[RUN]["command"]]
+
+    @staticmethod
+    def arg_names(level: Level) -> list[str]:
+        """The argument names the command's placeholders take (the workload's ``args``)."""
+        return sorted(level.dims[RUN].get("args", {}))
 
     @staticmethod
     def server(level: Level) -> dict | None:

@@ -52,6 +52,7 @@ EXPECT: dict[str, tuple[int, str, str]] = {
     "kinv backups": (0, SESSION, "backups taken before each patch"),
     "kinv history 3a": (0, SESSION, "the graph nodes that ran"),
     "kinv kernels": (0, QUICK, "the registered kernels"),
+    "kinv check examples/quick_matmul/plan-uninstalled.yaml": (0, QUICK, "the plugin's gates on CPU, nothing timed"),
     "kinv bench --backend cuda": (2, QUICK, GPU_ONLY),
     "kinv bench --variant num_warps=8 --backend replay": (0, QUICK, "one A/B on replay, with a verdict"),
     "kinv run plans/4a-expert-gemm-tiles.yaml --approval auto": (0, SESSION, "the MoE kernel's workstream"),

@@ -1,4 +1,4 @@
-"""Commands that run things: run, campaign, mcp, resume, approve, reject."""
+"""Commands that run things: run, check, campaign, mcp, resume, approve, reject."""
 
 from __future__ import annotations
 
@@ -85,6 +85,42 @@ def _run_many(loaded: list, backend: str, approval: str, sd: Path, new_version: 
     ended = ", ".join(f"{r.ws} exit {r.exit_code}" for r in rows)
     raise Exit(code, f"{len(rows)} workstreams in {wall:.1f} s wall (their own times add up to {serial:.1f} s): {ended}; "
                      f"logs in {sd / 'runs'}")  # fmt: skip
+
+
+@app.command()
+def check(
+    plan: Path = typer.Argument(..., help="workstream plan (YAML), e.g. examples/quick_matmul/plan.yaml"),
+    state_dir: str = StateOpt,
+    as_json: bool = JsonOpt,
+):
+    """Check a plan without timing anything, on any machine: validate it, resolve every arm's config at every
+    level, run the correctness gate of the baseline and every variant (on CPU in the Triton interpreter), show each
+    edit as its approval would, predict resources, and write a close-out skeleton that says nothing was timed.
+    Needs no GPU and no recording: the first step for a new plugin.
+
+    Example: kinv check examples/quick_matmul/plan.yaml
+    Exit codes: 0 every arm would run, 1 a gate failed (the line names the variant and the level), 2 bad input.
+    """
+    from kinv.agent.report import render
+    from kinv.agent.workstream.check import check_plan, write_report
+
+    sd = _state_dir(state_dir)
+    con = _console()
+    say = (lambda _m: None) if as_json else (lambda m: con.print(m, markup=False, highlight=False))
+    out = check_plan(str(plan), say=say)
+    report = write_report(out, sd)
+    if as_json:
+        import dataclasses
+
+        print(json.dumps({**dataclasses.asdict(out), "ok": out.ok, "report": str(report),
+                          "timed": False}, indent=2, default=str))  # fmt: skip
+    else:
+        render.check(con, out)
+    if not out.ok:
+        raise Exit(EXIT_FAIL, f"{plan}: a gate failed: {'; '.join(out.failures())} (nothing was timed; "
+                              f"skeleton in {report})")  # fmt: skip
+    raise Exit(EXIT_OK, f"{plan}: every arm would run ({len(out.arms)} arm(s), gate on {out.device}); nothing was "
+                        f"timed; close-out skeleton in {report}")  # fmt: skip
 
 
 @app.command()

@@ -310,7 +310,13 @@ def render(cd: CloseoutData) -> str:
     # ---- backend -------------------------------------------------------------------
     out += ["## Where this was measured", "", f"- Backend: `{be.name}` — {be.loud}"]
     env = fmt.kv(plan.environment) or "(none)"
-    out += [f"- Environment expected and confirmed in every worker: {env}", ""]
+    out += [f"- Environment expected and confirmed in every worker: {env}"]
+    if plan.kernel == "command":  # the command line each arm ran (at the first level; the others differ by level)
+        adapter, lv = plan.adapter, plan.levels()[0]
+        arms = [("baseline", plan.environment)] + [(v.id, plan.variant_env(v)) for v in plan.variants]
+        out += [f"- Command line of each arm at {lv.key}:"]
+        out += [f"  - {name}: `{' '.join(adapter.argv(lv, env=e, placeholder_port=True))}`" for name, e in arms]
+    out += [""]
 
     # ---- noise -------------------------------------------------------------------
     lost = cd.lost

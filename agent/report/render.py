@@ -258,3 +258,23 @@ def placed_table(rows) -> Table:
     for r in rows:
         t.add_row(r.ws, r.kernel, r.place or "-", str(r.exit_code), f"{r.wall_s:.1f}", r.last_line)
     return t
+
+
+def check(console, outcome) -> None:
+    """``kinv check``: each arm's gate and what runs at each level, each variant's edit as its approval shows it."""
+    from kinv.agent.report.check import _gate_line, predicted_lines
+
+    console.print(f"NOTHING WAS TIMED: {outcome.ws} checked ({outcome.kernel}; gate on {outcome.device}"
+                  + (", the Triton interpreter" if outcome.device == "cpu" else "") + ")", markup=False)  # fmt: skip
+    t = table("arm", "level", "runs", title="every arm at every level")
+    for arm in outcome.arms:
+        for lv in arm.levels:
+            t.add_row(arm.name, lv["label"], lv["runs"])
+    console.print(t)
+    for arm in outcome.arms:
+        console.print(f"{arm.name}: {_gate_line(arm)}", markup=False, highlight=False)
+        if arm.diff:
+            console.print(f"  {arm.name}'s edit, as its approval would show it:", markup=False)
+            diff(console, arm.diff.rstrip("\n"))
+        for line in predicted_lines(arm.resources):
+            console.print(f"  {line}", markup=False, highlight=False)

@@ -274,6 +274,11 @@ def design(state: State, runtime: Runtime[Context]) -> Command[Literal["approval
     if v.env:  # what the variant changes outside any file: its processes' environment
         diff = "".join(f"environment of {vid}'s processes: {k}={plan.environment.get(k, '(unset)')} -> {k}={val}\n"
                        for k, val in v.env.items()) + diff
+    if v.args:  # a command's arguments: the command line its runs get
+        lv = levels[0]
+        before, after = (" ".join(ctx.adapter.argv(lv, env=e, placeholder_port=True))
+                         for e in (plan.environment, plan.variant_env(v)))  # fmt: skip
+        diff = f"command line of {vid}'s runs at {lv.key}: {before} -> {after}\n" + diff
     store.update_experiment(exp, diff=diff)
     if not var_a["feasible"]:
         result = {"verdict": "infeasible", "reason": f"infeasible on {plan.device}: {var_a['reason']}",

@@ -192,7 +192,7 @@ class CommandArm(Arm):
 
         run = level.dims["_run"]
         srv = self.serve(level) if run.get("server") else None
-        argv = get_adapter("command").argv(level, port=srv.port if srv else None)
+        argv = get_adapter("command").argv(level, port=srv.port if srv else None, env=self.env)
         env = {**os.environ, **{k: str(v) for k, v in self.env.items()}}
         t0 = time.perf_counter()
         seen = None

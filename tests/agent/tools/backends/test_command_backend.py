@@ -249,3 +249,45 @@ def test_a_plan_may_restart_each_arms_server_before_every_round(tmp_path):
     rep = json.loads(kinv_in_process(env, "report", "11a", "--json").stdout)
     rounds = sum(e["experiment"]["rounds"] or 0 for e in rep["experiments"])
     assert len(_pids(tmp_path / "state")) >= rounds  # a fresh server per arm per round (at least one per round)
+
+
+# A command whose argument is its knob: --size N does N units of work, so a larger size is slower.
+SIZED = ("import sys, json, time; n = int(sys.argv[2]); t0 = time.perf_counter(); sum(range(n * 2000)); "
+         "print(json.dumps(dict(rate=1.0 / (time.perf_counter() - t0))))")
+
+
+def test_a_variant_that_changes_a_command_argument_runs_that_command_line_and_closes_out(tmp_path):
+    data = yaml.safe_load(PLAN.read_text())
+    data["workload"] = {"command": ["{python}", "-c", SIZED, "--size", "{size}", "{n}"],
+                        "args": {"size": "10"}, "metric": {"json_key": "rate", "unit": "runs/s"}, "timeout_s": 30,
+                        "warmup": 0, "levels": [{"n": 1}]}  # fmt: skip
+    data["environment"] = {}
+    data["variants"] = [{"id": "S1", "title": "a larger size", "targets": "elsewhere", "args": {"size": "400"}}]
+    data["stats"].update(aa_rounds=8, aa_arms=2, quick_rounds=4, step_rounds=2, max_rounds=6)
+    plan = tmp_path / "sized.yaml"
+    plan.write_text(yaml.safe_dump(data))
+    env = replay_env(tmp_path, tmp_path / "state")
+    r = kinv_in_process(env, "run", str(plan), "--approval", "ask")  # the approval shows the command line
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
+    pending = kinv_in_process(env, "pending").stdout
+    assert "command line of S1's runs at n1: " in pending and "--size 10 1 -> " in pending
+    assert pending.rstrip().count("--size 400 1") == 1
+    kinv_in_process(env, "approve", "11a-S1-3")
+    r = kinv_in_process(env, "resume", "11a")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    text = (tmp_path / "state" / "reports" / "11a-closeout.md").read_text()
+    assert "- Command line of each arm at n1:" in text
+    assert "--size 10 1`" in text and "S1: `" in text and "--size 400 1`" in text
+    rep = json.loads(kinv_in_process(env, "report", "11a", "--json").stdout)
+    s1 = next(e for e in rep["experiments"] if e["experiment"]["variant"] == "S1")
+    assert s1["experiment"]["verdict"] == "reject"  # 40 times the work: slower beyond any noise
+
+
+def test_an_argument_the_command_does_not_take_is_refused_in_one_line(tmp_path):
+    data = yaml.safe_load(PLAN.read_text())
+    data["variants"][0]["args"] = {"size": "4"}
+    plan = tmp_path / "bad.yaml"
+    plan.write_text(yaml.safe_dump(data))
+    r = kinv_in_process(replay_env(tmp_path, tmp_path / "state"), "check", str(plan))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "variants.T1.args: 'size' is not an argument of this plan's command" in r.stderr
