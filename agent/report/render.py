@@ -191,6 +191,9 @@ def show(console, v) -> None:
         console.print(t)
     led = v.ledger
     console.print(f"ledger: {led.gpu_s:.2f} GPU s, {led.rounds} rounds, {led.wall_s:.1f} s wall, {led.samples} samples")
+    if v.logs:
+        console.print(f"output of every run ({v.logs['files']} files): {v.logs['dir']}/{v.logs['pattern'].split()[0]}",
+                      markup=False, highlight=False)  # fmt: skip
 
 
 def pending(console, items) -> None:

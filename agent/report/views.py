@@ -211,6 +211,8 @@ class ShowView(View):
     effects: list[VerdictView] = Field(default_factory=list, description="per-level effect and verdict")
     noise: list[NoiseView] = Field(default_factory=list, description="noise bands, for an A/A experiment")
     ledger: Ledger = Field(description="cost: GPU seconds, rounds, wall seconds, samples")
+    logs: dict | None = Field(None, description="where the output of every run of this experiment is kept (a command's "
+                              "runs): {dir, pattern, files}")
 
 
 class ReportView(View):
@@ -500,7 +502,19 @@ def show(store: Store, exp_id: int | str) -> ShowView:
         effects=effects,
         noise=noise,
         ledger=Ledger(gpu_s=gpu_s, rounds=rounds, wall_s=row.get("wall_s") or 0.0, samples=len(samples)),
+        logs=run_logs(store, eid),
     )
+
+
+def run_logs(store: Store, exp_id: int) -> dict | None:
+    """Where the output of each run of experiment ``exp_id`` is kept (agent/tools/backends/command.py names them by
+    experiment, arm, level, round and tag): ``{dir, pattern, files}``, or None when it has none."""
+    d = store.dir / "commands"
+    patterns = (f"e{exp_id}-*.log", f"server-e{exp_id}-*.log")
+    files = sorted({f.name for p in patterns for f in d.glob(p)}) if d.is_dir() else []
+    if not files:
+        return None
+    return {"dir": str(d), "pattern": " ".join(patterns), "files": len(files)}
 
 
 def report(store: Store, ws: str, markdown: str) -> ReportView:

@@ -152,6 +152,7 @@ def baseline(state: State, runtime: Runtime[Context]) -> dict:
     from kinv.agent.report.closeout import prefetch_plotting
 
     prefetch_plotting()  # and the close-out's plotting library loads (no sample is being timed yet)
+    ctx.backend.experiment = exp
     with ctx.heartbeat(f"baseline: correctness check at {len(levels)} levels ({_corr_device(ctx)})"):
         result = ctx.backend.check(plan.kernel, _baseline_config(ctx), levels, seed=_seed(),
                                    device=_corr_device(ctx), env=plan.environment)  # fmt: skip
@@ -374,6 +375,7 @@ def gate(state: State, runtime: Runtime[Context]) -> Command[Literal["measure", 
     vid = state["current"]
     _ensure_applied(ctx, plan.variant(vid), state["exp_id"])
     live = load_config(ctx.config_path, ctx.adapter.name)
+    ctx.backend.experiment = state["exp_id"]
     with ctx.heartbeat(f"{vid}: correctness check at {len(ctx.levels())} levels ({_corr_device(ctx)})"):
         variant = plan.variant(vid)  # the judge imports from the baseline snapshot while a source patch is live
         judge_path = [state["baseline_hashes"]["snapshot"]] if variant.source_patch else None

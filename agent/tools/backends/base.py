@@ -118,6 +118,9 @@ class Arm(ABC):
 class Backend(ABC):
     name: str = ""
     loud: str = ""
+    #: the experiment whose arms and checks are being run (the measurement sets it): a backend that keeps what its
+    #: runs print files it under this id, so no later experiment's run overwrites an earlier one's
+    experiment: int | None = None
     #: what a sample's ``gpu_s`` is, in the close-out's words ("GPU time"; a command's: its runs' wall time)
     time_word: str = "GPU time"
     #: what one sample is, as the close-out's noise section says it

@@ -9,7 +9,9 @@ the reciprocal of a higher-is-better metric (so a throughput change is ``expm1(e
 
 A timed run that fails, times out or prints no metric loses that sample with one recorded line naming the level and
 what it printed last (agent/tools/measure/protocol.py drops it; an arm that loses too many fails); a warm-up or the
-correctness check that fails fails its arm.  Every run's whole output is kept under ``<state>/commands/``.
+correctness check that fails fails its arm.  Every run's whole output is kept under ``<state>/commands/``, one file
+per run named by experiment, arm, level, round and tag (``e12-baseline-n512-r3.log``; :func:`keep`), never
+overwritten: a name already taken (a resumed run, another process of the same state dir) gets ``.2``, ``.3``, ...
 """
 
 from __future__ import annotations
@@ -35,6 +37,26 @@ def _logs(where: Path | None) -> Path:
     d = where or state_dir(None) / "commands"
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def keep(directory: Path, stem: str, text: str) -> Path:
+    """Write ``text`` to ``<directory>/<stem>.log``, or ``<stem>.2.log``, ``.3``, ... when that name is taken: created
+    exclusively, so that no run's output ever replaces another's, whichever process wrote first."""
+    for i in range(1, 10_000):
+        f = directory / (f"{stem}.log" if i == 1 else f"{stem}.{i}.log")
+        try:
+            with open(f, "x") as fh:
+                fh.write(text)
+            return f
+        except FileExistsError:
+            continue
+    raise VariantFailed(f"{directory}: 10000 logs named {stem}; clear old ones")
+
+
+def log_stem(experiment: int | None, arm: str, level_key: str, tag: str) -> str:
+    """The name of one run's log: experiment, arm, level, round or tag (``e12-V1-n512-r3``)."""
+    safe = lambda s: re.sub(r"[^A-Za-z0-9_.=+-]", "_", str(s))  # noqa: E731
+    return "-".join(([f"e{experiment}"] if experiment is not None else []) + [safe(arm), safe(level_key), safe(tag)])
 
 
 def _last_json(text: str) -> dict | None:
@@ -111,7 +133,7 @@ class Server:
         self.spec, self.env, self.name, self.port = spec, env, name, _free_port()
         argv = [p.format(python=sys.executable, port=self.port) for p in spec["command"]]
         self.log = log
-        self._out = open(log, "w")  # noqa: SIM115 - the server's output, for its life
+        self._out = open(log, "a")  # noqa: SIM115 - the server's output, for its life (its file made by keep)
         try:
             self.proc = subprocess.Popen(argv, env={**os.environ, **{k: str(v) for k, v in env.items()}},
                                          stdout=self._out, stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -158,6 +180,7 @@ class ServerPool:
     def __init__(self):
         self.idle: dict[tuple, list[Server]] = {}
         self.started = 0
+        self.experiment: int | None = None  # whose servers start now (their logs are named by it)
 
     def take(self, spec: dict, env: dict, log_dir: Path, name: str) -> Server:
         key = (json.dumps(spec, sort_keys=True), tuple(sorted((k, str(v)) for k, v in env.items())))
@@ -167,7 +190,8 @@ class ServerPool:
                 return srv
             srv.stop()
         self.started += 1
-        srv = Server(spec, env, log_dir / f"server-{name}-{self.started}.log", name)
+        srv = Server(spec, env, keep(log_dir, f"server-{log_stem(self.experiment, name, 'all', self.started)}", ""),
+                     name)  # fmt: skip
         srv.key = key
         return srv
 
@@ -245,10 +269,11 @@ class CommandArm(Arm):
             self.pool.give(self.server_obj)
             self.server_obj = None
 
+    experiment: int | None = None
+
     def _keep(self, level: Level, tag: str, out: str) -> Path:
-        f = _logs(getattr(self, "log_dir", None)) / f"{self.name}-{level.key.replace('/', '_')}-{tag}.log"
-        f.write_text(out or "")
-        return f
+        stem = log_stem(self.experiment, self.name, level.key, tag)
+        return keep(_logs(getattr(self, "log_dir", None)), stem, out or "")
 
     def setup(self, level: Level) -> dict:
         for i in range(int(level.dims["_run"].get("warmup", 0))):
@@ -294,7 +319,8 @@ class CommandBackend(Backend):
 
     def _arm(self, name: str, kernel: str, config: dict, env: dict) -> CommandArm:
         arm = CommandArm(name=name, kernel=kernel, config=config, env=dict(env))
-        arm.log_dir, arm.pool = self.log_dir, self.servers
+        arm.log_dir, arm.pool, arm.experiment = self.log_dir, self.servers, self.experiment
+        self.servers.experiment = self.experiment
         return arm
 
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant", judge_path=None) -> Arm:
@@ -322,7 +348,7 @@ class CommandBackend(Backend):
         try:
             for lv in levels:
                 try:
-                    value, wall, _ = arm.run(lv, f"check-{seed}")
+                    value, wall, _ = arm.run(lv, "check")
                 except VariantFailed as exc:
                     rows.append({"level": lv.key, "ok": False})
                     return {"ok": False, "levels": rows, "seed": seed, "device": "command", "dtype": "n/a",

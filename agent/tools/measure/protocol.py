@@ -317,6 +317,7 @@ def run_aa(store, exp_id: int, backend: Backend, kernel: str, config: dict, env:
     Returns ``({level: [times of arm j]}, GPU s spent in this call)``.  The graph's noise node and ``kinv noise``
     both run this."""
     tags = [f"A{j}" for j in range(n_arms)]
+    backend.experiment = exp_id
     done = stored_rounds(store, exp_id, tags)
     acc: dict[str, list[list[float]]] = {lv.key: [[] for _ in range(n_arms)] for lv in levels}
     arms: list[Arm] = []
@@ -363,6 +364,7 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
     every arm once it has started (the env check); ``before_close(arms)`` sees them once the rounds are done (the
     last captures' check).  Returns ``(SequentialResult, GPU s spent in this call)``.  Only the sequential A/B with
     every rule (agent/tools/measure/sequential.py) calls this: nobody else decides a verdict from its rounds."""
+    backend.experiment = exp_id
     done = {r: {lv: tuple(v) for lv, v in lvs.items()} for r, lvs in stored_rounds(store, exp_id, ["A", "B"]).items()}
     arms: list[Arm] = []
     lost: dict[str, int] = {}

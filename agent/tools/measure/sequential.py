@@ -157,6 +157,7 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
         return Outcome(verdict, why, kind=kind, void=void, gpu_s=ledger, spent_s=spent, skipped=skipped)
 
     # 1. the correctness gate, both arms, judged out of the variant's reach
+    backend.experiment = exp_id
     if not gated:
         seed = random.SystemRandom().randrange(2**31)
         for who, cfg, arm_env, path in (("baseline", base_cfg, env, base_pythonpath), ("variant", var_cfg, var_env, None)):

@@ -149,7 +149,7 @@ def test_the_cpu_matmul_threads_investigation_closes_out_on_this_machine(tmp_pat
     assert "OMP_NUM_THREADS=1 in its processes (the baseline's: 2)" in text and "GFLOP/s" in text
     assert "Environment expected and confirmed in every worker: OMP_NUM_THREADS=2" in text
     assert "Predicted change" not in text  # no launch resources for a whole command
-    assert list((tmp_path / "state" / "commands").glob("T1-n512-r*.log"))  # every run's output kept
+    assert list((tmp_path / "state" / "commands").glob("e*-T1-n512-r*.log"))  # every run's output kept
 
 
 SERVER = '''
@@ -291,3 +291,31 @@ def test_an_argument_the_command_does_not_take_is_refused_in_one_line(tmp_path):
     r = kinv_in_process(replay_env(tmp_path, tmp_path / "state"), "check", str(plan))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "variants.T1.args: 'size' is not an argument of this plan's command" in r.stderr
+
+
+# Every run appends one byte to a tally (argv[1]) before printing its metric: the tally is the number of runs.
+TALLY = ("import sys, random; f = open(sys.argv[1], 'a'); f.write('x'); f.close(); "
+         "print('{{\"rate\": %f}}' % (100.0 * (1 + random.gauss(0, 0.002))))")
+
+
+def test_every_runs_output_is_kept_across_variants_and_workstreams_and_show_names_where(tmp_path):
+    tally = tmp_path / "tally"
+    data = yaml.safe_load(PLAN.read_text())
+    data["workload"] = {"command": ["{python}", "-c", TALLY, str(tally), "{n}"],
+                        "metric": {"json_key": "rate", "unit": "runs/s"}, "timeout_s": 30, "warmup": 1,
+                        "levels": [{"n": 1}]}  # fmt: skip
+    data["variants"] = [{**data["variants"][0], "id": f"T{i}", "env": {"OMP_NUM_THREADS": str(i)}} for i in (1, 3)]
+    data["stats"].update(aa_rounds=8, aa_arms=2, quick_rounds=2, step_rounds=2, max_rounds=4, threshold=0.5)
+    env = replay_env(tmp_path, tmp_path / "state")
+    for ws in ("#11a", "#11b"):  # two workstreams of one state dir, each with a baseline arm in every A/B
+        data["workstream"]["id"] = ws
+        plan = tmp_path / f"{ws[1:]}.yaml"
+        plan.write_text(yaml.safe_dump(data))
+        r = kinv_in_process(env, "run", str(plan), "--approval", "auto")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    logs = sorted((tmp_path / "state" / "commands").glob("*.log"))
+    assert len(logs) == len(tally.read_text())  # one file per run: none overwritten
+    assert len({f.name for f in logs}) == len(logs) and all(f.name.startswith("e") for f in logs)
+    shown = kinv_in_process(env, "show", "3").stdout  # #11a's T1: its runs, where they are
+    assert f"{tmp_path / 'state' / 'commands'}/e3-*.log" in shown
+    assert json.loads(kinv_in_process(env, "show", "3", "--json").stdout)["logs"]["files"] >= 3
