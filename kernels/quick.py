@@ -10,15 +10,27 @@ A Triton kernel becomes investigable with one call in the plugin's adapter modul
         restrictions=["TILE_M * TILE_N <= 2048 * num_warps"],
         default={"TILE_M": 64, "TILE_N": 64, "num_warps": 4},
         levels=[{"M": 512, "N": 512, "K": 512}, {"M": 2048, "N": 2048, "K": 2048}],
-        make_inputs=make_inputs,      # (level, seed, device, dtype) -> dict of tensors
-        launch=launch,                # (inputs, params, out=None) -> the output, written into ``out`` when given
-        reference=reference,          # (inputs) -> the float32 reference output
+        make_inputs=make_inputs,      # (level, seed, device, dtype) -> dict of inputs (tensors, and any other value)
+        launch=launch,                # (inputs, params, out=None) -> the output(s), written into ``out`` when given
+        reference=reference,          # (inputs) -> the float32 reference output(s)
         flops=lambda level: 2 * level.M * level.N * level.K,
     )
 
 and an entry point (``my_matmul = "mypkg.adapter:MyMatmul"`` in the ``kinv.kernels`` group) or a plan's
 ``kernel: mypkg.adapter:MyMatmul``.  :func:`from_autotune` builds the same from a ``@triton.autotune`` kernel: its
 configs become the space, its key the level dimensions.
+
+Inputs and outputs as kernels have them: ``make_inputs`` may return non-tensor values beside the tensors (a scalar
+``eps``, a ``torch.dtype``): the gate passes them to ``launch`` and ``reference`` untouched.  A kernel with several
+outputs returns a tuple from ``launch`` and the same tuple, in the same order, from ``reference``; each output is
+checked against its reference under the tolerance, and ``out`` is then that tuple of buffers.
+
+On CPU the gate runs in the Triton interpreter, which cannot run every kernel a GPU runs.  The known gaps: a Python
+scalar the kernel computes with as a tensor (``x * eps`` where ``eps`` is a Python float passed without ``.to()``), a
+``libdevice`` function (``libdevice.rsqrt`` returns None in the interpreter), a ``tl.dot`` in bf16 (wrong results).
+A launch that fails there says so and names them.  For such a kernel give ``cpu_launch=(inputs, params, out=None)``:
+kinv calls it instead of ``launch`` whenever the tensors are on the CPU (the GPU path never sees it); it may launch
+the same kernel with a workaround (the scalar as a 0-d tensor), or a variant of it without the missing function.
 
 What kinv derives, and how:
 
@@ -28,8 +40,9 @@ What kinv derives, and how:
 * the level dimensions from the level dicts (their keys, in order), the key ``M512/N512/K512`` and the label (the
   dimensions that vary between the declared levels); a plan's ``workload: {levels: [...]}`` picks declared levels
   by key or label, or gives new ones as dicts (``workload: {}``: every declared level);
-* the bytes one call moves, when ``bytes_moved`` is not given: the sizes of the input tensors plus the output (the
-  reference's shape at the timed dtype), from ``make_inputs`` on the ``meta`` device (on CPU if that fails), once
+* the bytes one call moves, when ``bytes_moved`` is not given: the sizes of the input tensors plus each output's, from
+  its size and its own dtype (``output_dtypes=[...]``, one per output; else a reference output's own dtype where it
+  is not float32; else the timed dtype), from ``make_inputs`` on the ``meta`` device (on CPU if that fails), once
   per level per process; a plan's workload notes say so, and the GB/s and the roofline's memory bound use it;
 * ``kernel_files`` (what a source patch may change, and what the kernel hash covers): the source files of the
   Triton kernels ``launch`` names and of ``launch`` itself, inside the plugin's package; ``reference_parts``: the
@@ -368,6 +381,13 @@ def _run_config(autotuner, config, args, kwargs):
     return autotuner.fn.run(*args, **kwargs, **given)
 
 
+def _on_cpu(inputs, out) -> bool:
+    """Whether a launch's tensors live on the CPU (where the Triton interpreter runs, and ``cpu_launch`` replaces
+    ``launch``)."""
+    ts = _tensors(inputs) + _tensors(out)
+    return bool(ts) and all(getattr(getattr(t, "device", None), "type", "cpu") == "cpu" for t in ts)
+
+
 def _tensors(x) -> list:
     if isinstance(x, list | tuple):
         return [t for item in x for t in _tensors(item)]
@@ -518,8 +538,9 @@ class QuickAdapter(KernelAdapter):
         if q.autotune is not None:
             names, combos, autotuner = q.autotune
             _LOCAL.chosen = {**(previous or {}), id(autotuner): combos[tuple(params[n] for n in names)]}
+        fn = q.cpu_launch if q.cpu_launch is not None and _on_cpu(inputs, out) else q.launch
         try:
-            result = q.launch(inputs, params, out)
+            result = fn(inputs, params, out)
         finally:
             _LOCAL.chosen = previous
             compiled, _LOCAL.compiled = getattr(_LOCAL, "compiled", None), None
@@ -560,8 +581,10 @@ class QuickAdapter(KernelAdapter):
         return q.bytes_cache[key]
 
     def _derived_bytes(self, level: Level) -> int:
-        """The input tensors' bytes plus the output's (the reference's shape at the timed dtype), from inputs made on
-        the ``meta`` device (no memory, no compute), else on CPU."""
+        """The input tensors' bytes plus each output's, from its own size and dtype: the declared ``output_dtypes``
+        (one per output), else a reference output's own dtype where it is not float32 (a reference that returns an
+        output in the dtype the kernel writes), else the timed dtype.  Inputs are made on the ``meta`` device (no
+        memory, no compute), else on CPU."""
         import torch
 
         dtype = self._dtype("cuda")
@@ -573,8 +596,21 @@ class QuickAdapter(KernelAdapter):
             except Exception:  # noqa: BLE001 - a make_inputs or reference that cannot run on meta: on CPU then
                 if device == "cpu":
                     raise
-        size = torch.empty((), dtype=dtype, device="meta").element_size()
-        return int(sum(t.numel() * t.element_size() for t in _tensors(inputs)) + sum(t.numel() for t in _tensors(ref)) * size)
+        outs = _tensors(ref)
+        declared = self._q.output_dtypes
+        if declared is not None and len(declared) != len(outs):
+            raise BadInput(f"{self.name}: output_dtypes names {len(declared)} dtype(s); the reference returns "
+                           f"{len(outs)} output(s)")  # fmt: skip
+        out_bytes = 0
+        for i, t in enumerate(outs):
+            if declared is not None:
+                kind = getattr(torch, declared[i])
+            elif t.dtype != torch.float32:
+                kind = t.dtype
+            else:
+                kind = dtype
+            out_bytes += t.numel() * torch.empty((), dtype=kind, device="meta").element_size()
+        return int(sum(t.numel() * t.element_size() for t in _tensors(inputs)) + out_bytes)
 
     def flops(self, level: Level) -> int:
         return int(self._q.flops(level)) if self._q.flops is not None else 0
@@ -605,7 +641,8 @@ def _module_name(depth: int) -> str:
 def _build(name: str, module: str, *, tunables: tuple[Tunable, ...], restrictions, default, levels, make_inputs,
            launch, reference, bytes_moved=None, flops=None, tolerance=None, dtype=None, kernel_files=None,
            reference_parts=None, throughput_unit=None, throughput=None, stand_in=None, kernels=(),
-           override_dims=None, example_plan: str = "", profile_kernels: str = "", autotune=None) -> type[QuickAdapter]:  # fmt: skip
+           override_dims=None, example_plan: str = "", profile_kernels: str = "", autotune=None, cpu_launch=None,
+           output_dtypes=None) -> type[QuickAdapter]:  # fmt: skip
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise BadInput(f"name {brief_repr(name)} is not a valid kernel name (letters, digits, _; at most 64)")
     names = tuple(t.name for t in tunables)
@@ -637,6 +674,11 @@ def _build(name: str, module: str, *, tunables: tuple[Tunable, ...], restriction
             isinstance(tolerance, tuple | list) and len(tolerance) == 2):  # fmt: skip
         raise BadInput(f"tolerance must be (atol, rtol), a dict dtype -> (atol, rtol) or a function of the dtype; "
                          f"got {brief_repr(tolerance)}")  # fmt: skip
+    if cpu_launch is not None:
+        _check_callable(cpu_launch, "cpu_launch", 3, "(inputs, params, out=None) -> output, on CPU tensors")
+    if output_dtypes is not None:
+        output_dtypes = [output_dtypes] if not isinstance(output_dtypes, list | tuple) else list(output_dtypes)
+        output_dtypes = [_dtype_name(d) for d in output_dtypes]
     if stand_in is not None and not callable(stand_in) and not isinstance(stand_in, Mapping):
         raise BadInput("stand_in must be a dict of caps on CPU ({'M': 64}) or a function (dims, device) -> dims")
     if not isinstance(default, Mapping):
@@ -657,7 +699,8 @@ def _build(name: str, module: str, *, tunables: tuple[Tunable, ...], restriction
     package_dir = Path(file).resolve().parent if file else None
     root = package_dir.parent if package_dir else None
     if kernel_files is None:
-        found = [_relative(_python_function(o), package_dir, root) for o in triton] + [_relative(launch, package_dir, root)]
+        found = [_relative(_python_function(o), package_dir, root) for o in triton] + [
+            _relative(fn, package_dir, root) for fn in (launch, cpu_launch) if fn is not None]
         kernel_files = tuple(dict.fromkeys(f for f in found if f))
     if reference_parts is None:
         parts = [reference, bytes_moved, flops] + ([make_inputs] if bytes_moved is None else [])
@@ -668,7 +711,8 @@ def _build(name: str, module: str, *, tunables: tuple[Tunable, ...], restriction
     decl = _Declaration(levels=level_list, common=common, default=default, make_inputs=make_inputs, launch=launch,
                         reference=reference, bytes_moved=bytes_moved, flops=flops, tolerance=tolerance,
                         dtype=_dtype_name(dtype), throughput=throughput, stand_in=stand_in, triton=triton,
-                        inputs_vary=_takes(make_inputs, "vary_lengths"),
+                        inputs_vary=_takes(make_inputs, "vary_lengths"), cpu_launch=cpu_launch,
+                        output_dtypes=output_dtypes,
                         autotune=autotune[:3] if autotune is not None else None)  # fmt: skip
     cls_name = "".join(p.capitalize() for p in name.split("_") if p) + "Adapter"
     attrs = {"__module__": module, "__qualname__": cls_name, "_q": decl, "name": name, "spec": spec, "level_dims": dims,
@@ -690,7 +734,8 @@ def kernel(name: str, *, tunables: Mapping, default: Mapping, levels: list, make
     ``bytes_moved(level)``, ``flops(level)``, ``tolerance`` ((atol, rtol), a dict by dtype name, or a function of
     the dtype), ``dtype``, ``kernel_files`` and ``reference_parts`` (relative to the plugin's root),
     ``throughput_unit`` (calls/s, GB/s, TB/s, GFLOP/s, TFLOP/s; or any with ``throughput=(level, us) -> float``),
-    ``stand_in`` (CPU caps by dimension, or ``(dims, device) -> dims``), ``kernels`` (Triton kernels ``launch``
+    ``stand_in`` (CPU caps by dimension, or ``(dims, device) -> dims``), ``cpu_launch`` (``launch``'s stand-in on CPU
+    tensors: the interpreter's gaps, in the module docstring), ``output_dtypes``, ``kernels`` (Triton kernels ``launch``
     reaches without naming them), ``override_dims``, ``example_plan``, ``profile_kernels``; ``abbr`` (labels of
     tunables), ``module`` (whose adapter it is: default the calling module).  Raises BadInput naming the argument.
     """
@@ -705,7 +750,9 @@ def from_autotune(name: str, autotuned, *, levels: list, make_inputs: Callable, 
     """A KernelAdapter subclass from a ``@triton.autotune`` kernel: the tunables are its configs' kwargs plus
     ``num_warps`` and ``num_stages`` (``num_ctas``, ``maxnreg`` where the configs differ in them), each allowed its
     listed values and restricted to exactly the listed combinations; the level dimensions are the autotuner's key
-    (every level dict names exactly those arguments); ``default``: the first config unless given.  ``launch`` calls the
+    (every level dict names those arguments) and any others the levels add (batch, heads, chunks, ...: they reach
+    ``make_inputs`` as the key's do, and a ``stand_in`` may shrink them on CPU); ``default``: the first config unless
+    given.  ``launch`` calls the
     autotuned kernel as usual (``kernel[grid](...)``, no tunables passed): while kinv launches it, the autotuner runs
     its underlying kernel with the config kinv chose, and searches nothing.  Options as :func:`kernel`."""
     configs, key = getattr(autotuned, "configs", None), getattr(autotuned, "keys", None)
@@ -741,10 +788,14 @@ def from_autotune(name: str, autotuned, *, levels: list, make_inputs: Callable, 
     if not isinstance(levels, list | tuple) or not levels:
         raise BadInput(f"levels must be a list of dicts of {fn}'s autotune key ({', '.join(key)})")
     for i, lv in enumerate(levels):
-        if not isinstance(lv, Mapping) or set(map(str, lv)) != set(key):
-            raise BadInput(f"levels[{i}] must name exactly {fn}'s autotune key ({', '.join(key)}), its level "
-                             f"dimensions; got {brief_repr(lv)}")  # fmt: skip
-    levels = [{k: lv[k] for k in key} for lv in levels]
+        if not isinstance(lv, Mapping) or not set(key) <= set(map(str, lv)):
+            raise BadInput(f"levels[{i}] must name {fn}'s autotune key ({', '.join(key)}) and may add dimensions of "
+                             f"its own; got {brief_repr(lv)}")  # fmt: skip
+    extra = [str(d) for d in levels[0] if str(d) not in key]  # beyond the key: batch, heads, ... (make_inputs reads them)
+    levels = [{**{k: lv[k] for k in key}, **{d: lv[d] for d in lv if d not in key}} for lv in levels]
+    if any(list(lv)[len(key):] != extra for lv in levels):
+        raise BadInput(f"every level must name the same dimensions beyond {fn}'s autotune key (levels[0]: "
+                         f"{', '.join(extra) or 'none'})")  # fmt: skip
     tunables = _tunables({n: sorted(values[n]) for n in names}, abbr)
     if default is None:
         default = dict(zip(names, next(iter(combos))))

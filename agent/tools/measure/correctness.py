@@ -257,8 +257,10 @@ def _rewrite_in_place(inputs: dict) -> bool:
     """Overwrite the floating-point inputs with other values of the same distribution (each shifted one element
     along), at the same addresses: a result cached by input address then goes stale.  False when there is none."""
     done = False
-    for t in inputs.values():
-        if hasattr(t, "is_floating_point") and t.is_floating_point() and t.numel() > 1:
+    import torch
+
+    for t in inputs.values():  # tensors only: a scalar, a dtype or a string input passes through untouched
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1:
             t.copy_(t.flatten().roll(1).view_as(t))
             done = True
     return done
@@ -314,15 +316,19 @@ def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, 
                 buffer = adapter.launch(inputs, params, **modes[0])[0]
         outs_by_mode = launch_all(modes, buffer)
         late = late_writes(buffer, outs_by_mode)
+    except Exception as exc:
+        return {**entry, "reason": f"launch failed: {_first_line(exc)}{_cpu_hint(device, exc)}", "fatal": True}
+    try:
         ref = None if defer else adapter.reference(inputs)
+    except Exception as exc:
+        return {**entry, "reason": f"reference failed: {_first_line(exc)} (the adapter's reference, not the kernel, "
+                                   "raised)", "fatal": True}  # fmt: skip
+    try:
         # the same addresses, new values: the first mode once more (a result cached by input pointer is stale)
         rewritten = _rewrite_in_place(inputs)
         again = launch_all(modes[:1], buffer) if rewritten else []
     except Exception as exc:
-        hint = ""
-        if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-            hint = " (on CPU, set TRITON_INTERPRET=1 before triton is imported)"
-        return {**entry, "reason": f"launch failed: {_first_line(exc)}{hint}", "fatal": True}
+        return {**entry, "reason": f"launch failed: {_first_line(exc)}{_cpu_hint(device, exc)}", "fatal": True}
     replaced = timers_replaced()
     if replaced:  # a kernel module that patches the timer cannot be timed, whatever its outputs
         return {**entry, "reason": f"{level.key}: the kernel's import or launch replaced the harness's timer "
@@ -339,6 +345,36 @@ def _check_level(adapter: KernelAdapter, config: dict, level: Level, seed: int, 
     except Exception as exc:
         return {**entry, "reason": f"reference failed: {_first_line(exc)}", "fatal": True}
     return _verdict(adapter, run, level, entry, outs_by_mode, again, ref, ref2)
+
+
+#: what the Triton interpreter cannot run that a GPU runs, as an error shows it: (what the text holds, the gap)
+INTERPRETER_GAPS = (
+    ("libdevice", "a libdevice function (in the interpreter it returns None)"),
+    ("NoneType", "a libdevice function (in the interpreter it returns None)"),
+    ("float' object", "a Python scalar used as a tensor (pass it as a 0-d tensor, or .to() it in the kernel)"),
+    ("int' object", "a Python scalar used as a tensor (pass it as a 0-d tensor, or .to() it in the kernel)"),
+    ("bf16", "a bf16 tl.dot (the interpreter's is wrong: check in float16)"),
+    ("bfloat16", "a bf16 tl.dot (the interpreter's is wrong: check in float16)"),
+)
+
+
+def _cpu_hint(device: str, exc: BaseException) -> str:
+    """What to add to a launch that failed on CPU: TRITON_INTERPRET unset, or the interpreter's known gaps (the one the
+    error points at first), and the way around them."""
+    if device != "cpu":
+        return ""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return " (on CPU, set TRITON_INTERPRET=1 before triton is imported)"
+    text = f"{type(exc).__name__}: {exc}"
+    from_triton = type(exc).__name__ == "InterpreterError" or type(exc).__module__.startswith("triton")
+    if not from_triton:  # the adapter's own error (a bad argument, a shape): nothing about the interpreter
+        return ""
+    seen = list(dict.fromkeys(gap for key, gap in INTERPRETER_GAPS if key in text))
+    known = "; ".join(dict.fromkeys(gap for _, gap in INTERPRETER_GAPS))
+    likely = f"likely {seen[0]}; " if seen else ""
+    return (f" [in the Triton interpreter (CPU), which cannot run every kernel a GPU runs: {likely}known gaps: {known}. "
+            "A kernel that runs on a GPU may fail only here: give the adapter a cpu_launch (kinv.kernels.quick) or a "
+            "stand_in, or check it on a GPU]")  # fmt: skip
 
 
 def _fresh_inputs(adapter: KernelAdapter, run: Level, seed: int, kwargs: dict, rewritten: bool = False) -> dict:
