@@ -24,6 +24,7 @@ ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}|KINV_ARG_[A-Za-z_][A-Za-z0-9_]{0,4
 ARG_ENV = "KINV_ARG_"  # a command argument {name} travels in an arm's environment as KINV_ARG_<name>
 MAX_PLAN_BYTES = 256 * 1024
 PLAN_ROOT_DIRS = ("plans", "kernels")
+REFERENCE_LINK = "(every plan field, its limits and an example: docs/plan-reference.md)"
 BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
 
 
@@ -165,6 +166,17 @@ class StatsSettings(Strict):
         return self.level_thresholds.get(label, self.threshold)
 
 
+class AllowedRange(Strict):
+    min: int = Field(description="the smallest value allowed")
+    max: int = Field(description="the largest value allowed")
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}")
+        return self
+
+
 class Budget(Strict):
     gpu_seconds: float = Field(300, gt=0, le=86400, description="GPU seconds the whole investigation may spend")
     wall_seconds: float = Field(3600, gt=0, le=7 * 86400, description="wall seconds the investigation may take")
@@ -203,7 +215,7 @@ class Campaign(Strict):
     goal: CampaignGoal = Field(default_factory=CampaignGoal, description="when the campaign has done its job")
     budget: Budget = Field(default_factory=Budget, description="GPU and wall seconds of the whole campaign")
     space: dict[str, list[int]] = Field(default_factory=dict, description="the values of each tunable the search "
-                                        "may try (default: the plan's bounds)")
+                                        "may try (default: the plan's allowed values)")
     per_level: bool = Field(True, description="allow a different config per level (a level-conditional config)")
     screen: Screening = Field(default_factory=Screening, description="how candidates are screened")
     max_workstreams: int = Field(4, ge=1, le=25, description="workstreams the campaign may chain")
@@ -221,11 +233,17 @@ class Plan(Strict):
                                            "checked in every worker; the kernel's adapter says which values are valid")
     baseline: dict = Field(description="the baseline launch config: a value for each of the kernel's tunables")
     variants: list[Variant] = Field(description="the variants to test, in order")
-    bounds: dict[str, list[int]] = Field(default_factory=dict, description="the values each named tunable may take "
-                                         "in this plan's variants, their overrides included: a patch outside them is "
-                                         "refused under every approval policy; under approval auto-config a config "
-                                         "patch inside them needs no approval; a campaign with no campaign.space "
-                                         "searches them")
+    allowed: dict[str, list[int] | AllowedRange] = Field(
+        default_factory=dict, description="the values each named tunable may take in this plan's variants, their "
+        "overrides included: a list of the values themselves ([64, 128, 256]), or a range written as one ({min: 64, "
+        "max: 2048}: every value the tunable allows from min to max). A patch outside them is refused under every "
+        "approval policy; under approval auto-config a config patch inside them needs no approval; a campaign with "
+        "no campaign.space searches them. A tunable not named is not limited")  # fmt: skip
+    bounds: dict[str, list[int] | AllowedRange] | None = Field(
+        None, description="the old spelling of allowed, with allowed's meaning: a list is the values themselves "
+        "([64, 2048] allows 64 and 2048 only, not what lies between: write {min: 64, max: 2048} for a range); give "
+        "allowed or bounds, not both")  # fmt: skip
+    _allowed: dict = PrivateAttr(default_factory=dict)
     _workload: object = PrivateAttr(default=None)
     _levels: list = PrivateAttr(default_factory=list)
     stats: StatsSettings = Field(default_factory=StatsSettings, description="noise and decision settings")
@@ -298,13 +316,27 @@ class Plan(Strict):
                 raise ValueError(f"variants.{v.id}.patch: {exc}") from None
             if v.requires and v.requires.variant not in ids[: ids.index(v.id)]:
                 raise ValueError(f"variants.{v.id}.requires: {v.requires.variant!r} is not an earlier variant")
-        for key, values in self.bounds.items():
+        if self.bounds is not None and self.allowed:
+            raise ValueError("bounds: give allowed or its old spelling bounds, not both")
+        field = "bounds" if self.bounds is not None else "allowed"
+        self._allowed = {}
+        for key, values in (self.bounds if self.bounds is not None else self.allowed).items():
             if key not in spec.names:
-                raise ValueError(f"bounds: unknown key {brief_repr(key)}; valid keys: {', '.join(spec.names)}")
+                raise ValueError(f"{field}: unknown key {brief_repr(key)}; valid keys: {', '.join(spec.names)}")
             t = spec.tunable(key)
+            if isinstance(values, AllowedRange):
+                inside = [x for x in t.values if values.min <= x <= values.max]
+                if not inside:
+                    raise ValueError(f"{field}.{key}: no value of {key} lies from {values.min} to {values.max}; it "
+                                     f"must be {t.says()}")  # fmt: skip
+                self._allowed[key] = inside
+                continue
             bad = [x for x in values if x not in t.values]
             if bad:
-                raise ValueError(f"bounds.{key}: {brief_repr(bad[0])} is invalid: must be {t.says()}")
+                raise ValueError(f"{field}.{key}: {brief_repr(bad[0])} is invalid: must be {t.says()}"
+                                 + (f" (a list is the values allowed; for a range write {{min: {values[0]}, max: "
+                                    f"{values[1]}}})" if len(values) == 2 and values[0] < values[1] else ""))  # fmt: skip
+            self._allowed[key] = list(values)
         arg_names = self._arg_names()
         for where, names in [(f"variants.{v.id}.args", v.args) for v in self.variants] + \
                 [(f"backlog.{i.id}.args", i.args) for i in self.backlog]:  # fmt: skip
@@ -368,12 +400,15 @@ class Plan(Strict):
         overrides = v.patch.get("overrides")
         if isinstance(overrides, list):
             items += [(f".overrides[{i}]", o) for i, o in enumerate(overrides) if isinstance(o, dict)]
+        field = "bounds" if self.bounds is not None else "allowed"
         for where, vals in items:
             for key, x in vals.items():
-                allowed = self.bounds.get(key)
+                allowed = self._allowed.get(key)
                 if allowed is not None and x not in allowed:
-                    raise ValueError(f"variants.{v.id}.patch{where}: {key}={brief_repr(x)} is outside the plan's "
-                                     f"bounds.{key} {list(allowed)}; widen bounds.{key} or change the variant")
+                    said = self.bounds if self.bounds is not None else self.allowed
+                    raise ValueError(f"variants.{v.id}.patch{where}: {key}={brief_repr(x)} is not among the plan's "
+                                     f"{field}.{key} {_said(said[key])}; widen {field}.{key} or change the "
+                                     "variant")  # fmt: skip
 
     def _check_campaign(self, spec) -> None:
         c = self.campaign
@@ -387,7 +422,7 @@ class Plan(Strict):
             if bad:
                 raise ValueError(f"campaign.space.{key}: {brief_repr(bad[0])} is invalid: must be {t.says()}")
         if not self.search_space() and not any(i.env for i in self.backlog):
-            raise ValueError("campaign.space: empty; give the tunables to search (or the plan's bounds)")
+            raise ValueError("campaign.space: empty; give the tunables to search (or the plan's allowed values)")
         labels = [lv.label for lv in self._levels]
         bad = [x for x in c.goal.levels if x not in labels]
         if bad:
@@ -399,10 +434,15 @@ class Plan(Strict):
                              "workstream")
 
     def search_space(self) -> dict[str, list[int]]:
-        """A campaign's space: campaign.space, else the plan's bounds; each tunable's values as listed."""
+        """A campaign's space: campaign.space, else the plan's allowed values; each tunable's values as listed."""
         if self.campaign is None:
             return {}
-        return {k: list(v) for k, v in (self.campaign.space or self.bounds).items()}
+        return {k: list(v) for k, v in (self.campaign.space or self._allowed).items()}
+
+    def allowed_values(self) -> dict[str, list[int]]:
+        """The values each tunable the plan limits may take (``allowed``, or its old spelling ``bounds``), a range
+        resolved to the tunable's values inside it."""
+        return {k: list(v) for k, v in self._allowed.items()}
 
     # ---- derived ------------------------------------------------------------------
     @property
@@ -441,6 +481,10 @@ class Plan(Strict):
             if v.id == vid:
                 return v
         raise KeyError(f"unknown variant {vid!r}; valid: {', '.join(v.id for v in self.variants)}")
+
+
+def _said(values) -> str:
+    return f"{{min: {values.min}, max: {values.max}}}" if isinstance(values, AllowedRange) else str(list(values))
 
 
 def check_env(v: dict[str, str], kernel: str | None) -> dict[str, str]:
@@ -548,7 +592,7 @@ def load_plan(path: str | Path) -> tuple[Plan, str]:
     try:
         return _load_plan(Path(path))
     except PlanError as exc:
-        raise PlanError(one_line(str(exc))) from None
+        raise PlanError(f"{one_line(str(exc))} {REFERENCE_LINK}") from None
 
 
 def _load_plan(path: Path) -> tuple[Plan, str]:

@@ -25,7 +25,7 @@ WIDTH = 115
 # where the examples come from, in this order: the first plan that sets a field gives its example
 EXAMPLE_PLANS = ("plans/3a-attention-occupancy.yaml", "plans/7-decode-ceiling.yaml", "plans/3c-null-batch-aware.yaml",
                  "plans/3e-target-ctas.yaml", "plans/13-target-ctas-search.yaml", "plans/cpu-matmul-threads.yaml",
-                 "plans/6b-source-null.yaml")  # fmt: skip
+                 "plans/6b-source-null.yaml", "examples/quick_matmul/plan.yaml")  # fmt: skip
 # the plan each of kinv's own kernels takes its workload examples from
 WORKLOAD_EXAMPLES = {"command": "plans/cpu-matmul-threads.yaml", "mla_decode": "plans/3a-attention-occupancy.yaml",
                      "moe_expert_gemm": "plans/4a-expert-gemm-tiles.yaml"}  # fmt: skip
@@ -49,26 +49,31 @@ RULES: dict[str, str] = {
     "variants": "At least one variant unless the plan has a campaign: section; ids distinct.",
     "variants[].id": "A letter, then letters, digits, '_' or '-' (32 characters at most).",
     "variants[].patch": "Keys are the kernel's tunables or `overrides`; the baseline with the patch applied must be "
-                        "a valid config; where bounds names a key, the patch's value (its overrides' included) must "
-                        "be one of bounds' values, under every approval policy.",
+                        "a valid config; where allowed (or bounds) names a key, the patch's value (its overrides' "
+                        "included) must be one it allows, under every approval policy.",
+    "variants[].args": "Only in a command plan: keys are the workload's args (the command's '{name}' "
+                       "placeholders); the variant's runs get the command line with these values.",
     "variants[].source_patch": "A relative path under plans/ or kernels/ (no '..'), found from the working directory "
                                "or the kernel adapter's root, holding a unified diff (--- a/FILE, +++ b/FILE, @@).",
     "variants[].env": "The same rules as environment; the variant's processes get the plan's environment with "
                       "these values on top.",
     "variants[].requires.variant": "Must name an earlier variant of the plan.",
-    "bounds": "Keys must be the kernel's tunables and every value one the tunable allows. In full: (1) plan "
-              "validation refuses a variant whose patch, or any of its overrides, sets a bounded tunable to a value "
-              "outside its list, under every approval policy (ask, auto-config and auto alike), so bounds is a list "
-              "of allowed values, not a range; (2) under --approval auto-config, a config edit whose bounded values "
-              "all lie inside the lists needs no approval (a source patch always does); (3) a campaign with no "
-              "campaign.space searches these values. A tunable bounds does not name is not limited by it.",
+    "allowed": "Keys must be the kernel's tunables; a list's every value one the tunable allows, a range "
+               "({min, max}) at least one. In full: (1) plan validation refuses a variant whose patch, or any of its "
+               "overrides, sets a named tunable to a value not allowed, under every approval policy (ask, "
+               "auto-config and auto alike); (2) under --approval auto-config, a config edit whose named values are "
+               "all allowed needs no approval (a source patch always does); (3) a campaign with no campaign.space "
+               "searches these values. A tunable allowed does not name is not limited by it.",
+    "bounds": "Read exactly as allowed (plans written before the rename stay valid): refused under every approval "
+              "policy outside its values, no approval needed under auto-config inside them, searched by a campaign "
+              "without campaign.space. A list is the values allowed, not a range: [64, 2048] refuses 256.",
     "stats.level_thresholds": "Keys must be level labels of the workload (b32, n512, ...); each value in (0, 0.5].",
     "stats.quick_rounds": "Must not exceed stats.max_rounds.",
     "expect_levels": "Level labels of the workload; only with expect: no_change.",
     "backlog[].id": "As variants[].id.",
     "backlog[].tunables": "The kernel's tunables; give tunables or env, not both.",
     "backlog[].env": "Distinct values per variable, each valid as in environment.",
-    "campaign": "A campaign searches campaign.space, or the plan's bounds when that is empty; one of them, or a "
+    "campaign": "A campaign searches campaign.space, or the plan's allowed values when that is empty; one of them, or a "
                 "backlog item with env values, must be non-empty. The backlog needs at least one item with tunables "
                 "inside that space, or with env values.",
     "campaign.space": "Keys must be the kernel's tunables, each with at least one value the tunable allows.",
@@ -149,7 +154,7 @@ def _examples(paths=EXAMPLE_PLANS) -> dict[str, tuple[str, str]]:
             out[prefix] = (_yaml(value), where)
         if isinstance(value, dict) and not prefix.endswith(("patch", "env")):
             for k, v in value.items():
-                if prefix in ("environment", "bounds", "baseline", "campaign.space", "stats.level_thresholds"):
+                if prefix in ("environment", "bounds", "allowed", "baseline", "campaign.space", "stats.level_thresholds"):
                     continue
                 walk(f"{prefix}.{k}" if prefix else str(k), v, where)
         elif isinstance(value, list) and value and all(isinstance(x, dict) for x in value) and prefix:

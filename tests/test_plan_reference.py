@@ -85,5 +85,37 @@ def test_bounds_is_a_list_of_allowed_values_as_the_reference_says(tmp_path, monk
     plan["bounds"]["num_warps"] = [4]  # a list of values, not a range: 8 lies outside it
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(plan))
-    with pytest.raises(PlanError, match=r"num_warps=8 is outside the plan's bounds.num_warps \[4\]"):
+    with pytest.raises(PlanError, match=r"num_warps=8 is not among the plan's bounds.num_warps \[4\]"):
         load_plan(path)
+
+
+def _plan_with(tmp_path, **changes):
+    import yaml
+
+    plan = yaml.safe_load((ROOT / "plans" / "3a-attention-occupancy.yaml").read_text())
+    plan.update(changes)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    return path
+
+
+def test_allowed_takes_values_or_a_range_and_bounds_is_its_old_spelling(tmp_path, monkeypatch):
+    import pytest
+
+    from kinv.agent.errors import PlanError
+    from kinv.agent.plan import load_plan
+
+    monkeypatch.chdir(ROOT)
+    old = load_plan(_plan_with(tmp_path))[0]  # the shipped plan, written with bounds: still valid, same meaning
+    bounds = old.bounds
+    ranged = {k: {"min": min(v), "max": max(v)} for k, v in bounds.items()}
+    plan = load_plan(_plan_with(tmp_path, bounds=None, allowed=ranged))[0]
+    assert set(plan.allowed_values()) == set(bounds) and plan.allowed_values()["num_warps"] == [4, 8]
+    with pytest.raises(PlanError, match="give allowed or its old spelling bounds, not both"):
+        load_plan(_plan_with(tmp_path, allowed={"num_warps": [4, 8]}))
+    # a list is the values themselves: the error says how a range is written, and where every field is described
+    with pytest.raises(PlanError) as exc:
+        load_plan(_plan_with(tmp_path, bounds={"num_warps": [4, 6]}))
+    assert "for a range write {min: 4, max: 6}" in str(exc.value) and "docs/plan-reference.md" in str(exc.value)
+    with pytest.raises(PlanError, match="no value of num_warps lies from 5 to 7"):
+        load_plan(_plan_with(tmp_path, bounds=None, allowed={"num_warps": {"min": 5, "max": 7}}))

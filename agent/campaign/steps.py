@@ -68,7 +68,7 @@ class Confirmation:
             "kernel": plan.kernel, "hypothesis": hyp, "device": plan.device,
             "workload": json.loads(json.dumps(plan.workload)), "environment": dict(plan.environment),
             "baseline": base, "baseline_on_disk": bool(final) and plan.baseline_on_disk, "variants": variants,
-            "bounds": {k: list(v) for k, v in plan.bounds.items()},
+            "allowed": plan.allowed_values(),
             "stats": plan.stats.model_dump(), "budget": {"gpu_seconds": round(min(plan.budget.gpu_seconds, left_gpu), 1),
                                                         "wall_seconds": plan.budget.wall_seconds},
             "backlog": [i.model_dump() for i in plan.backlog

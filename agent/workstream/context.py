@@ -198,7 +198,7 @@ def _needs_approval(ctx: Context, cfg: dict, source_patch: bool) -> bool:
         return False
     if ctx.approval == Approval.ASK or source_patch:
         return True
-    bounds = ctx.plan.bounds
+    bounds = ctx.plan.allowed_values()
     items = [cfg] + list(cfg.get("overrides", []))
     for item in items:
         for k in ctx.adapter.spec.names:
