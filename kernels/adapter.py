@@ -163,6 +163,12 @@ class KernelAdapter(ABC):
             return Path(os.environ["KINV_CONFIG_DIR"]) / f"{self.name}.json"
         return Path(inspect.getfile(type(self))).resolve().parent / "configs" / f"{self.name}.json"
 
+    def ensure_config(self) -> Path:
+        """The live config file as a run needs it (one that measures, patches or reverts it): :meth:`config_path`,
+        where an adapter with a declared default (kinv.kernels.quick, the command adapter) first writes that default
+        when the file is missing.  Listing, validating and checking call :meth:`config_path`, which writes nothing."""
+        return self.config_path()
+
     def peer(self, level: Level, gpu_name: str | None) -> dict | None:
         """The kernel a user would pick instead, at this level on this GPU, if the adapter ships its figures:
         ``peers/<name>.json`` beside the adapter's module (``{"peer", "gpu", "us": {level key: µs}}``).

@@ -157,9 +157,13 @@ class CommandAdapter(KernelAdapter):
 
     def config_path(self) -> Path:
         """``command.json`` in the live config dir: only ``{"kernel": "command"}`` (kinv's bookkeeping for a
-        workload without kinv tunables), written there when missing."""
+        workload without kinv tunables)."""
         d = os.environ.get("KINV_CONFIG_DIR")
-        path = Path(d) / "command.json" if d else Path(__file__).resolve().parent / "configs" / "command.json"
+        return Path(d) / "command.json" if d else Path(__file__).resolve().parent / "configs" / "command.json"
+
+    def ensure_config(self) -> Path:
+        """:meth:`config_path`, written with ``{"kernel": "command"}`` when missing."""
+        path = self.config_path()
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text('{\n  "kernel": "command"\n}\n')

@@ -406,8 +406,10 @@ class QuickAdapter(KernelAdapter):
     resource_model = False  # no analytical model: resources come from the compiled kernel, where there is one
 
     # ---- config ----------------------------------------------------------------------
-    def config_path(self) -> Path:
-        path = super().config_path()
+    def ensure_config(self) -> Path:
+        """The live config file, the declared default written there first when it is missing (a run's first step;
+        ``kinv kernels`` and ``kinv check`` never write it)."""
+        path = self.config_path()
         if not path.exists():  # the declared default, written once where kinv keeps the live config
             import os
 

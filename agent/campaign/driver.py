@@ -76,7 +76,7 @@ def run(s: Settings) -> CampaignOutcome:
         raise BadInput(f"{s.plan_path} has no campaign: section; run a workstream plan with kinv run, or add "
                        "campaign: (see plans/7-decode-ceiling.yaml)")
     try:  # a missing GPU (or recording) is bad input: said before anything is written
-        bench.get_backend(s.backend)
+        bench.get_backend(s.backend, plan.kernel)
     except BackendError as exc:
         raise BadInput(str(exc).splitlines()[0]) from None
     store = Store(s.state_dir)

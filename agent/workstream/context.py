@@ -51,7 +51,7 @@ class Context:
 
     @property
     def config_path(self) -> Path:
-        return self.adapter.config_path()
+        return self.adapter.ensure_config()
 
     def levels(self) -> list[Level]:
         return self.plan.levels()

@@ -123,12 +123,12 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         backend = started_on or backend  # a resume checks and builds the backend it continues on
         if backend == "auto" and plan.kernel == "command":  # a command plan is measured by running it
             backend = "command"
-        be = bench.get_backend(backend)  # NoDevice, NoRecording: bad input, exit 2 in main
+        be = bench.get_backend(backend, plan.kernel)  # NoDevice, NoRecording: bad input, exit 2 in main
         be.preflight(plan.kernel, dict(plan.environment), plan.levels())
     if hasattr(be, "log_dir"):  # the command backend keeps every run's output in this run's state dir
         be.log_dir = state_path(state_dir) / "commands"
     if not (state_path(state_dir) / "kinv.db").exists():
-        load_config(plan.adapter.config_path(), plan.adapter.name)  # ConfigError: exit 2 in main
+        load_config(plan.adapter.ensure_config(), plan.adapter.name)  # ConfigError: exit 2 in main
     store = Store(state_dir)
     ws = plan.ws
     log.info("run %s (%s): backend %s, approval %s%s", plan_path, ws, be.name if be else backend, approval,
@@ -143,7 +143,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         store.release_lock(ws, os.getpid())
         raise
     restore_signals = _on_signals()
-    file_lock = configs.ConfigFileLock(plan.adapter.config_path(), store.dir)
+    file_lock = configs.ConfigFileLock(plan.adapter.ensure_config(), store.dir)
     try:
         file_lock.__enter__()
     except LockedElsewhere:  # a failed step (exit 1), raised as it is
@@ -317,7 +317,7 @@ def _plan_and_backend(plan_path, backend, as_json: bool = False):
 
         plan_path, said = default_plan()
     plan, _ = load_plan(plan_path)
-    be = bench.get_backend(backend)
+    be = bench.get_backend(backend, plan.kernel)
     return plan, be, said
 
 
@@ -345,7 +345,7 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
 
     plan, be, said = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter
-    cfg = load_config(config_path or adapter.config_path(), adapter.name)
+    cfg = load_config(config_path or adapter.ensure_config(), adapter.name)
     cfg = {k: v for k, v in cfg.items() if k != "description"}
     var_cfg = None
     if variant is not None:  # bad input is refused before the store is opened (it would create the state dir)
@@ -436,7 +436,7 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
 
     plan, be, said = _plan_and_backend(plan_path, backend, as_json)
     adapter = plan.adapter
-    cfg = {k: v for k, v in load_config(adapter.config_path(), adapter.name).items() if k != "description"}
+    cfg = {k: v for k, v in load_config(adapter.ensure_config(), adapter.name).items() if k != "description"}
     lvls = plan.levels()
     env = dict(plan.environment)
     be.preflight(plan.kernel, env, lvls, [(("A", plan.kernel, cfg, env), {"replica": j}) for j in range(arms_n)])
@@ -500,6 +500,18 @@ def kernels_command(as_json: bool, console) -> str:
 
     from kinv.agent.report.render import table
 
+    if not console.is_terminal:  # piped: one block per kernel, no table padded to its widest cell
+        for r in rows:
+            say = [f"{r['name']} ({r['ref']})"]
+            if "error" in r:
+                say.append(f"  error: {r['error']}")
+            else:
+                tun = "; ".join(f"{k} " + "/".join(map(str, v)) for k, v in r["tunables"].items()) or "(none)"
+                say += [f"  tunables: {tun}",
+                        f"  level dimensions: {', '.join(r['level_dims'])}; throughput: {r['throughput_unit']}",
+                        f"  example plan: {r['example_plan'] or '(none)'}"]  # fmt: skip
+            console.print("\n".join(say), markup=False, highlight=False)
+        rows = []
     t = table("kernel", "adapter", "tunables", "level dimensions", "throughput", "example plan",
               title="registered kernels (kinv.kernels entry points; a plan may also name package.module:Class)")
     for r in rows:
@@ -508,7 +520,8 @@ def kernels_command(as_json: bool, console) -> str:
             continue
         tun = "; ".join(f"{k} {'/'.join(map(str, v))}" for k, v in r["tunables"].items())
         t.add_row(r["name"], r["ref"], tun, ", ".join(r["level_dims"]), r["throughput_unit"], r["example_plan"] or "")
-    console.print(t)
+    if t.rows:
+        console.print(t)
     from kinv.kernels.adapter import default_plan
 
     try:
@@ -528,7 +541,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
     from kinv.kernels.launch_config import config_hash, describe, load_config
 
     plan, _ = load_plan(plan_path)  # PlanError -> exit 2 in main
-    path = plan.adapter.config_path()
+    path = plan.adapter.ensure_config()
     with configs.ConfigFileLock(path, state_dir):  # refused while any run edits it
         if not baseline:
             try:

@@ -133,13 +133,14 @@ def test_labels_are_the_dimensions_that_vary_between_the_declared_levels(example
     assert a.throughput_unit == "GB/s"  # no flops declared: throughput of the derived bytes
 
 
-def test_a_missing_config_file_is_written_from_the_declared_default(example, monkeypatch, tmp_path):
+def test_a_missing_config_file_is_written_from_the_declared_default_by_a_run_only(example, monkeypatch, tmp_path):
     from kinv.kernels.launch_config import load_config
 
     monkeypatch.setenv("KINV_CONFIG_DIR", str(tmp_path / "configs"))
     a = _adapter()
-    path = a.config_path()
-    assert path == tmp_path / "configs" / "quick_matmul.json" and path.is_file()
+    path = a.config_path()  # what listing and checking ask: nothing written
+    assert path == tmp_path / "configs" / "quick_matmul.json" and not path.exists()
+    assert a.ensure_config() == path and path.is_file()  # what a run asks
     assert load_config(path, REF) == {"kernel": "quick_matmul", "TILE_M": 64, "TILE_N": 64, "TILE_K": 32,
                                       "num_warps": 4, "num_stages": 2}  # fmt: skip
 

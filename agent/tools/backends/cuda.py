@@ -27,6 +27,41 @@ def _recorded() -> str:
     where = ", ".join(f"{RECORDINGS.parent.name}/{RECORDINGS.name}/{g}/" for g in gpus)
     return f"the samples recorded on {', '.join(gpus)} ({where})" if gpus else "recorded samples (KINV_RECORDINGS)"
 
+def _recorded_kernels() -> set[str]:
+    """The kernels kinv's recordings hold (each file's header names its kernel)."""
+    import gzip
+    import json
+    import os
+    from pathlib import Path
+
+    root = Path(os.environ.get("KINV_RECORDINGS") or RECORDINGS)
+    names = set()
+    for f in sorted(root.rglob("*.jsonl.gz")) if root.is_dir() else []:
+        try:
+            with gzip.open(f, "rt") as fh:
+                names.add(json.loads(fh.readline() or "{}").get("kernel"))
+        except (OSError, ValueError):
+            continue
+    return names
+
+
+def no_gpu(kernel: str) -> str:
+    """What ``--backend cuda`` says without a GPU for ``kernel``: replay where it has the kernel's recordings (kinv's
+    own, or the plugin's in its package), else what can be done without a GPU (``kinv check``)."""
+    from kinv.kernels.adapter import get_adapter
+
+    adapter = get_adapter(kernel)
+    own = adapter.package_dir() / "recordings"
+    if adapter.name in _recorded_kernels():
+        return f"--backend cuda: no CUDA GPU visible; use --backend replay to serve {_recorded()}"
+    if own.is_dir() and any(own.rglob("*.jsonl.gz")):
+        return (f"--backend cuda: no CUDA GPU visible; use --backend replay to serve {adapter.name}'s own recordings "
+                f"({own})")  # fmt: skip
+    return (f"--backend cuda: no CUDA GPU visible, and {adapter.name} has no recording to replay; without a GPU, "
+            "kinv check PLAN runs its correctness gates on CPU (nothing timed); measure it on a GPU, where "
+            "benchmarks/record.py can record it for replay")  # fmt: skip
+
+
 log = logging.getLogger(__name__)
 
 VERIFY_SHARE = 0.04

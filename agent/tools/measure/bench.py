@@ -19,9 +19,20 @@ from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.launch_config import describe
 
 
-def get_backend(name: str) -> Backend:
-    """Resolve ``auto|cuda|replay`` (or any registered backend); auto says which it picked through ``.loud``."""
-    return backends.get_backend(name)
+def get_backend(name: str, kernel: str | None = None) -> Backend:
+    """Resolve ``auto|cuda|replay`` (or any registered backend); auto says which it picked through ``.loud``.
+    ``kernel``: the kernel it is for, so that a missing GPU is said in that kernel's terms (whether replay has
+    recordings of it)."""
+    from kinv.agent.errors import NoDevice
+
+    try:
+        return backends.get_backend(name)
+    except NoDevice:
+        if kernel is None:
+            raise
+        from kinv.agent.tools.backends.cuda import no_gpu
+
+        raise NoDevice(no_gpu(kernel)) from None
 
 
 def verdict_rows(result) -> list[dict]:

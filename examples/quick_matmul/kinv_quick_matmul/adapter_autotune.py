@@ -1,12 +1,17 @@
 """The same matmul from its @triton.autotune kernel: kinv.kernels.quick.from_autotune makes the configs the space
-and the autotune key (M, N, K) the level dimensions."""
+and the autotune key (M, N, K) the level dimensions.  Self-contained: nothing is borrowed from adapter.py."""
 
 import torch
 import triton
 
 from kinv.kernels import quick
-from kinv_quick_matmul.adapter import flops, make_inputs, reference
 from kinv_quick_matmul.kernel import matmul_autotuned
+
+
+def make_inputs(level, seed, device, dtype):
+    torch.manual_seed(seed)
+    return {"a": torch.randn(level.M, level.K, device=device, dtype=dtype),
+            "b": torch.randn(level.K, level.N, device=device, dtype=dtype)}
 
 
 def launch(inputs, p, out=None):
@@ -16,6 +21,14 @@ def launch(inputs, p, out=None):
     grid = lambda meta: (triton.cdiv(m, meta["TILE_M"]), triton.cdiv(n, meta["TILE_N"]))  # noqa: E731
     matmul_autotuned[grid](a, b, out, m, n, k, *a.stride(), *b.stride(), *out.stride())
     return out
+
+
+def reference(inputs):
+    return inputs["a"].float() @ inputs["b"].float()
+
+
+def flops(level):
+    return 2 * level.M * level.N * level.K
 
 
 QuickMatmulAutotune = quick.from_autotune(

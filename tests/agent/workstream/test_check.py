@@ -111,3 +111,35 @@ def test_a_bad_plan_is_refused_in_one_line_and_nothing_is_written(tmp_path, plug
     r = kinv_in_process(env, "check", plan)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "variants.V1.patch" in r.stderr and not (tmp_path / "state" / "checks").exists()
+
+
+def test_without_a_gpu_an_unrecorded_plugin_is_pointed_at_kinv_check_not_at_other_kernels_recordings(
+    tmp_path, plugin_dir
+):
+    plan, env = _plugin(tmp_path, plugin_dir)
+    r = kinv_in_process(env, "run", plan, "--backend", "cuda")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "doubler has no recording to replay" in r.stderr and "kinv check PLAN" in r.stderr
+    assert "h200" not in r.stderr
+
+
+def test_listing_and_checking_never_write_into_a_plugins_source_tree_and_a_run_writes_the_default_once(
+    tmp_path, plugin_dir, monkeypatch
+):
+    from kinv.kernels.adapter import get_adapter
+
+    monkeypatch.delenv("KINV_CONFIG_DIR", raising=False)
+    adapter = get_adapter("kinv_doubler.adapter:Doubler")
+    path = adapter.config_path()
+    assert path == plugin_dir / "kinv_doubler" / "configs" / "doubler.json" and not path.exists()
+    assert adapter.ensure_config() == path and json.loads(path.read_text()) == {"kernel": "doubler", "BLOCK": 32}
+    path.unlink()
+    path.parent.rmdir()
+
+
+def test_kinv_kernels_piped_prints_blocks_not_a_table_padded_to_its_widest_cell(tmp_path):
+    r = kinv_in_process(replay_env(tmp_path, tmp_path / "state"), "kernels")
+    assert r.returncode == 0 and "mla_decode (kinv.kernels.mla_decode_adapter:MLADecodeAdapter)" in r.stdout
+    lines = r.stdout.splitlines()
+    assert not [ln for ln in lines if ln != ln.rstrip()]  # no padding
+    assert "  tunables: BLOCK_T 16/32/64/128/256;" in r.stdout
