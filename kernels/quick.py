@@ -406,6 +406,10 @@ class QuickAdapter(KernelAdapter):
     resource_model = False  # no analytical model: resources come from the compiled kernel, where there is one
 
     # ---- config ----------------------------------------------------------------------
+    def default_text(self) -> str:
+        """The config file a run writes when it is missing: the declared default."""
+        return json.dumps({"kernel": self.name, **self._q.default}, indent=2) + "\n"
+
     def ensure_config(self) -> Path:
         """The live config file, the declared default written there first when it is missing (a run's first step;
         ``kinv kernels`` and ``kinv check`` never write it)."""
@@ -416,7 +420,7 @@ class QuickAdapter(KernelAdapter):
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp.write_text(json.dumps({"kernel": self.name, **self._q.default}, indent=2) + "\n")
+                tmp.write_text(self.default_text())
                 os.link(tmp, path)  # whole or not at all, and never over a file another process wrote first
             except OSError:  # written by another process first, or a read-only install: kinv then says it is missing
                 pass

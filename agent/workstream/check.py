@@ -142,6 +142,13 @@ def _edit_diff(plan: Plan, adapter, v: Variant, cfg: dict) -> str:
         if path.is_file():
             edit = configs.plan_config_edit(path, cfg, adapter.name)
             lines.append(edit.diff)
+        elif hasattr(adapter, "default_text"):  # a quick plugin: a run first writes its declared default there
+            from kinv.agent.tools.files.config_text import diff_text, edit_config_text
+
+            old = adapter.default_text()
+            lines.append(f"(the live config file {path} does not exist yet: a run writes the declared default there "
+                         "first; the diff is from it)\n")  # fmt: skip
+            lines.append(diff_text(old, edit_config_text(old, cfg, adapter.name), path.name))
         else:
             lines.append(f"(the live config file {path} does not exist yet: a run writes the kernel's declared default "
                          f"there first, then {describe(cfg)} while {v.id} is measured)\n")  # fmt: skip

@@ -143,3 +143,17 @@ def test_kinv_kernels_piped_prints_blocks_not_a_table_padded_to_its_widest_cell(
     lines = r.stdout.splitlines()
     assert not [ln for ln in lines if ln != ln.rstrip()]  # no padding
     assert "  tunables: BLOCK_T 16/32/64/128/256;" in r.stdout
+
+
+@pytest.mark.slow  # about 15 s each on a loaded 2-core machine: the interpreter runs every arm at every level
+@pytest.mark.parametrize("plan", ["plan-outer-product.yaml", "plan-outer-product-autotune.yaml"])
+def test_pytorchs_own_triton_kernel_checks_on_cpu_through_both_short_paths(tmp_path, plan):
+    """examples/torch_kernels: a Triton kernel nobody here wrote, imported from the installed torch, through
+    quick.kernel and through from_autotune (a batch dimension beyond the autotune key), checked without a GPU."""
+    root = Path(__file__).resolve().parents[3]
+    env = replay_env(tmp_path, tmp_path / "state")
+    r = kinv_in_process(env, "check", root / "examples" / "torch_kernels" / plan, "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(r.stdout[: r.stdout.rindex("}") + 1])
+    assert out["ok"] and out["device"] == "cpu" and len(out["arms"]) == 3
+    assert all(a["gate"]["ok"] for a in out["arms"])

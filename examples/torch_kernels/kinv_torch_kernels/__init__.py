@@ -1,0 +1,1 @@
+"""kinv adapters for Triton kernels that ship inside PyTorch: imported from the installed torch, never copied."""
