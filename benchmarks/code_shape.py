@@ -28,7 +28,7 @@ from collections import defaultdict
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("cli", ("agent/cli/",)),
     ("campaign", ("agent/campaign/",)),
-    ("workstream", ("agent/workstream/investigation.py", "agent/workstream/graph.py")),
+    ("workstream", ("agent/workstream/investigation.py", "agent/workstream/graph.py", "agent/workstream/check.py")),
     ("workstream parts", ("agent/workstream/context.py", "agent/workstream/adopt.py", "agent/workstream/collect.py")),
     ("report", ("agent/report/", "agent/plan_reference.py")),
     ("planner", ("agent/workstream/planner.py",)),

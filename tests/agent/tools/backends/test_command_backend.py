@@ -319,3 +319,23 @@ def test_every_runs_output_is_kept_across_variants_and_workstreams_and_show_name
     shown = kinv_in_process(env, "show", "3").stdout  # #11a's T1: its runs, where they are
     assert f"{tmp_path / 'state' / 'commands'}/e3-*.log" in shown
     assert json.loads(kinv_in_process(env, "show", "3", "--json").stdout)["logs"]["files"] >= 3
+
+
+def test_a_campaign_searches_a_command_argument_as_it_searches_the_environment(tmp_path):
+    from kinv.kernels.adapter import get_adapter
+
+    data = yaml.safe_load(PLAN.read_text())
+    data["workload"]["command"] = ["{python}", "examples/cpu_matmul.py", "--n", "{n}", "--seconds", "{seconds}"]
+    data["workload"]["args"] = {"seconds": "0.3"}
+    data["backlog"] = [{"id": "DUR", "title": "run length", "rationale": "longer runs, less noise?",
+                        "targets": "elsewhere", "args": {"seconds": ["0.1", "0.6"]}}]  # fmt: skip
+    data["campaign"] = {"max_workstreams": 1}
+    plan_path = tmp_path / "campaign.yaml"
+    plan_path.write_text(yaml.safe_dump(data))
+    plan, _ = load_plan(plan_path)
+    item = plan.backlog[0]
+    assert item.searchable and item.env == {"KINV_ARG_seconds": ["0.1", "0.6"]}  # screened as env values are
+    level = plan.levels()[0]
+    argv = get_adapter("command").argv(level, env={"KINV_ARG_seconds": "0.6"})
+    assert argv[-4:] == ["--n", "128", "--seconds", "0.6"]  # a candidate's value reaches its runs' command line
+    assert get_adapter("command").argv(level, env={})[-1] == "0.3"  # the incumbent's, from workload.args
