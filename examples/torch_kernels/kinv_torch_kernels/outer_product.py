@@ -11,7 +11,7 @@ from kinv.kernels import quick
 def make_inputs(level, seed, device, dtype):
     g = torch.Generator().manual_seed(seed)
     return {"a": torch.randn(level.B, level.M, 1, generator=g).to(device=device, dtype=dtype),
-            "b": torch.randn(level.B, 1, level.N, generator=g).to(device=device, dtype=dtype)}
+            "b": torch.randn(level.B, 1, level.N, generator=g).to(device=device, dtype=dtype)}  # fmt: skip
 
 
 def launch(inputs, p, out=None):
@@ -20,7 +20,7 @@ def launch(inputs, p, out=None):
     out = torch.empty(nb, m, n, dtype=a.dtype, device=a.device) if out is None else out
     grid = (nb * triton.cdiv(m, p.BLOCK_M) * triton.cdiv(n, p.BLOCK_N),)
     _bmm_outer_product_kernel[grid](a, b, out, nb, m, n, a.stride(0), a.stride(1), b.stride(0), b.stride(2),
-                                    *out.stride(), BLOCK_M=p.BLOCK_M, BLOCK_N=p.BLOCK_N, num_warps=p.num_warps)
+                                    *out.stride(), BLOCK_M=p.BLOCK_M, BLOCK_N=p.BLOCK_N, num_warps=p.num_warps)  # fmt: skip
     return out
 
 
@@ -34,4 +34,4 @@ TorchOuterProduct = quick.kernel(
     default={"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4},  # what torch picks at M > 192, N >= 128
     levels=[{"B": 64, "M": 512, "N": 512}, {"B": 512, "M": 64, "N": 256}],
     make_inputs=make_inputs, launch=launch, reference=reference,
-)
+)  # fmt: skip

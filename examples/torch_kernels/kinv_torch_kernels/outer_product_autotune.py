@@ -19,7 +19,7 @@ outer_product_autotuned = triton.autotune(
 def make_inputs(level, seed, device, dtype):
     g = torch.Generator().manual_seed(seed)
     return {"a": torch.randn(level.B, level.M, 1, generator=g).to(device=device, dtype=dtype),
-            "b": torch.randn(level.B, 1, level.N, generator=g).to(device=device, dtype=dtype)}
+            "b": torch.randn(level.B, 1, level.N, generator=g).to(device=device, dtype=dtype)}  # fmt: skip
 
 
 def launch(inputs, p, out=None):
@@ -28,7 +28,7 @@ def launch(inputs, p, out=None):
     out = torch.empty(nb, m, n, dtype=a.dtype, device=a.device) if out is None else out
     grid = lambda meta: (nb * triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
     outer_product_autotuned[grid](a, b, out, nb, m, n, a.stride(0), a.stride(1), b.stride(0), b.stride(2),
-                                  *out.stride())
+                                  *out.stride())  # fmt: skip
     return out
 
 
@@ -40,4 +40,4 @@ TorchOuterProductAutotune = quick.from_autotune(
     "torch_outer_product_autotune", outer_product_autotuned,
     levels=[{"M": 512, "N": 512, "B": 64}, {"M": 64, "N": 256, "B": 512}],  # B: beyond the autotune key
     make_inputs=make_inputs, launch=launch, reference=reference, stand_in={"B": 2, "M": 48, "N": 40},
-)
+)  # fmt: skip
