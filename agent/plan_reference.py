@@ -38,7 +38,9 @@ RULES: dict[str, str] = {
     "workstream.id": "A number and an optional letter, such as '#3a' (the '#' may be left out).",
     "workstream.parent": "A workstream id, as for workstream.id.",
     "workstream.title": "One line with no control characters.",
-    "kernel": "Refused unless `kinv kernels` lists it or the module:Class imports; the error names the valid ones.",
+    "kernel": "Refused unless `kinv kernels` lists it or the module:Class imports (installed, from the working "
+              "directory, or from the plan's own folder when the package sits beside it); the error names the valid "
+              "ones.",
     "device": "Refused unless kinv knows the device (the error lists the known ones).",
     "hypothesis": "No control characters other than newlines and tabs.",
     "workload": "Validated by the kernel adapter's workload model: see \"The workload of kinv's own kernels\".",
