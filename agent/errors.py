@@ -207,5 +207,10 @@ class AdoptError(StepFailed):
     not run or decided nothing); nothing was written; the message says why."""
 
 
+class BudgetSpent(StepFailed):
+    """A comparison's GPU seconds or wall time ran out mid-measurement (``kinv regress --budget``): what was
+    measured so far stands, and its levels stay undecided."""
+
+
 class NoGain(AdoptError):
     """Measured against the live file, the variant improves on it at no level: nothing to write."""

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,13 +184,13 @@ def config_of(files: dict[str, bytes], kernel: str) -> dict | None:
     return {k: v for k, v in data.items() if k != "description"} if isinstance(data, dict) else None
 
 
-def differences(adapter, base: dict[str, bytes], head: dict[str, bytes], others: set[str]) -> list[str]:
+def differences(adapter, base: dict[str, bytes], head: dict[str, bytes], others: set[str],
+                same_code: Callable[[bytes, bytes], bool] = bytes.__eq__) -> list[str]:  # fmt: skip
     """What differs for ``adapter``'s kernel between two revisions' package files (``others``: the files of the
     package's other kernels, which do not concern this one): ``["kernel source", "config", "adapter", ...]``, empty
-    when nothing that runs it differs.  The kernel's sources are compared by their code (comments do not count, as
-    in the kernel source hash); a config by its values (its description does not count)."""
-    from kinv.agent.tools.worker.bench_worker import code_text
-
+    when nothing that runs it differs.  The kernel's sources are compared by ``same_code`` (the caller's: the
+    kernel source hash's rule, where comments do not count); a config by its values (its description does not
+    count)."""
     pkg_rel = adapter.package_dir().relative_to(adapter.root()).as_posix()
     kernel_files = {f.removeprefix(pkg_rel + "/") for f in adapter.kernel_files}
     refs = {f.removeprefix(pkg_rel + "/") for f, _ in adapter.reference_parts}
@@ -200,8 +201,7 @@ def differences(adapter, base: dict[str, bytes], head: dict[str, bytes], others:
         if a == b or (f in others and f not in kernel_files):
             continue
         if f in kernel_files:
-            if a is not None and b is not None and code_text(a.decode(errors="replace")) == code_text(
-                    b.decode(errors="replace")):  # fmt: skip
+            if a is not None and b is not None and same_code(a, b):
                 continue
             what = "kernel source"
         elif f == cfg:
@@ -219,11 +219,10 @@ def differences(adapter, base: dict[str, bytes], head: dict[str, bytes], others:
     return said
 
 
-def snapshot(files: dict[str, bytes], where: Path, adapter) -> Path:
+def snapshot(files: dict[str, bytes], where: Path, adapter, kernel_source_hash: Callable) -> Path:
     """Materialize a revision's package files under ``where`` as the snapshot its arms import
-    (``where/<kernel source hash>/<package as dotted name>``); returns the folder to put first on PYTHONPATH."""
-    from kinv.agent.tools.worker.bench_worker import kernel_source_hash
-
+    (``where/<kernel source hash>/<package as dotted name>``, the hash by ``kernel_source_hash(adapter, root)``, the
+    one a worker reports); returns the folder to put first on PYTHONPATH."""
     name = adapter.package_name()
     staging = materialize(files, where / "staging", name)
     root = staging / Path(*name.split(".")).parent  # what the adapter's root() is inside the copy

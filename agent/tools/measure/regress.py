@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kinv.agent.errors import BadInput, KinvError, StepFailed
+from kinv.agent.errors import BadInput, BudgetSpent, KinvError, StepFailed
 from kinv.agent.plan import StatsSettings
 from kinv.agent.tools.files import revisions
 from kinv.agent.tools.files.revisions import Revision
@@ -162,10 +162,6 @@ class Comparison:
         return d
 
 
-class _OutOfBudget(Exception):
-    """The comparison's GPU seconds or wall time ran out mid-A/B (caught here: the levels stay undecided)."""
-
-
 # --------------------------------------------------------------------------- #
 # margins
 # --------------------------------------------------------------------------- #
@@ -289,7 +285,7 @@ def candidates(repo: Path, base: Revision, head: Revision, kernels: list[str] | 
         for o in every:
             if o.name != a.name and o.package_dir() == a.package_dir():
                 others |= revisions.own_files(o)
-        differs = revisions.differences(a, bf, hf, others)
+        differs = revisions.differences(a, bf, hf, others, same_code=_same_code)
         if differs or kernels:
             out.append((a, differs, bf, hf))
         else:
@@ -355,8 +351,20 @@ def prepare(repo: Path, base_name: str, head_name: str | None, backend, plan_pat
 
 
 def _snapshots(job: _Job, where: Path) -> None:
-    job.base_path = [str(revisions.snapshot(job.base_files, where / job.adapter.name / "base", job.adapter))]
-    job.head_path = [str(revisions.snapshot(job.head_files, where / job.adapter.name / "head", job.adapter))]
+    from kinv.agent.tools.worker.bench_worker import kernel_source_hash
+
+    for side in ("base", "head"):
+        files = getattr(job, f"{side}_files")
+        snap = revisions.snapshot(files, where / job.adapter.name / side, job.adapter, kernel_source_hash)
+        setattr(job, f"{side}_path", [str(snap)])
+
+
+def _same_code(a: bytes, b: bytes) -> bool:
+    """Two versions of a kernel source file run the same code (comments and docstrings aside: the kernel source
+    hash's rule)."""
+    from kinv.agent.tools.worker.bench_worker import code_text
+
+    return code_text(a.decode(errors="replace")) == code_text(b.decode(errors="replace"))
 
 
 def _preflight(backend, job: _Job) -> None:
@@ -471,9 +479,9 @@ def _one(store, backend, job: _Job, comp: Comparison, gpu_budget: float, wall_bu
         exps = [e for e in (res.aa_experiment, res.ab_experiment) if e]
         gpu = spent_before + protocol.Ledger.of(store, exps).gpu_s
         if gpu > gpu_budget:
-            raise _OutOfBudget(f"the GPU budget ({gpu_budget:g} s) is spent ({gpu:.1f} s)")
+            raise BudgetSpent(f"the GPU budget ({gpu_budget:g} s) is spent ({gpu:.1f} s)")
         if time.time() - t0 > wall_budget:
-            raise _OutOfBudget(f"the wall budget ({wall_budget:g} s) is spent")
+            raise BudgetSpent(f"the wall budget ({wall_budget:g} s) is spent")
 
     # the A/A of BASE: its arms' offsets widen the A/B's intervals; a harness that does not reproduce BASE stops
     res.aa_experiment = store.new_experiment(kind="noise", variant=f"regress A/A of {comp.base.label}",
@@ -483,7 +491,7 @@ def _one(store, backend, job: _Job, comp: Comparison, gpu_budget: float, wall_bu
     try:
         acc, _ = protocol.run_aa(store, res.aa_experiment, backend, k, job.base_cfg, env, levels, s.aa_rounds,
                                  s.aa_arms, on_round=check_budget, pythonpath=job.base_path)  # fmt: skip
-    except _OutOfBudget as exc:
+    except BudgetSpent as exc:
         return _stopped(store, res, levels, label, s, str(exc), kt0)
     bands = protocol.noise_bands(stats_plan, levels, acc)
     store.add_noise(res.aa_experiment, None, [b.__dict__ for b in bands])
@@ -516,7 +524,7 @@ def _one(store, backend, job: _Job, comp: Comparison, gpu_budget: float, wall_bu
                              var_pythonpath=job.head_path, names=("base", "head"),
                              matrix_fallback=get_device(plan.device).matrix_tflops, on_round=check_budget,
                              on_gate=lambda who: say(f"{k}: correctness gate: {'BASE' if who == 'baseline' else 'HEAD'}"))  # fmt: skip
-    except _OutOfBudget as exc:
+    except BudgetSpent as exc:
         return _stopped(store, res, levels, label, s, str(exc), kt0, band)
     res.gpu_s = protocol.Ledger.of(store, [res.aa_experiment, res.ab_experiment]).gpu_s
     res.wall_s = time.time() - kt0
