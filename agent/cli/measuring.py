@@ -136,6 +136,9 @@ def regress(
                                "and level) to FILE"),
     closeout_url: str = typer.Option(None, "--closeout-url", show_default=False, help="where the PR comment links "
                                      "the full close-out (a CI artifact's URL; default: its path in the state dir)"),
+    sources_only: bool = typer.Option(False, "--kernel-sources-only", help="take only each kernel's source files "
+                                      "and config from BASE, over HEAD's package (its adapter, reference and shared "
+                                      "modules): for a BASE whose adapter predates today's harness"),
     history: str = typer.Option(None, "--history", show_default=False, help="list the stored verdicts of KERNEL "
                                 "across revisions (dates, machines, the drift of the point estimates) instead"),
     state_dir: str = StateOpt,
@@ -178,7 +181,7 @@ def regress(
     be = bench.get_backend(backend.value)
     tmp = tempfile.TemporaryDirectory(prefix="kinv-regress-")  # the snapshots until the inputs are found valid
     try:
-        prep = tool.prepare(root, base, head, be, plan, kernels, Path(tmp.name))
+        prep = tool.prepare(root, base, head, be, plan, kernels, Path(tmp.name), sources_only)
     except BaseException:
         tmp.cleanup()
         raise

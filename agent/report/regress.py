@@ -40,6 +40,9 @@ def markdown(comp: Comparison, closeout_link: str) -> str:
              f"({comp.head.label if comp.head.worktree else comp.head.name})  ",
              f"**machine**: {comp.machine} · backend `{comp.backend}` · {comp.gpu_s:.1f} GPU s, {comp.wall_s:.0f} s wall "
              f"(budget {comp.budget[0]:g} GPU s, {comp.budget[1]:g} s) · {_when(comp.started)}", ""]  # fmt: skip
+    if comp.sources_only:
+        lines += ["BASE contributed only its kernels' source files and configs, over HEAD's package (its adapters, "
+                  "references and shared modules): `--kernel-sources-only`.", ""]  # fmt: skip
     if not comp.kernels:
         lines.append("No kernel, config or benchmark differs between the two revisions: nothing was measured.")
     for k in comp.kernels:
@@ -130,7 +133,10 @@ def closeout(comp: Comparison, exit_code: int) -> str:
              f"- repository: {comp.repo}", f"- machine: {comp.machine} (backend {comp.backend})",
              f"- started {_when(comp.started)}; {comp.wall_s:.1f} s wall, {comp.gpu_s:.2f} GPU s "
              f"(budget {comp.budget[0]:g} GPU s, {comp.budget[1]:g} s wall)",
-             f"- outcome: {SAY[comp.outcome]} (exit {int(exit_code)})", ""]  # fmt: skip
+             f"- outcome: {SAY[comp.outcome]} (exit {int(exit_code)})"]  # fmt: skip
+    if comp.sources_only:
+        lines.append("- BASE: only its kernels' source files and configs, over HEAD's package (--kernel-sources-only)")
+    lines.append("")
     for k in comp.kernels:
         lines += [f"## {k.kernel}: {k.verdict}", "", k.reason, "",
                   f"- differs: {', '.join(k.differs) or 'nothing (named by --kernel)'}",

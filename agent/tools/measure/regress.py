@@ -142,6 +142,7 @@ class Comparison:
     budget: tuple[float, float] = (0.0, 0.0)
     closeout: str = ""
     started: float = 0.0
+    sources_only: bool = False  # BASE contributed only its kernel sources and configs, over HEAD's package
 
     @property
     def outcome(self) -> str:
@@ -248,10 +249,13 @@ class _Job:
     head_path: list[str] = field(default_factory=list)
 
 
-def candidates(repo: Path, base: Revision, head: Revision, kernels: list[str] | None) -> tuple[list, list, dict]:
+def candidates(repo: Path, base: Revision, head: Revision, kernels: list[str] | None,
+               sources_only: bool = False) -> tuple[list, list, dict]:  # fmt: skip
     """``([(adapter, differs, base_files, head_files)], unchanged, not_comparable)``: the kernels to measure
     (those whose files differ, or every one ``kernels`` names), the registered kernels whose files do not differ,
-    and those present in one revision only."""
+    and those present in one revision only.  ``sources_only``: BASE contributes only the kernel's own sources and
+    config, over HEAD's package (its adapter, reference and shared modules): for a BASE whose adapter predates
+    the harness of today."""
     from kinv.kernels.adapter import get_adapter, registered
 
     names = list(kernels) if kernels else list(registered())
@@ -277,6 +281,10 @@ def candidates(repo: Path, base: Revision, head: Revision, kernels: list[str] | 
             by_pkg[rel] = {"base": revisions.package_at(repo, base, rel), "head": revisions.package_at(repo, head, rel)}
         bf, hf = by_pkg[rel]["base"], by_pkg[rel]["head"]
         cfg = f"configs/{a.name}.json"
+        if sources_only:
+            pkg_rel = a.package_dir().relative_to(a.root()).as_posix()
+            mine = [f.removeprefix(pkg_rel + "/") for f in a.kernel_files] + [cfg]
+            bf = {**hf, **{f: bf[f] for f in mine if f in bf}}
         missing = [who for who, files in (("BASE", bf), ("HEAD", hf)) if cfg not in files]
         if missing:
             absent[a.name] = f"{' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} no {rel}/{cfg}"
@@ -315,16 +323,18 @@ class Prepared:
     unchanged: list[str]
     not_comparable: dict
     tmp: Path
+    sources_only: bool = False
 
 
 def prepare(repo: Path, base_name: str, head_name: str | None, backend, plan_path: Path | None,
-            kernels: list[str] | None, tmp: Path) -> Prepared:  # fmt: skip
+            kernels: list[str] | None, tmp: Path, sources_only: bool = False) -> Prepared:  # fmt: skip
     """Everything a comparison needs before it times anything, each refusal bad input and nothing written but the
     snapshots under ``tmp``: the revisions, the kernels, their settings and configs, and the backend's preflight of
-    every arm (replay: a recording of each revision's source, config and level)."""
+    every arm (replay: a recording of each revision's source, config and level).  ``sources_only``: see
+    :func:`candidates`."""
     base = revisions.resolve(repo, base_name)
     head = revisions.resolve(repo, head_name)
-    found, unchanged, absent = candidates(repo, base, head, kernels)
+    found, unchanged, absent = candidates(repo, base, head, kernels, sources_only)
     margins, where = (None, "") if plan_path is not None else read_margins(repo, base)
     if plan_path is not None:
         from kinv.agent.plan import load_plan
@@ -347,7 +357,7 @@ def prepare(repo: Path, base_name: str, head_name: str | None, backend, plan_pat
         _snapshots(job, tmp)
         _preflight(backend, job)
         jobs.append(job)
-    return Prepared(repo, base, head, jobs, unchanged, absent, tmp)
+    return Prepared(repo, base, head, jobs, unchanged, absent, tmp, sources_only)
 
 
 def _snapshots(job: _Job, where: Path) -> None:
@@ -410,7 +420,8 @@ def run(store, prep: Prepared, backend, *, budget: tuple[float | None, float | N
                 shutil.copytree(src, dest)
             paths[0] = str(dest)
     comp = Comparison(reg, str(prep.repo), base, head, backend.name, unchanged=prep.unchanged,
-                      not_comparable=prep.not_comparable, budget=(gpu_budget, wall_budget), started=t0)  # fmt: skip
+                      not_comparable=prep.not_comparable, budget=(gpu_budget, wall_budget), started=t0,
+                      sources_only=prep.sources_only)  # fmt: skip
     try:
         for job in jobs:
             say(f"{job.adapter.name}: {', '.join(job.differs) or 'no difference (named by --kernel)'} differs; "

@@ -138,3 +138,26 @@ def test_bad_input_is_one_line_and_creates_nothing(repo, tmp_path, args, needle)
     assert r.returncode == 2, r.stdout + r.stderr
     assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not state.exists()
+
+
+def test_kernel_sources_only_takes_base_s_kernel_and_config_over_head_s_adapter(tmp_path):
+    """An adapter change alone is a difference to judge; with --kernel-sources-only BASE brings only its kernel
+    sources and config (an old revision whose adapter predates today's harness still runs), so it is not."""
+    from kinv.agent.tools.files.revisions import resolve
+    from kinv.agent.tools.measure.regress import candidates
+
+    r = tmp_path / "repo"
+    shutil.copytree(ROOT / "kernels", r / "kernels", ignore=shutil.ignore_patterns("__pycache__", "recordings"))
+    _git(r, "init", "-q")
+    ident = ["-c", "user.email=t@example.com", "-c", "user.name=t"]
+    _git(r, *ident, "add", "-A")
+    _git(r, *ident, "commit", "-qm", "one")
+    with (r / "kernels" / "mla_decode_adapter.py").open("a") as f:
+        f.write("\n\ndef _added():\n    return 1\n")
+    _git(r, *ident, "commit", "-qam", "an adapter change")
+    base, head = resolve(r, "HEAD~1"), resolve(r, "HEAD")
+    found, _, _ = candidates(r, base, head, ["mla_decode"])
+    assert found[0][1] == ["reference"]  # the adapter holds the metric definitions the reference hash covers
+    found, _, _ = candidates(r, base, head, ["mla_decode"], sources_only=True)
+    (_a, differs, bf, hf) = found[0]
+    assert differs == [] and bf["mla_decode_adapter.py"] == hf["mla_decode_adapter.py"]
