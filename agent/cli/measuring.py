@@ -186,6 +186,8 @@ def regress(
         tmp.cleanup()
         raise
     store = _store(state_dir, create=True)
+    if hasattr(be, "log_dir"):  # a command's runs keep their whole output in this state dir
+        be.log_dir = store.dir / "commands"
     to_stdout = outs["--json"] is not None and str(outs["--json"]) == "-"
     con = _console()
     said: list[str] = []

@@ -104,7 +104,7 @@ def _free_port() -> int:
 class Server:
     """One arm's long-lived server: started in the arm's environment, ready once its probe answers 200."""
 
-    def __init__(self, spec: dict, env: dict, log: Path, name: str):
+    def __init__(self, spec: dict, env: dict, log: Path, name: str, cwd: Path | None = None):
         import sys
         import urllib.request
 
@@ -114,7 +114,7 @@ class Server:
         self._out = open(log, "w")  # noqa: SIM115 - the server's output, for its life
         try:
             self.proc = subprocess.Popen(argv, env={**os.environ, **{k: str(v) for k, v in env.items()}},
-                                         stdout=self._out, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                                         stdout=self._out, stderr=subprocess.STDOUT, text=True, cwd=cwd)  # fmt: skip
         except OSError as exc:
             self._out.close()
             raise VariantFailed(f"{name}: cannot start the server {argv[0]}: {exc.strerror}") from None
@@ -159,15 +159,15 @@ class ServerPool:
         self.idle: dict[tuple, list[Server]] = {}
         self.started = 0
 
-    def take(self, spec: dict, env: dict, log_dir: Path, name: str) -> Server:
-        key = (json.dumps(spec, sort_keys=True), tuple(sorted((k, str(v)) for k, v in env.items())))
+    def take(self, spec: dict, env: dict, log_dir: Path, name: str, cwd: Path | None = None) -> Server:
+        key = (json.dumps(spec, sort_keys=True), tuple(sorted((k, str(v)) for k, v in env.items())), str(cwd))
         while self.idle.get(key):
             srv = self.idle[key].pop()
             if srv.alive():
                 return srv
             srv.stop()
         self.started += 1
-        srv = Server(spec, env, log_dir / f"server-{name}-{self.started}.log", name)
+        srv = Server(spec, env, log_dir / f"server-{name}-{self.started}.log", name, cwd)
         srv.key = key
         return srv
 
@@ -197,7 +197,8 @@ class CommandArm(Arm):
         t0 = time.perf_counter()
         seen = None
         try:
-            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    cwd=self.cwd)  # fmt: skip
         except OSError as exc:
             raise VariantFailed(f"{self.name} at {level.key}: cannot start {argv[0]}: {exc.strerror}") from None
         if watch_env:  # the process that measures: the server where there is one, else this run
@@ -224,6 +225,7 @@ class CommandArm(Arm):
 
     server_obj: Server | None = None
     pool: ServerPool | None = None
+    cwd: Path | None = None  # where the command runs: a revision's own checkout (kinv regress), else here
     _round: int = -1
     _also: dict = {}
 
@@ -237,7 +239,7 @@ class CommandArm(Arm):
             pool = self.pool or ServerPool()
             self.pool = pool
             self.server_obj = pool.take(level.dims["_run"]["server"], self.env, _logs(getattr(self, "log_dir", None)),
-                                        self.name)  # fmt: skip
+                                        self.name, self.cwd)  # fmt: skip
         return self.server_obj
 
     def close(self) -> None:
@@ -292,13 +294,16 @@ class CommandBackend(Backend):
 
         atexit.register(self.servers.close)  # whatever ends the process, no server outlives it
 
-    def _arm(self, name: str, kernel: str, config: dict, env: dict) -> CommandArm:
+    def _arm(self, name: str, kernel: str, config: dict, env: dict, checkout: list[str] | None = None) -> CommandArm:
+        """An arm of the command; ``checkout`` (an arm's ``pythonpath``): a revision's own checkout, where its
+        command and server run (``kinv regress``), else the working directory."""
         arm = CommandArm(name=name, kernel=kernel, config=config, env=dict(env))
         arm.log_dir, arm.pool = self.log_dir, self.servers
+        arm.cwd = Path(checkout[0]) if checkout else None
         return arm
 
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant", judge_path=None) -> Arm:
-        arm = self._arm(name, kernel, config, env)
+        arm = self._arm(name, kernel, config, env, pythonpath)
         arm.fingerprint = {"gpu": f"command on {platform.node()}", "arch": platform.machine(),
                            "cpus": os.cpu_count(), "python": platform.python_version()}  # fmt: skip
         if self.first_levels:  # the env check reads the environment of a real run of the command
@@ -317,7 +322,7 @@ class CommandBackend(Backend):
               pythonpath=None, judge_path=None) -> dict:  # fmt: skip
         """The command's own gate: it exits 0 and prints its metric at every level, in the arm's environment."""
         self.first_levels = self.first_levels or list(levels[:1])
-        arm = self._arm("check", kernel, config, env)
+        arm = self._arm("check", kernel, config, env, pythonpath)
         rows = []
         try:
             for lv in levels:

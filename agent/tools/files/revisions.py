@@ -135,6 +135,39 @@ def package_at(repo: Path, rev: Revision, rel: str) -> dict[str, bytes]:
     return out
 
 
+def tree_at(repo: Path, rev: Revision) -> dict[str, bytes]:
+    """Every file of ``rev`` (a commit's tracked files; the working tree's tracked and untracked files that git does
+    not ignore): what a command benchmark runs from, each revision from its own checkout.  Relative path -> bytes."""
+    if not rev.worktree:
+        data = _git(repo, "archive", "--format=tar", rev.sha, binary=True)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    listed = _git(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    return {f: (repo / f).read_bytes() for f in listed if f and (repo / f).is_file()}
+
+
+def write_tree(files: dict[str, bytes], where: Path) -> Path:
+    """A revision's files written as a checkout of their own (``where/<digest>``, kept if complete); returns it."""
+    import shutil
+
+    dest = where / files_digest(files)
+    if dest.is_dir():
+        return dest
+    tmp = where / f"{dest.name}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    for rel, data in files.items():
+        f = tmp / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(data)
+    tmp.rename(dest)
+    return dest
+
+
+def changed(base: dict[str, bytes], head: dict[str, bytes]) -> list[str]:
+    """The paths whose bytes differ between two trees (added and removed ones included), sorted."""
+    return sorted(f for f in set(base) | set(head) if base.get(f) != head.get(f))
+
+
 def _kept(sub: Path) -> bool:
     """What a snapshot keeps of a package (agent/tools/files/snapshot.py's rule): sources and configs."""
     if any(part in SKIP_DIRS for part in sub.parts[:-1]) or sub.name.endswith((".pyc", ".kinv-lock")):
@@ -245,5 +278,8 @@ def files_digest(files: dict[str, bytes]) -> str:
     return h.hexdigest()[:12]
 
 
-__all__ = ["WORKTREE", "Revision", "config_of", "differences", "files_digest", "own_files", "package_at",
+__all__ = [
+    "changed",
+    "tree_at",
+    "write_tree","WORKTREE", "Revision", "config_of", "differences", "files_digest", "own_files", "package_at",
            "package_rel", "repo_root", "resolve", "snapshot"]  # fmt: skip

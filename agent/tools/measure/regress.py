@@ -334,6 +334,12 @@ def prepare(repo: Path, base_name: str, head_name: str | None, backend, plan_pat
     :func:`candidates`."""
     base = revisions.resolve(repo, base_name)
     head = revisions.resolve(repo, head_name)
+    if plan_path is not None:
+        from kinv.agent.plan import load_plan
+
+        plan = load_plan(plan_path)[0]
+        if not plan.adapter.kernel_files:  # a plan's own command: each revision runs it from its own checkout
+            return _prepare_command(repo, base, head, backend, plan, plan_path, kernels, tmp)
     found, unchanged, absent = candidates(repo, base, head, kernels, sources_only)
     margins, where = (None, "") if plan_path is not None else read_margins(repo, base)
     if plan_path is not None:
@@ -360,7 +366,33 @@ def prepare(repo: Path, base_name: str, head_name: str | None, backend, plan_pat
     return Prepared(repo, base, head, jobs, unchanged, absent, tmp, sources_only)
 
 
+def _prepare_command(repo: Path, base: Revision, head: Revision, backend, plan, plan_path: Path,
+                     kernels: list[str] | None, tmp: Path) -> Prepared:  # fmt: skip
+    """A command benchmark (``kernel: command`` plans): measured when any file of the checkout differs (or
+    ``--kernel command``), each revision's command (and server) run from a copy of that revision's files."""
+    name = plan.adapter.name
+    if kernels and kernels != [name]:
+        raise BadInput(
+            f"--plan {plan_path} measures its command ({name}); --kernel {kernels[0]} needs a plan of its own"
+        )
+    bt, ht = revisions.tree_at(repo, base), revisions.tree_at(repo, head)
+    diff = revisions.changed(bt, ht)
+    if not diff and not kernels:
+        return Prepared(repo, base, head, [], [name], {}, tmp)
+    said = [f"{len(diff)} file(s): {', '.join(diff[:4])}{', ...' if len(diff) > 4 else ''}"] if diff else []
+    cfg = {"kernel": name}
+    job = _Job(plan.adapter, Setting(name, plan, plan.stats, f"--plan {plan_path}", str(plan_path)), said, bt, ht,
+               cfg, cfg)  # fmt: skip
+    _snapshots(job, tmp)
+    _preflight(backend, job)
+    return Prepared(repo, base, head, [job], [], {}, tmp)
+
+
 def _snapshots(job: _Job, where: Path) -> None:
+    if not job.adapter.kernel_files:  # a command: each revision's whole checkout
+        job.base_path = [str(revisions.write_tree(job.base_files, where / job.adapter.name / "base"))]
+        job.head_path = [str(revisions.write_tree(job.head_files, where / job.adapter.name / "head"))]
+        return
     from kinv.agent.tools.worker.bench_worker import kernel_source_hash
 
     for side in ("base", "head"):

@@ -161,3 +161,49 @@ def test_kernel_sources_only_takes_base_s_kernel_and_config_over_head_s_adapter(
     found, _, _ = candidates(r, base, head, ["mla_decode"], sources_only=True)
     (_a, differs, bf, hf) = found[0]
     assert differs == [] and bf["mla_decode_adapter.py"] == hf["mla_decode_adapter.py"]
+
+
+BENCH = """import argparse, json, time
+ap = argparse.ArgumentParser()
+ap.add_argument("--n", type=int)
+n = ap.parse_args().n
+WORK = 1
+t0 = time.perf_counter()
+s = 0
+for _ in range(WORK):
+    for i in range(n):
+        s += i
+print(json.dumps({"rate": n / (time.perf_counter() - t0)}))
+"""
+
+
+@pytest.mark.slow  # some 80 runs of a command, each a fresh interpreter
+def test_a_command_benchmark_is_judged_from_each_revision_s_own_checkout(tmp_path):
+    """A plan's own command (``kernel: command``) runs from each revision's files: against itself it is never
+    decided either way; a committed change that makes the command do twice the work is caught as regressed."""
+    r = tmp_path / "repo"
+    (r / "plans").mkdir(parents=True)
+    plan = (ROOT / "plans" / "cpu-matmul-threads.yaml").read_text()
+    plan = plan.replace('["{python}", "examples/cpu_matmul.py", "--n", "{n}", "--seconds", "0.3"]',
+                        '["{python}", "bench.py", "--n", "{n}"]').replace("levels: [{n: 128}, {n: 512}]",
+                                                                       "levels: [{n: 300000}]")  # fmt: skip
+    plan = plan.replace("gflops", "rate").replace("unit: GFLOP/s", "unit: adds/s")
+    (r / "plans" / "cmd.yaml").write_text(plan)
+    (r / "bench.py").write_text(BENCH)
+    ident = ["-c", "user.email=t@example.com", "-c", "user.name=t"]
+    _git(r, "init", "-q", "-b", "main")
+    _git(r, *ident, "add", "-A")
+    _git(r, *ident, "commit", "-qm", "the benchmark")
+    (r / "bench.py").write_text(BENCH.replace("WORK = 1", "WORK = 2"))
+    _git(r, *ident, "commit", "-qam", "planted: twice the work")
+    env = replay_env(tmp_path, tmp_path / "state")
+    common = ["--repo", r, "--backend", "command", "--plan", r / "plans" / "cmd.yaml", "--json", "-"]
+    same = kinv_in_process(env, "regress", "HEAD", "HEAD", "--kernel", "command", *common, cwd=r)
+    assert same.returncode in (0, 5), same.stderr
+    levels = json.loads(same.stdout)["kernels"][0]["levels"]
+    assert levels and not {"improved", "regressed"} & {lv["verdict"] for lv in levels}
+    planted = kinv_in_process(env, "regress", "main~1", "main", *common, cwd=r)
+    assert planted.returncode == 4, planted.stdout + planted.stderr
+    k = json.loads(planted.stdout)["kernels"][0]
+    assert k["differs"] == ["1 file(s): bench.py"] and [lv["verdict"] for lv in k["levels"]] == ["regressed"]
+    assert _git(r, "status", "--porcelain") == ""  # the checkout was never written
