@@ -8,7 +8,7 @@ at what the sweeps recorded).  Replay serves recorded samples: each comparison p
 (the sweep's R0 and R1), so comparisons of different configs are different data, and a comparison repeated on the
 same config would replay the same samples (it is run once).  The shipped level-conditional config is one of them.
 
-    PYTHONPATH=. python benchmarks/regress_false_claims.py            # every recorded config (31 comparisons)
+    PYTHONPATH=. python benchmarks/regress_false_claims.py            # every recorded config (28 comparisons)
     PYTHONPATH=. python benchmarks/regress_false_claims.py --limit 20
 
 Writes benchmarks/results/regress_false_claims_replay.json: per comparison its config, the verdict at each level
@@ -68,6 +68,7 @@ def make_repo(where: Path, config: dict) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=0, help="at most this many comparisons (0: every recorded config)")
+    ap.add_argument("--only", default="", help="only the recorded config this label names (e.g. BT16/BH16/w4/s2)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/regress_false_claims_replay.json"))
     args = ap.parse_args()
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -77,6 +78,8 @@ def main() -> int:
     from kinv.kernels.launch_config import describe
 
     configs = recorded_configs()
+    if args.only:
+        configs = [c for c in configs if describe(c) == args.only]
     if args.limit:
         configs = configs[: args.limit]
     be = bench.get_backend("replay")
@@ -98,6 +101,7 @@ def main() -> int:
             levels = {lv.label: lv.verdict for lv in k.levels}
             claimed = sorted(lb for lb, v in levels.items() if v in ("improved", "regressed"))
             rows.append({"config": describe(cfg), "verdict": k.verdict, "outcome": comp.outcome, "levels": levels,
+                         "reason": k.reason,
                          "rounds": k.rounds, "claimed": claimed, "wall_s": round(time.time() - t0, 1),
                          "changes": {lv.label: [lv.change, lv.ci_low, lv.ci_high] for lv in k.levels}})  # fmt: skip
             print(f"{i + 1:2d} {describe(cfg)}: {k.verdict} ({', '.join(f'{a}:{b}' for a, b in levels.items())}) "
