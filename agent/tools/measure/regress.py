@@ -458,7 +458,14 @@ def run(store, prep: Prepared, backend, *, budget: tuple[float | None, float | N
         for job in jobs:
             say(f"{job.adapter.name}: {', '.join(job.differs) or 'no difference (named by --kernel)'} differs; "
                 f"margins from {job.setting.source}")  # fmt: skip
-            comp.kernels.append(_one(store, backend, job, comp, gpu_budget, wall_budget, t0, say))
+            try:
+                comp.kernels.append(_one(store, backend, job, comp, gpu_budget, wall_budget, t0, say))
+            except StepFailed as exc:  # this kernel's step failed (an environment that moved, a worker that died):
+                if isinstance(exc, BadInput):  # the others are still judged, and the report says why this one is not
+                    raise
+                say(f"{job.adapter.name}: failed: {exc}")
+                comp.kernels.append(KernelResult(job.adapter.name, job.differs, "failed", f"{type(exc).__name__}: {exc}",
+                                                 setting_source=job.setting.source, plan=job.setting.plan_path))  # fmt: skip
     except BaseException as exc:
         store.finish_regression(reg, outcome="failed" if isinstance(exc, Exception) else "interrupted",
                                 exit_code=getattr(exc, "exit_code", 1), wall_s=time.time() - t0,
