@@ -31,11 +31,14 @@ class ExitCode(IntEnum):
     FAIL = 1  # a step failed for a named reason, damaged state, or an internal error (a bug)
     BAD_INPUT = 2  # one line naming the bad value and what is valid; nothing created or changed
     PAUSED = 3  # a run waits for a person's approval
+    REGRESSED = 4  # kinv regress: a kernel regressed beyond its margin at some level (or HEAD broke it)
+    UNDECIDED = 5  # kinv regress: nothing regressed, but some level is undecided within the budget (retry)
     INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP: state restored, resumable
 
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = ExitCode.OK, ExitCode.FAIL, ExitCode.BAD_INPUT
 EXIT_PAUSED, EXIT_INTERRUPTED = ExitCode.PAUSED, ExitCode.INTERRUPTED
+EXIT_REGRESSED, EXIT_UNDECIDED = ExitCode.REGRESSED, ExitCode.UNDECIDED
 
 
 # --------------------------------------------------------------------------- #
@@ -202,6 +205,11 @@ class CampaignError(StepFailed):
 class AdoptError(StepFailed):
     """The adoption's step failed (the state moved on since the variant was measured, the confirming A/B could
     not run or decided nothing); nothing was written; the message says why."""
+
+
+class BudgetSpent(StepFailed):
+    """A comparison's GPU seconds or wall time ran out mid-measurement (``kinv regress --budget``): what was
+    measured so far stands, and its levels stay undecided."""
 
 
 class NoGain(AdoptError):

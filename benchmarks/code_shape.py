@@ -35,7 +35,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("measure", ("agent/tools/measure/protocol.py", "agent/tools/measure/sequential.py", "agent/tools/measure/bench.py",
                  "agent/tools/measure/screening.py", "agent/tools/measure/executor.py",
                  "agent/tools/measure/placement.py", "agent/tools/measure/plausibility.py",
-                 "agent/tools/measure/noise.py")),
+                 "agent/tools/measure/noise.py", "agent/tools/measure/regress.py")),
     ("backends", ("agent/tools/backends/",)),
     ("worker", ("agent/tools/worker/bench_worker.py", "agent/tools/worker/pool.py")),
     ("checks and figures", ("agent/tools/measure/", "agent/tools/worker/client.py")),

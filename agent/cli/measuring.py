@@ -1,4 +1,4 @@
-"""Commands that measure, check and mend: bench, noise, kernels, env, adopt, doctor, revert."""
+"""Commands that measure, check and mend: bench, noise, regress, kernels, env, adopt, doctor, revert."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from kinv.agent.cli.common import BACKEND_HELP, Exit, JsonOpt, StateOpt, _console, _id, _state_dir, _store, app
-from kinv.agent.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK
+from kinv.agent.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, EXIT_REGRESSED, EXIT_UNDECIDED
 from kinv.agent.words import BackendName
 
 # --------------------------------------------------------------------------- #
@@ -81,6 +81,149 @@ def noise(
 
     _state_dir(state_dir)
     raise Exit(EXIT_OK, noise_command(plan, rounds, backend.value, state_dir, as_json, _console(), arms_n=workers))
+
+
+#: how a comparison ended (agent/tools/measure/regress.py's outcome) -> the exit code kinv regress ends with
+EXIT_OF_REGRESS = {"ok": EXIT_OK, "regressed": EXIT_REGRESSED, "undecided": EXIT_UNDECIDED, "failed": EXIT_FAIL}
+
+
+def _out_file(path: Path | None, option: str) -> Path | None:
+    """An output file a user named: its folder must exist, and it must not be a folder (refused before anything)."""
+    if path is None or str(path) == "-":
+        return path
+    if path.is_dir():
+        raise Exit(EXIT_BAD_INPUT, f"{option} {path} is a directory: name a file to write")
+    if not path.parent.is_dir():
+        raise Exit(EXIT_BAD_INPUT, f"{option} {path}: its folder {path.parent} does not exist")
+    return path
+
+
+def _budget(text: str | None) -> tuple[float | None, float | None]:
+    if text is None:
+        return None, None
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]{1,6}(?:\.[0-9]+)?)\s*(?::\s*([0-9]{1,7}(?:\.[0-9]+)?)\s*)?", text)
+    if not m or float(m.group(1)) <= 0 or (m.group(2) is not None and float(m.group(2)) <= 0):
+        from kinv.agent.ids import shown
+
+        raise Exit(EXIT_BAD_INPUT, f"--budget {shown(text, 40)} is not valid: give GPU_SECONDS or "
+                                   "GPU_SECONDS:WALL_SECONDS, both positive (e.g. 600:3600)")  # fmt: skip
+    return float(m.group(1)), float(m.group(2)) if m.group(2) else None
+
+
+@app.command()
+def regress(
+    base: str = typer.Argument(None, help="the revision a change is judged against: a commit, branch or tag (main)",
+                               show_default=False),
+    head: str = typer.Argument(None, help="the revision judged (default: the working tree, uncommitted changes "
+                               "included)", show_default=False),
+    plan: Path = typer.Option(None, "--plan", show_default=False, help="judge the plan's kernel at its levels, "
+                              "environment and margins (default: plans/regress/margins.yaml as BASE has it)"),
+    kernel: list[str] = typer.Option(None, "--kernel", show_default=False, help="measure this kernel even when "
+                                     "its files do not differ (a revision against itself); repeatable"),
+    backend: BackendName = typer.Option(BackendName.AUTO, help=BACKEND_HELP),
+    budget: str = typer.Option(None, "--budget", show_default=False, help="GPU_SECONDS[:WALL_SECONDS] the whole "
+                               "comparison may spend (default: the plans' budgets); levels left undecided when it "
+                               "runs out"),
+    repo: Path = typer.Option(None, "--repo", show_default=False, help="the git checkout (default: the one the "
+                              "working directory is in); it is read, never switched or written"),
+    markdown: Path = typer.Option(None, "--markdown", show_default=False, help="write the PR comment (Markdown) "
+                                  "to FILE"),
+    json_file: Path = typer.Option(None, "--json", show_default=False, help="write the comparison as JSON to FILE "
+                                   "(- for stdout)"),
+    junit: Path = typer.Option(None, "--junit", show_default=False, help="write JUnit XML (a test case per kernel "
+                               "and level) to FILE"),
+    closeout_url: str = typer.Option(None, "--closeout-url", show_default=False, help="where the PR comment links "
+                                     "the full close-out (a CI artifact's URL; default: its path in the state dir)"),
+    sources_only: bool = typer.Option(False, "--kernel-sources-only", help="take only each kernel's source files "
+                                      "and config from BASE, over HEAD's package (its adapter, reference and shared "
+                                      "modules): for a BASE whose adapter predates today's harness"),
+    history: str = typer.Option(None, "--history", show_default=False, help="list the stored verdicts of KERNEL "
+                                "across revisions (dates, machines, the drift of the point estimates) instead"),
+    state_dir: str = StateOpt,
+):
+    """Judge a kernel change between two git revisions with kinv's whole protocol: the correctness gate on both,
+    the environment check, an A/A, paired ABBA rounds with sequential looks, margins fixed in advance.  Each
+    revision runs from a snapshot of its own files; the checkout is never switched.  One verdict per kernel and
+    level (improved, regressed, equivalent, undecided) with its interval; every comparison is stored.
+
+    Exit: 0 nothing regressed beyond its margin, 4 a regression, 5 undecided within the budget, 2 bad input,
+    1 a failed step.
+
+    Example: kinv regress main HEAD --markdown comment.md --junit regress.xml
+    Example: kinv regress --history mla_decode
+    """
+    from kinv.agent.report import regress as report
+    from kinv.agent.tools.files import revisions
+    from kinv.agent.tools.measure import regress as tool
+
+    if history is not None:
+        if base is not None or head is not None:
+            raise Exit(EXIT_BAD_INPUT, "--history KERNEL lists stored verdicts: give no revisions with it")
+        name = _id(history, "kernel name")
+        rows, drifts = tool.history(_store(state_dir), name)
+        _console().print("\n".join(report.history_text(name, rows, drifts)), markup=False, highlight=False)
+        return
+    if base is None:
+        raise Exit(EXIT_BAD_INPUT, "name BASE, the revision to judge against (e.g. kinv regress main), or "
+                                   "--history KERNEL")  # fmt: skip
+    outs = {opt: _out_file(p, opt) for opt, p in (("--markdown", markdown), ("--json", json_file), ("--junit", junit))}
+    limits = _budget(budget)
+    kernels = [_id(k, "kernel name") for k in kernel] if kernel else None
+    import sys
+    import tempfile
+
+    from kinv.agent.tools.measure import bench
+
+    _state_dir(state_dir)
+    root = revisions.repo_root(repo)
+    be = bench.get_backend(backend.value)
+    tmp = tempfile.TemporaryDirectory(prefix="kinv-regress-")  # the snapshots until the inputs are found valid
+    try:
+        prep = tool.prepare(root, base, head, be, plan, kernels, Path(tmp.name), sources_only)
+    except BaseException:
+        tmp.cleanup()
+        raise
+    store = _store(state_dir, create=True)
+    if hasattr(be, "log_dir"):  # a command's runs keep their whole output in this state dir
+        be.log_dir = store.dir / "commands"
+    to_stdout = outs["--json"] is not None and str(outs["--json"]) == "-"
+    con = _console()
+    said: list[str] = []
+
+    def say(message: str) -> None:  # the first line is the backend's banner, once every input was found valid
+        for m in ([be.loud] if not said else []) + [message]:
+            said.append(m)
+            if to_stdout:
+                print(m, file=sys.stderr, flush=True)
+            else:
+                con.print(m, markup=False, highlight=False)
+
+    try:
+        comp = tool.run(store, prep, be, budget=limits, say=say)
+    finally:
+        tmp.cleanup()
+    code = EXIT_OF_REGRESS[comp.outcome]
+    where = store.dir / "regress" / str(comp.id)
+    where.mkdir(parents=True, exist_ok=True)
+    close_path = where / "closeout.md"
+    close_path.write_text(report.closeout(comp, code))
+    tool.finish(store, comp, code, str(close_path))
+    link = closeout_url or str(close_path)
+    if outs["--markdown"] is not None:
+        outs["--markdown"].write_text(report.markdown(comp, link))
+    if outs["--junit"] is not None:
+        outs["--junit"].write_text(report.junit(comp, link))
+    if outs["--json"] is not None:
+        text = report.as_json(comp, link, code)
+        if to_stdout:
+            print(text)
+        else:
+            outs["--json"].write_text(text)
+    if not to_stdout:
+        con.print(report.markdown(comp, link), markup=False, highlight=False)
+    raise Exit(code, f"kinv regress {comp.id}: {report.SAY[comp.outcome]} (exit {int(code)}); close-out {close_path}")
 
 
 @app.command()

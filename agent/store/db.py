@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from kinv.agent import faults
 from kinv.agent.errors import BadInput, NoState, StateDamaged, StoreError
 from kinv.agent.store import schema
+from kinv.agent.store.regressions import RegressRows
 from kinv.agent.store.screened import ScreenedRows
 from kinv.agent.store.state import (
     CHECKPOINTS_NAME,
@@ -47,7 +48,7 @@ def _while_locked(fn, seconds: float = 30.0):
             time.sleep(0.05)
 
 
-class Store(ScreenedRows):
+class Store(ScreenedRows, RegressRows):
     """All reads and writes of kinv.db."""
 
     def __init__(self, directory: str | os.PathLike | None = None, *, create: bool = True):

@@ -193,6 +193,26 @@ def m011_sample_yardstick(db: sqlite_utils.Database) -> None:
     db["samples"].add_column("yard_gbps", float)
 
 
+@migration
+def m012_regressions(db: sqlite_utils.Database) -> None:
+    """``kinv regress``: one row per comparison of two revisions (which, where, on what machine, how it ended) and
+    one row per kernel and level it judged (the verdict, the change and its interval, the margin, the A/A band)."""
+    db["regressions"].create(
+        {"id": int, "repo": str, "base": str, "base_sha": str, "base_date": str, "head": str, "head_sha": str,
+         "head_date": str, "head_dirty": int, "backend": str, "device": str, "machine": str, "outcome": str,
+         "exit_code": int, "gpu_s": float, "wall_s": float, "closeout": str, "started": float, "finished": float},
+        pk="id", foreign_keys=[("device", "devices", "id")],
+    )  # fmt: skip
+    db["regress_levels"].create(
+        {"id": int, "regression": int, "kernel": str, "level": str, "label": str, "verdict": str,
+         "kernel_verdict": str, "effect": float, "ci_low": float, "ci_high": float, "conf": float,
+         "threshold": float, "band": float, "base_us": float, "head_us": float, "rounds": int, "experiment": int,
+         "reason": str, "t": float},
+        pk="id", foreign_keys=[("regression", "regressions", "id")],
+    )  # fmt: skip
+    db["regress_levels"].create_index(["kernel", "regression"])
+
+
 def _throughput_unit(kernel: str | None) -> str | None:
     if not kernel:
         return None

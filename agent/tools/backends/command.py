@@ -126,7 +126,7 @@ def _free_port() -> int:
 class Server:
     """One arm's long-lived server: started in the arm's environment, ready once its probe answers 200."""
 
-    def __init__(self, spec: dict, env: dict, log: Path, name: str):
+    def __init__(self, spec: dict, env: dict, log: Path, name: str, cwd: Path | None = None):
         import sys
         import urllib.request
 
@@ -136,7 +136,7 @@ class Server:
         self._out = open(log, "a")  # noqa: SIM115 - the server's output, for its life (its file made by keep)
         try:
             self.proc = subprocess.Popen(argv, env={**os.environ, **{k: str(v) for k, v in env.items()}},
-                                         stdout=self._out, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                                         stdout=self._out, stderr=subprocess.STDOUT, text=True, cwd=cwd)  # fmt: skip
         except OSError as exc:
             self._out.close()
             raise VariantFailed(f"{name}: cannot start the server {argv[0]}: {exc.strerror}") from None
@@ -182,8 +182,8 @@ class ServerPool:
         self.started = 0
         self.experiment: int | None = None  # whose servers start now (their logs are named by it)
 
-    def take(self, spec: dict, env: dict, log_dir: Path, name: str) -> Server:
-        key = (json.dumps(spec, sort_keys=True), tuple(sorted((k, str(v)) for k, v in env.items())))
+    def take(self, spec: dict, env: dict, log_dir: Path, name: str, cwd: Path | None = None) -> Server:
+        key = (json.dumps(spec, sort_keys=True), tuple(sorted((k, str(v)) for k, v in env.items())), str(cwd))
         while self.idle.get(key):
             srv = self.idle[key].pop()
             if srv.alive():
@@ -191,7 +191,7 @@ class ServerPool:
             srv.stop()
         self.started += 1
         srv = Server(spec, env, keep(log_dir, f"server-{log_stem(self.experiment, name, 'all', self.started)}", ""),
-                     name)  # fmt: skip
+                     name, cwd)  # fmt: skip
         srv.key = key
         return srv
 
@@ -221,7 +221,8 @@ class CommandArm(Arm):
         t0 = time.perf_counter()
         seen = None
         try:
-            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    cwd=self.cwd)  # fmt: skip
         except OSError as exc:
             raise VariantFailed(f"{self.name} at {level.key}: cannot start {argv[0]}: {exc.strerror}") from None
         if watch_env:  # the process that measures: the server where there is one, else this run
@@ -248,6 +249,7 @@ class CommandArm(Arm):
 
     server_obj: Server | None = None
     pool: ServerPool | None = None
+    cwd: Path | None = None  # where the command runs: a revision's own checkout (kinv regress), else here
     _round: int = -1
     _also: dict = {}
 
@@ -261,7 +263,7 @@ class CommandArm(Arm):
             pool = self.pool or ServerPool()
             self.pool = pool
             self.server_obj = pool.take(level.dims["_run"]["server"], self.env, _logs(getattr(self, "log_dir", None)),
-                                        self.name)  # fmt: skip
+                                        self.name, self.cwd)  # fmt: skip
         return self.server_obj
 
     def close(self) -> None:
@@ -317,14 +319,17 @@ class CommandBackend(Backend):
 
         atexit.register(self.servers.close)  # whatever ends the process, no server outlives it
 
-    def _arm(self, name: str, kernel: str, config: dict, env: dict) -> CommandArm:
+    def _arm(self, name: str, kernel: str, config: dict, env: dict, checkout: list[str] | None = None) -> CommandArm:
+        """An arm of the command; ``checkout`` (an arm's ``pythonpath``): a revision's own checkout, where its
+        command and server run (``kinv regress``), else the working directory."""
         arm = CommandArm(name=name, kernel=kernel, config=config, env=dict(env))
         arm.log_dir, arm.pool, arm.experiment = self.log_dir, self.servers, self.experiment
         self.servers.experiment = self.experiment
+        arm.cwd = Path(checkout[0]) if checkout else None
         return arm
 
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant", judge_path=None) -> Arm:
-        arm = self._arm(name, kernel, config, env)
+        arm = self._arm(name, kernel, config, env, pythonpath)
         arm.fingerprint = {"gpu": f"command on {platform.node()}", "arch": platform.machine(),
                            "cpus": os.cpu_count(), "python": platform.python_version()}  # fmt: skip
         if self.first_levels:  # the env check reads the environment of a real run of the command
@@ -343,7 +348,7 @@ class CommandBackend(Backend):
               pythonpath=None, judge_path=None) -> dict:  # fmt: skip
         """The command's own gate: it exits 0 and prints its metric at every level, in the arm's environment."""
         self.first_levels = self.first_levels or list(levels[:1])
-        arm = self._arm("check", kernel, config, env)
+        arm = self._arm("check", kernel, config, env, pythonpath)
         rows = []
         try:
             for lv in levels:

@@ -123,8 +123,11 @@ class ReplayBackend(Backend):
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant", judge_path=None) -> Arm:
         rec = self.for_kernel(kernel)
         recorded = rec.headers[0].get("kernel_hash")
-        if recorded and pythonpath is None and kernel_hash(kernel) != recorded:
-            raise NoRecording(f"replay has no recording of this {kernel} source (sha {kernel_hash(kernel)}; recorded "
+        # a snapshot (a baseline's, a revision's) is named by its kernel source hash: it must be the recorded one too
+        source = Path(pythonpath[0]).name if pythonpath else kernel_hash(kernel)
+        if recorded and source != recorded:
+            where = f" in {pythonpath[0]}" if pythonpath else ""
+            raise NoRecording(f"replay has no recording of this {kernel} source (sha {source}{where}; recorded "
                               f"{recorded}): a source change must be measured on a GPU (--backend cuda)")
         recorded_env = rec.headers[0].get("env", {})
         for k, v in env.items():

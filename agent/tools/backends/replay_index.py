@@ -166,9 +166,12 @@ class Recording:
             # the same config on both sides (a source-only variant): two independent workers of it, the A/A's
             return ("aa", "aa", "A0" if role == "base" else "A1")
         if partner_hash is not None:
-            if role == "variant" and ("ab", chash, "variant") in {k[:3] for k in self.cells}:
+            # a recorded A/B serves a pair only where each of its workers ran the config asked for: its base worker
+            # ran the recording's baseline, never the variant (a config against itself is two workers of it: the
+            # A/A's above, else a sweep's)
+            if role == "variant" and self._ran(("ab", chash, "variant"), chash):
                 return ("ab", chash, "variant")
-            if role == "base" and ("ab", partner_hash, "base") in {k[:3] for k in self.cells}:
+            if role == "base" and self._ran(("ab", partner_hash, "base"), chash):
                 return ("ab", partner_hash, "base")
             pairs = ", ".join(describe(self.configs[k[1]]) for k in sorted({k[:3] for k in self.cells})
                               if k[0] == "ab" and k[2] == "variant" and k[1] in self.configs)
@@ -181,6 +184,11 @@ class Recording:
             if slot in {k[:3] for k in self.cells} and (slot[0] == "ab" or self._aa_hash() == chash):
                 return slot
         raise NoRecording(f"replay has no lone recording of {describe(self.configs[chash])}")
+
+    def _ran(self, slot: tuple[str, str, str], chash: str) -> bool:
+        """Whether the recorded worker of ``slot`` ran config ``chash`` (its samples say which config they timed)."""
+        cell = next((c for k, c in self.cells.items() if k[:3] == slot), None)
+        return bool(cell) and next(iter(cell.values())).get("config_hash") == chash
 
     def _aa_hash(self) -> str | None:
         row = next((c for k, c in self.cells.items() if k[0] == "aa"), None)

@@ -311,9 +311,11 @@ def stored_rounds(store, exp_id: int, tags: list[str]) -> dict[int, dict[str, li
 
 
 def run_aa(store, exp_id: int, backend: Backend, kernel: str, config: dict, env: dict, levels: list[Level],
-           rounds: int, n_arms: int, on_round: Callable | None = None) -> tuple[dict[str, list[list[float]]], float]:  # fmt: skip
+           rounds: int, n_arms: int, on_round: Callable | None = None,
+           pythonpath: list[str] | None = None) -> tuple[dict[str, list[list[float]]], float]:  # fmt: skip
     """The A/A: ``n_arms`` workers of ``config`` timed at every level in every round, in an order rotated by the
     round; arm j is stored as ``A<j>`` (rounds already stored for ``exp_id`` are reused: a killed run resumes).
+    ``pythonpath``: a kernel package snapshot every arm imports (a revision's, ``kinv regress``).
     Returns ``({level: [times of arm j]}, GPU s spent in this call)``.  The graph's noise node and ``kinv noise``
     both run this."""
     tags = [f"A{j}" for j in range(n_arms)]
@@ -332,7 +334,8 @@ def run_aa(store, exp_id: int, backend: Backend, kernel: str, config: dict, env:
                         acc[lv][j].append(us)
                 continue
             if not arms:
-                specs = [((tags[j], kernel, config, env), {"replica": j}) for j in range(n_arms)]
+                specs = [((tags[j], kernel, config, env), {"replica": j, **({"pythonpath": pythonpath} if pythonpath
+                                                                           else {})}) for j in range(n_arms)]  # fmt: skip
                 arms.extend(open_arms(backend, specs))
                 backend.prepare(arms, levels)
             yield r
@@ -357,10 +360,13 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
            levels: list[Level], thresholds: dict[str, float], plan, offset_sd: dict[str, float] | None = None,
            n_variants: int = 1, base_pythonpath: list[str] | None = None, on_open: Callable | None = None,
            on_round: Callable | None = None, names: tuple[str, str] = ("baseline", "variant"),
-           var_env: dict | None = None, before_close: Callable | None = None):  # fmt: skip
+           var_env: dict | None = None, before_close: Callable | None = None,
+           var_pythonpath: list[str] | None = None):  # fmt: skip
     """The sequential A/B of ``var_cfg`` against ``base_cfg`` (agent.stats.run_sequential over paired ABBA
     rounds; committed rounds of ``exp_id`` are reused).  The baseline arm runs in ``env``, the variant's in
-    ``var_env`` (default ``env``: a variant over environment variables gives its own).  ``on_open(arm)`` sees
+    ``var_env`` (default ``env``: a variant over environment variables gives its own).  ``base_pythonpath`` and
+    ``var_pythonpath`` put a kernel package snapshot first on each arm's import path (the variant's: another
+    revision's snapshot, ``kinv regress``; else the source on disk).  ``on_open(arm)`` sees
     every arm once it has started (the env check); ``before_close(arms)`` sees them once the rounds are done (the
     last captures' check).  Returns ``(SequentialResult, GPU s spent in this call)``.  Only the sequential A/B with
     every rule (agent/tools/measure/sequential.py) calls this: nobody else decides a verdict from its rounds."""
@@ -375,7 +381,9 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
         arms.extend(open_arms(backend, [
             ((names[0], kernel, base_cfg, env), {"pythonpath": base_pythonpath, "partner": var_cfg, "role": "base",
                                                  **judged}),
-            ((names[1], kernel, var_cfg, env if var_env is None else var_env), {"partner": base_cfg, **judged})]))  # fmt: skip
+            ((names[1], kernel, var_cfg, env if var_env is None else var_env), {"partner": base_cfg,
+                                                                                "pythonpath": var_pythonpath,
+                                                                                **judged})]))  # fmt: skip
         for a in arms:
             if on_open:
                 on_open(a)

@@ -134,10 +134,12 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
         offset_sd: dict[str, float] | None = None, n_variants: int = 1, base_pythonpath: list[str] | None = None,
         names: tuple[str, str] = ("baseline", "variant"), ws: str | None = None, gated: bool = False,
         baseline_hashes: dict | None = None, check_device: str | None = None, matrix_fallback: float | None = None,
-        on_round: Callable | None = None, on_gate: Callable | None = None, t0: float | None = None) -> Outcome:  # fmt: skip
+        on_round: Callable | None = None, on_gate: Callable | None = None, t0: float | None = None,
+        var_pythonpath: list[str] | None = None) -> Outcome:  # fmt: skip
     """The sequential A/B of ``var_cfg`` against ``base_cfg`` with every rule (the module's docstring), stored on
     experiment ``exp_id``.  ``gated``: the caller ran this run's gate on both arms already (the graph's gate
-    nodes).  Never raises for the variant's failure: the outcome says it (``kind``)."""
+    nodes).  ``base_pythonpath`` / ``var_pythonpath``: a kernel package snapshot each arm imports (gate and rounds
+    alike) instead of the source on disk; the judge always imports the baseline's.  Never raises for the variant's failure: the outcome says it (``kind``)."""
     t0 = time.time() if t0 is None else t0
     adapter = get_adapter(kernel)
     var_env = env if var_env is None else var_env
@@ -160,7 +162,8 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
     backend.experiment = exp_id
     if not gated:
         seed = random.SystemRandom().randrange(2**31)
-        for who, cfg, arm_env, path in (("baseline", base_cfg, env, base_pythonpath), ("variant", var_cfg, var_env, None)):
+        for who, cfg, arm_env, path in (("baseline", base_cfg, env, base_pythonpath),
+                                             ("variant", var_cfg, var_env, var_pythonpath)):
             if on_gate:
                 on_gate(who)
             result = backend.check(kernel, cfg, levels, seed=seed, device=device, env=arm_env, pythonpath=path,
@@ -192,7 +195,7 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
         res, spent = protocol.run_ab(store, exp_id, backend, kernel, base_cfg, var_cfg, env, levels, thresholds, seq,
                                      offset_sd=offset_sd or {}, n_variants=n_variants, base_pythonpath=base_pythonpath,
                                      on_open=on_open, on_round=on_round, names=names, var_env=var_env,
-                                     before_close=last_captures)  # fmt: skip
+                                     before_close=last_captures, var_pythonpath=var_pythonpath)  # fmt: skip
     except Incorrect as exc:
         return stop("incorrect", f"incorrect: {exc}", integrity(store, exp_id, hashes))
     except Tampered as exc:
