@@ -363,6 +363,13 @@ def test_the_own_benchmark_block_runs_a_real_command_on_a_fresh_clone(blocks):
     assert not problems, "\n".join(problems)
     # which thread count wins depends on the machine's load (tests/agent/tools/backends/test_command_backend.py); that T1 was decided does not
     assert "COMMAND backend" in said and "T1: " in said and "close-out written" in said, said[-2000:]
+    # both arms ran in their own environment, confirmed in every process; a whole command has no launch resources
+    assert "with OMP_NUM_THREADS=1 in its processes" in said, said[-2000:]
+    text = (block.root / "state" / "reports" / "11a-closeout.md").read_text()
+    assert "OMP_NUM_THREADS=1 in its processes (the baseline's: 2)" in text and "GFLOP/s" in text
+    assert "Environment expected and confirmed in every worker: OMP_NUM_THREADS=2" in text
+    assert "Predicted change" not in text
+    assert list((block.root / "state" / "commands").glob("e*-T1-n512-r*.log"))  # every run's output kept
 
 
 def _levels(block: _Block) -> dict:

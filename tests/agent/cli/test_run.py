@@ -200,6 +200,11 @@ def test_a_null_drill_says_the_null_holds_and_an_unwon_investigation_is_refuted_
     text = (Path(env["KINV_STATE_DIR"]) / "reports" / "3c-closeout.md").read_text()
     assert "- The null holds: equivalent at b1, b8 for every measured variant." in text
     assert "refuted" not in text.split("## Where this was measured")[0]
+    from tests.agent.workstream.test_replay_outcomes import _pinned, outcome
+
+    rep = kinv(env, "report", "3c", "--json")  # every number it decided and measured, as pinned
+    assert rep.returncode == 0, rep.stderr
+    _pinned("3c", outcome(json.loads(rep.stdout)))
     import yaml
 
     plan = yaml.safe_load(PLAN.read_text())

@@ -85,6 +85,12 @@ def test_fault_drill_records_each_fault_restores_the_baseline_and_closes_out(dri
     status = json.loads(kinv(root, env, "status", "--json").stdout)
     ws = next(w for w in status["workstreams"] if w["id"] == "#6a")
     assert ws["status"] == "closed" and not ws["pending_approvals"]
+    # and every number it decided and measured is as pinned (the drill's one replay run serves both checks)
+    from tests.agent.workstream.test_replay_outcomes import _pinned, outcome
+
+    rep = kinv(root, env, "report", "6a", "--json")
+    assert rep.returncode == 0, rep.stderr
+    _pinned("6a", outcome(json.loads(rep.stdout)))
 
 
 def _rows(harness, reference):
