@@ -315,8 +315,9 @@ def _hypothesis(measured: list[VariantVerdict], gaps: list[str], gap: str, moot:
         return [f"- Nothing was measured: the hypothesis is untested{gap}."]
     if not evidence:
         s.hypothesis = "untested"
-        return [f"- The hypothesis is untested: no measured variant moved its premise{quiet.replace('; ', ': ', 1)}"
-                f"{gap}."]  # fmt: skip
+        who = "; ".join(f"{v.id}: {v.target or 'its premise'} did not move where measured" for v in silent)
+        return [f"- The hypothesis is untested: no measured variant moved its premise ({who}), so no verdict here "
+                f"says anything about it{gap}."]  # fmt: skip
     held = [(v, v.held()) for v in evidence if v.held()]
     unknown = [v.id for v in evidence if v.premise and any(
         v.premise_at(lv.label) == PremiseOutcome.NOT_MEASURED for lv in v.levels if lv.verdict != "unmeasured")]

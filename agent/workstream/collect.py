@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 from kinv.agent.report import closeout as report
-from kinv.agent.report import premise
-from kinv.agent.report import summary
+from kinv.agent.report import premise, summary
 from kinv.agent.store import Store
 from kinv.agent.words import MEASURED_VERDICTS
 from kinv.agent.workstream import planner

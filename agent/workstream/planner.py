@@ -185,16 +185,17 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
     * work elsewhere: boosted (x1.5) when no kernel variant here beat the baseline (improved at some level,
       regressed at none).
 
-    ``premises`` maps a decided variant to its premise (:class:`kinv.agent.report.premise.PremiseCheck`); None
-    where the caller has none (a campaign's summary): then every decided variant counts as having tested it.
+    ``premises`` maps a timed variant to its premise (:class:`kinv.agent.report.premise.PremiseCheck`); a variant
+    absent from it was never timed and tested nothing.  None where the caller has none (a campaign's summary):
+    then every decided variant counts as having tested its premise.
     ``unmeasured`` names variants never measured (a person rejected them, they never ran): occupancy is not
     refuted while one of its variants is among them.  ``implausible`` names levels whose roofline fraction is not
     to be believed (above the roofline, or inside L2): they are left out of ``headroom`` by the caller and said.
     """
-    from kinv.agent.report.premise import PROPOSALS, NO_PREMISE, words
+    from kinv.agent.report.premise import NO_PREMISE, PROPOSALS, words
 
     def tested(vid: str) -> bool:
-        return premises is None or vid not in premises or premises[vid].speaks
+        return premises is None or (vid in premises and premises[vid].speaks)
 
     def aimed(target: str) -> list[str]:
         return [v.id for v in plan.variants if v.targets == target]
@@ -216,7 +217,8 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
                     and not any(tested(i) for i in decided))  # fmt: skip
         proposal = ""
         if untested:
-            said = "; ".join(f"{i}: {premises[i].quantity} {premises[i].outcome}" for i in decided)
+            said = "; ".join(f"{i}: {premises[i].quantity} {premises[i].outcome}" if i in premises
+                             else f"{i} never timed ({results[i].get('verdict')})" for i in decided)  # fmt: skip
             why.append(f"{words(item.targets)} untested here ({said}): no variant moved its premise, so the score "
                        "stays at its prior")  # fmt: skip
             proposal = PROPOSALS.get(item.targets, f"a variant that moves {words(item.targets)}")
