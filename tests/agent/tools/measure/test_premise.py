@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from kinv.agent.report import premise
+from kinv.agent.tools.measure import premise
 from kinv.agent.words import PremiseOutcome
 from kinv.kernels.adapter import Premise
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 LABELS = ("b1", "b32")
 
 
