@@ -3,10 +3,10 @@
 :func:`summarize` maps one workstream's verdicts -- per variant its status (measured, rejected by a person, moot,
 failed before timing, not run) and per level the verdict (improved / regressed / equivalent / undecided /
 unmeasured) with its change, interval and threshold -- to every summary sentence of a close-out: which variant
-beat the baseline, what stays on disk, whether each variant's prediction (``expect``) held, whether the hypothesis is
-supported, refuted or neither -- by the variants that moved their premise only (a variant whose premise did not
-move at a level says nothing about the hypothesis there) -- (or, for a null drill, whether the null holds), where a regression is or is not ruled out, what was never measured and why, and
-which variants deserve a follow-up.  Pure: no store, no files; tests drive it with every combination.
+beat the baseline, what stays on disk, whether each variant's prediction (``expect``) held, whether the hypothesis
+is supported, refuted or neither -- judged only by the variants that moved their premise (one whose premise did not
+move at a level says nothing about the hypothesis there) -- or, for a null drill, whether the null holds, where a
+regression is or is not ruled out, what was never measured and why, and which variants deserve a follow-up.  Pure: no store, no files; tests drive it with every combination.
 
 The words follow the decision rule of :mod:`kinv.agent.tools.measure.stats` (``classify``): a level is *improved* when its
 interval excludes 0 and the estimate reaches the threshold ``T``, *regressed* in the mirror case, *equivalent*
@@ -318,6 +318,10 @@ def _hypothesis(measured: list[VariantVerdict], gaps: list[str], gap: str, moot:
         who = "; ".join(f"{v.id}: {v.target or 'its premise'} did not move where measured" for v in silent)
         return [f"- The hypothesis is untested: no measured variant moved its premise ({who}), so no verdict here "
                 f"says anything about it{gap}."]  # fmt: skip
+    partly = [(v, [lv for lv in v.levels if lv.verdict != "unmeasured" and not v.speaks(lv)]) for v in evidence]
+    partly = [(v, lvs) for v, lvs in partly if lvs]
+    quiet += "".join(f"; {v.id} did not move its premise at {_labels(lvs)}, so its verdict there says nothing about "
+                     "it" for v, lvs in partly)  # fmt: skip
     held = [(v, v.held()) for v in evidence if v.held()]
     unknown = [v.id for v in evidence if v.premise and any(
         v.premise_at(lv.label) == PremiseOutcome.NOT_MEASURED for lv in v.levels if lv.verdict != "unmeasured")]
@@ -337,7 +341,7 @@ def _hypothesis(measured: list[VariantVerdict], gaps: list[str], gap: str, moot:
         against = [x for v in evidence for x in _by_verdict(v, v.against())]
         return [f"- The hypothesis is supported where {where}" + (f"; it failed where {', '.join(against)}" if against
                 else "") + f"{unknown_note}{quiet}{gap}."]  # fmt: skip
-    if not gaps and not undecided and not silent:
+    if not gaps and not undecided and not silent and not partly:
         s.hypothesis = "refuted"
         did = "improved" if plain else "did as it predicted"
         return [f"- The hypothesis is refuted for this kernel shape. No variant {did} at any level it was measured "

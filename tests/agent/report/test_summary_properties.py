@@ -146,7 +146,8 @@ def test_every_sentence_agrees_with_the_tables(c):
     silent = [v for v in measured if v not in evidence]
     held = {(v.id, lv.label) for v in evidence for lv in v.levels if lv.verdict == HOLDS[v.expect] and speaks(v, lv)}
     undecided = any(speaks(v, lv) for v in evidence for lv in at(v, "undecided"))
-    refuted = bool(evidence) and not held and not undecided and not gaps and not silent
+    partly = {v.id: [lv.label for lv in v.levels if lv.verdict != "unmeasured" and not speaks(v, lv)] for v in evidence}
+    refuted = bool(evidence) and not held and not undecided and not gaps and not silent and not any(partly.values())
     assert ("refuted for this kernel shape" in text) == refuted, text
     assert ("is supported where" in text) == bool(held), text
     assert ("not supported but not refuted" in text) == (bool(evidence) and not held and not refuted), text
@@ -161,7 +162,11 @@ def test_every_sentence_agrees_with_the_tables(c):
         v, lv = by_id[vid], next(x for x in by_id[vid].levels if x.label == lab)
         assert speaks(v, lv) and lv.verdict == word and word in AGAINST[v.expect], (vid, lab, text)
     for v in silent:  # said to say nothing, and never named as evidence
-        assert f"{v.id} (occupancy) did not move" in text or f"{v.id}: occupancy did not move" in text, text
+        silent_clause = text.split(f"{v.id} (occupancy)", 1)[-1] if f"{v.id} (occupancy)" in text else ""
+        assert "did not move" in silent_clause or f"{v.id}: occupancy did not move" in text, text
+    for vid, labels in partly.items():  # where it did not move its premise, said so, level by level
+        if labels and not (s.hypothesis == "untested"):
+            assert f"{vid} did not move its premise at {', '.join(labels)}, so its verdict there says nothing" in text
 
     # each measured variant: whether its prediction held, level by level
     for v in measured:
