@@ -78,7 +78,9 @@ def test_stages_tile_ctas_and_bytes_per_token_each_read_their_own_quantity():
     assert tile.outcome == PremiseOutcome.TESTED and "[16 heads x 16 tokens] x 512, MMA [16,16] →" in tile.line()
     assert check("tile_shape", figs(4, 4), figs(4, 4)).outcome == PremiseOutcome.NOT_MOVED
     par = check("parallelism", figs(4, 4, splits=4), figs(4, 4, splits=8, grid=1024, waves=1.94))
-    assert par.outcome == PremiseOutcome.TESTED and "CTAs 512 → 1,024 (4 splits, 0.97 waves → 8 splits, 1.94" in par.line()
+    assert (
+        par.outcome == PremiseOutcome.TESTED and "CTAs 512 → 1,024 (4 splits, 0.97 waves → 8 splits, 1.94" in par.line()
+    )
     few = check("bytes_moved", figs(4, 4, profile={"dram_bytes": 32e6}), figs(4, 4, profile={"dram_bytes": 16e6}))
     assert few.outcome == PremiseOutcome.TESTED and "DRAM bytes per tok 1,000,000 → 500,000" in few.line(), few.line()
     same = check("bytes_moved", figs(4, 4, profile={"dram_bytes": 32e6}), figs(4, 4, profile={"dram_bytes": 32.3e6}))
@@ -100,9 +102,14 @@ def test_a_plan_names_only_targets_kinv_or_its_kernel_knows(tmp_path):
 
     premise_plan = tmp_path / "p.yaml"
     text = (ROOT / "plans" / "occupancy-premise.yaml").read_text()
-    premise_plan.write_text(text.replace("targets: occupancy\n    expect: regress", "targets: ocupancy\n    expect: regress"))
-    with pytest.raises(PlanError, match=r"variants\.W8\.targets: 'ocupancy' is not a target; valid: occupancy, "
-                                        r"pipelining, tile_shape, parallelism, bytes_moved, roofline_gap, elsewhere"):
+    premise_plan.write_text(
+        text.replace("targets: occupancy\n    expect: regress", "targets: ocupancy\n    expect: regress")
+    )
+    with pytest.raises(
+        PlanError,
+        match=r"variants\.W8\.targets: 'ocupancy' is not a target; valid: occupancy, "
+        r"pipelining, tile_shape, parallelism, bytes_moved, roofline_gap, elsewhere",
+    ):
         load_plan(premise_plan)
     plan, _ = load_plan(ROOT / "plans" / "occupancy-premise.yaml")
     assert [(v.targets, v.expect) for v in plan.variants] == [("occupancy", "improve"), ("occupancy", "improve"),
