@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from kinv.agent.errors import ConfigError, PlanError, TooBig
 from kinv.agent.ids import norm_ws
+from kinv.agent.words import Target
 from kinv.kernels.tunables import brief_repr, one_line, read_text_file
 
 WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")
@@ -25,6 +26,9 @@ ARG_ENV = "KINV_ARG_"  # a command argument {name} travels in an arm's environme
 MAX_PLAN_BYTES = 256 * 1024
 PLAN_ROOT_DIRS = ("plans", "kernels")
 REFERENCE_LINK = "(every plan field, its limits and an example: docs/plan-reference.md)"
+TARGETS_SAID = ("occupancy (warps per SM, achieved occupancy), pipelining (stages in flight), tile_shape (tile and "
+                "MMA shape), parallelism (CTAs, waves, splits), bytes_moved (bytes per item), roofline_gap or "
+                "elsewhere (no premise kinv measures)")
 BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
 
 
@@ -90,8 +94,12 @@ class Variant(Strict):
                                  "changes: values for the command's '{name}' placeholders that the workload's args "
                                  "names (e.g. {block: '128'}); the approval and the close-out show the command line")
     requires: Requires | None = Field(None, description="a premise: the variant is moot unless it holds")
-    targets: Literal["roofline_gap", "occupancy", "tile_shape", "elsewhere"] | None = Field(
-        None, description="the lever the variant pulls (occupancy, tile shape, ...): what its verdict is evidence about")
+    targets: str | None = Field(
+        None, description="the lever the variant pulls, which names the premise the close-out checks it moved: "
+        f"{TARGETS_SAID}; or a premise the kernel's adapter declares")
+    expect: Literal["improve", "no_change", "regress"] = Field(
+        "improve", description="what the variant predicts against the baseline: 'improve', 'no_change' or "
+        "'regress'; the close-out says whether the prediction held, level by level")
 
     _id = field_validator("id")(classmethod(lambda cls, v: check_item_id(v)))
     _title = field_validator("title")(classmethod(lambda cls, v: check_text(v)))
@@ -109,9 +117,9 @@ class BacklogItem(Strict):
     id: str = Field(description="short id such as 'OEA'")
     title: str = Field(min_length=1, max_length=200, description="the candidate in a few words")
     rationale: str = Field(max_length=2000, description="why it is a candidate")
-    targets: Literal["roofline_gap", "occupancy", "tile_shape", "elsewhere"] = Field(
-        description="what it attacks: the kernel's roofline gap, occupancy, tile shape, or time outside this kernel"
-    )
+    targets: str = Field(
+        description=f"what it attacks, as a variant's targets names it: {TARGETS_SAID}; or a premise the kernel's "
+        "adapter declares")
     prior: float = Field(0.5, ge=0, le=1, description="prior plausibility from 0 to 1")
     tunables: list[str] = Field(default_factory=list, description="the kernel tunables this item varies "
                                 "(names the kernel's adapter declares): a campaign can run it as a search; empty: out of a campaign's reach")
@@ -316,6 +324,12 @@ class Plan(Strict):
                 raise ValueError(f"variants.{v.id}.patch: {exc}") from None
             if v.requires and v.requires.variant not in ids[: ids.index(v.id)]:
                 raise ValueError(f"variants.{v.id}.requires: {v.requires.variant!r} is not an earlier variant")
+        valid_targets = [*Target, *getattr(adapter, "premises", {})]
+        for where, target in [(f"variants.{v.id}", v.targets) for v in self.variants if v.targets is not None] + [
+                (f"backlog.{i.id}", i.targets) for i in self.backlog]:  # fmt: skip
+            if target not in valid_targets:
+                raise ValueError(f"{where}.targets: {brief_repr(target)} is not a target; valid: "
+                                 f"{', '.join(valid_targets)}")  # fmt: skip
         if self.bounds is not None and self.allowed:
             raise ValueError("bounds: give allowed or its old spelling bounds, not both")
         field = "bounds" if self.bounds is not None else "allowed"

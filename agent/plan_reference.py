@@ -60,6 +60,14 @@ RULES: dict[str, str] = {
     "variants[].env": "The same rules as environment; the variant's processes get the plan's environment with "
                       "these values on top.",
     "variants[].requires.variant": "Must name an earlier variant of the plan.",
+    "variants[].targets": "One of occupancy, pipelining, tile_shape, parallelism, bytes_moved, roofline_gap, "
+                          "elsewhere, or a premise the kernel's adapter declares (KernelAdapter.premises); the error "
+                          "lists the valid ones. For each decided variant the close-out reads the premise's "
+                          "quantity, baseline and variant, from the compiled resources and the profile; a variant "
+                          "that did not move it (or moved it the other way) at a level says nothing about the "
+                          "hypothesis there.",
+    "variants[].expect": "The hypothesis is called supported or refuted only by variants that moved their premise; "
+                         "each variant's line says where its prediction held.",
     "allowed": "Keys must be the kernel's tunables; a list's every value one the tunable allows, a range "
                "({min, max}) at least one. In full: (1) plan validation refuses a variant whose patch, or any of its "
                "overrides, sets a named tunable to a value not allowed, under every approval policy (ask, "
@@ -74,6 +82,8 @@ RULES: dict[str, str] = {
     "expect_levels": "Level labels of the workload; only with expect: no_change.",
     "backlog[].id": "As variants[].id.",
     "backlog[].tunables": "The kernel's tunables; give tunables or env, not both.",
+    "backlog[].targets": "As variants[].targets. An item whose premise the plan's variants aimed at but none moved "
+                         "keeps its prior, and the recommendation proposes the variants that would test it.",
     "backlog[].env": "Distinct values per variable, each valid as in environment.",
     "campaign": "A campaign searches campaign.space, or the plan's allowed values when that is empty; one of them, or a "
                 "backlog item with env values, must be non-empty. The backlog needs at least one item with tunables "

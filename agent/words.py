@@ -61,3 +61,37 @@ class Phase(StrEnum):
 
 
 MEASURED_VERDICTS = (Verdict.ACCEPT, Verdict.REJECT, Verdict.MIXED, Verdict.INCONCLUSIVE)
+
+
+class Target(StrEnum):
+    """The lever a variant pulls (its ``targets``): each names a premise kinv can measure from the compiled kernel
+    and the profile -- warps per SM and achieved occupancy, stages in flight, the tile and MMA shape, CTAs, waves
+    and splits, bytes per item -- or, for ``roofline_gap`` and ``elsewhere``, none.  A kernel's adapter may
+    declare premises of its own (``KernelAdapter.premises``)."""
+
+    OCCUPANCY = "occupancy"
+    PIPELINING = "pipelining"
+    TILE_SHAPE = "tile_shape"
+    PARALLELISM = "parallelism"
+    BYTES_MOVED = "bytes_moved"
+    ROOFLINE_GAP = "roofline_gap"
+    ELSEWHERE = "elsewhere"
+
+
+class Expect(StrEnum):
+    """What one variant predicts against the baseline."""
+
+    IMPROVE = "improve"
+    NO_CHANGE = "no_change"
+    REGRESS = "regress"
+
+
+class PremiseOutcome(StrEnum):
+    """Whether a decided variant moved the quantity its ``targets`` names: in the predicted direction (``tested``),
+    the other way, not at all (then its verdict says nothing about the hypothesis), or unknown (no compiled or
+    profiled figures)."""
+
+    TESTED = "tested"
+    OPPOSITE = "moved the other way"
+    NOT_MOVED = "not moved"
+    NOT_MEASURED = "not measured"

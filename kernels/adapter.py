@@ -17,7 +17,7 @@ import importlib
 import inspect
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -93,6 +93,22 @@ class Resources:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Premise:
+    """A quantity a variant's ``targets`` may name, read from what kinv measured of one arm at one level: ``read``
+    gets ``{"compiled": the compiler's figures or None, "params": the launch parameters there, "why": the
+    adapter's launch figures, "profile": the profiler's figures or None, "items": items per launch}`` and returns
+    ``(value, detail)`` -- a number, or a text for a shape -- or None where the figures do not show it (then the
+    premise is *not measured* there: kinv never guesses it).  ``direction`` is the way the variant predicts it
+    moves: ``"up"``, ``"down"`` or ``"changed"`` (any change tests it)."""
+
+    quantity: str  # in words: "warps per SM"
+    direction: str
+    read: Callable[[dict], tuple[object, str] | None]
+    #: how far a number must move to count as moved (the same units as the value)
+    tolerance: float = 0.0
+
+
 def check_level_values(values: list[int], what: str, high: int) -> list[int]:
     """A workload's swept values: 1 to 16 distinct integers from 1 to ``high``, returned sorted (for an
     adapter's workload model; the error names ``what``)."""
@@ -138,6 +154,9 @@ class KernelAdapter(ABC):
     #: whether the time kinv compares is worth showing beside the throughput (False where it is only the reciprocal
     #: of a command's own metric)
     shows_time: bool = True
+    #: premises of the kernel's own a variant's ``targets`` may name, beside kinv's (occupancy, pipelining,
+    #: tile_shape, parallelism, bytes_moved): name -> :class:`Premise`
+    premises: Mapping[str, Premise] = {}
 
     # ---- where things live -----------------------------------------------------------
     def root(self) -> Path:

@@ -38,6 +38,7 @@ def stage1_smem_estimate(params, d_qk: int, d_v: int = 512, elt: int = ELT) -> i
 
 
 BLOCK_H_VALUES = (16, 32, 64, 128)
+MAXNREG_VALUES = (0, 32, 40, 48, 56, 64, 72, 80, 96, 128, 168, 255)
 
 
 def _split_rule(params) -> dict:
@@ -69,6 +70,11 @@ SPEC = TunableSpec(
         Tunable("PERSISTENT", (0, 1, 2, 3, 4), "pers",
                 "0 (one program per split) or 1-4 (that many programs per SM take splits from a work queue)",
                 default=0),
+        # Triton's register cap (ptxas .maxnreg) of the split-K program: each value is the largest cap that fits
+        # one more CTA per SM by registers at 4 warps (65536 / (cap x 128)): 255 -> 2, 168 -> 3, 128 -> 4, 96 -> 5,
+        # 80 -> 6, 72 -> 7, 64 -> 8, 56 -> 9, 48 -> 10, 40 -> 12, 32 -> 16; registers beyond it spill
+        Tunable("maxnreg", MAXNREG_VALUES, "nreg",
+                "0 (no cap) or a cap on registers per thread: " + ", ".join(map(str, MAXNREG_VALUES[1:])), default=0),
     ),
     # an override may be conditioned on the batch and on the context length (a tile tuned at 4096 tokens need
     # not suit 16384: "context_max": 4096)
@@ -78,11 +84,54 @@ SPEC = TunableSpec(
     override_choices={"shape": tuple(SHAPES)},
 )
 
+class _RegisterCap:
+    """A Triton kernel whose every launch carries Triton's register cap (``maxnreg``, ptxas's ``.maxnreg``)."""
+
+    def __init__(self, kernel, maxnreg: int):
+        self.kernel, self.maxnreg = kernel, maxnreg
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+        return lambda *args, **kwargs: launch(*args, maxnreg=self.maxnreg, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+
+_CAPPED: dict = {}
+
+
+def capped_launch(maxnreg: int):
+    """``mla_decode_launch`` as the imported kernel source has it, with stage 1 launched under a register cap of
+    ``maxnreg`` (0: the function itself, no cap).
+
+    The cap is applied here, not in kernels/mla_decode.py, so that the kernel's code -- whose hash keys the
+    recordings a replay serves, and which source patches edit -- is the seed's: the very same launch code runs,
+    with its globals seen through a copy in which the stage-1 kernel carries the cap (nothing is patched in
+    place, so another launch in the process is never capped).  Triton drops ``maxnreg=None``, and the cap is
+    accepted by the interpreter (which ignores it)."""
+    import types
+
+    from kinv.kernels import mla_decode
+
+    fn = mla_decode.mla_decode_launch
+    if not maxnreg:
+        return fn
+    key = (id(fn), id(mla_decode._mla_decode_stage1), maxnreg)
+    if key not in _CAPPED:
+        scope = {**fn.__globals__, "_mla_decode_stage1": _RegisterCap(mla_decode._mla_decode_stage1, maxnreg)}
+        capped = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+        capped.__kwdefaults__ = fn.__kwdefaults__
+        _CAPPED[key] = capped
+    return _CAPPED[key]
+
+
 def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_stages: int = 2,
-               CTAS_PER_SM: int = 0, TMA: int = 0, MERGE: int = 0, PERSISTENT: int = 0) -> Params:  # fmt: skip
-    """Launch parameters of the MLA kernel (defaults: the seed's baseline BT16/BH16/w4/s2)."""
+               CTAS_PER_SM: int = 0, TMA: int = 0, MERGE: int = 0, PERSISTENT: int = 0, maxnreg: int = 0) -> Params:  # fmt: skip
+    """Launch parameters of the MLA kernel (defaults: the seed's baseline BT16/BH16/w4/s2, no register cap)."""
     values = {"BLOCK_T": BLOCK_T, "BLOCK_H": BLOCK_H, "num_warps": num_warps, "num_stages": num_stages,
-              "CTAS_PER_SM": CTAS_PER_SM, "TMA": TMA, "MERGE": MERGE, "PERSISTENT": PERSISTENT}  # fmt: skip
+              "CTAS_PER_SM": CTAS_PER_SM, "TMA": TMA, "MERGE": MERGE, "PERSISTENT": PERSISTENT,
+              "maxnreg": maxnreg}  # fmt: skip
     return SPEC.resolve(SPEC.validate({**values, "kernel": "mla_decode"}), {})
 
 
@@ -238,7 +287,8 @@ class MLADecodeAdapter(KernelAdapter):
     # ---- the kernel ------------------------------------------------------------
     def launch(self, inputs: dict, params: Params, out=None, scratch=None, target_ctas=None):
         from kinv.kernels import mla_decode
-        from kinv.kernels.mla_decode import mla_decode_launch
+
+        mla_decode_launch = capped_launch(params.get("maxnreg", 0))
 
         if params.get("PERSISTENT", 0) and "PERSISTENT" not in mla_decode._mla_decode_stage1.arg_names:
             # the tunable is declared before the kernel source has it (a source patch brings it): never run a

@@ -58,6 +58,7 @@ class CloseoutData:
     places: dict  # GPU -> the levels measured on it (a Ray backend)
     screened_on: dict  # GPUs the screening spread its candidates over
     gpus_lost: list[str] = field(default_factory=list)
+    premises: dict = field(default_factory=dict)  # variant id -> its premise (kinv.agent.tools.measure.premise.PremiseCheck)
     plan_path: str = ""
     plan_hash: str = ""
     written: float = 0.0  # when the close-out was written (epoch seconds)
@@ -304,7 +305,12 @@ def render(cd: CloseoutData) -> str:
 
     # ---- summary ------------------------------------------------------------------
     out += ["## Outcome", ""]
-    out += [f"- **{vid}** ({titles[vid]}): {line}" for vid, line in said.outcome.items()]
+    for vid, line in said.outcome.items():
+        out.append(f"- **{vid}** ({titles[vid]}): {line}")
+        if vid in cd.premises:
+            out.append(f"  - {cd.premises[vid].line()}")
+        if vid in said.predictions:
+            out.append(f"  - {said.predictions[vid]}")
     out += said.lines + [""]
 
     # ---- backend -------------------------------------------------------------------
@@ -422,6 +428,10 @@ def render(cd: CloseoutData) -> str:
                 "| rank | candidate | score | evidence |", "| --- | --- | --- | --- |"]  # fmt: skip
         out += [f"| {i + 1} | {r['id']}: {r['title']} | {r['score']:.2f} | {r['evidence']} |" for i, r in enumerate(ranked)]
         out.append("")
+        out += [f"To test {r['id']}'s premise, which no variant here moved: {r['proposal']}." for r in ranked
+                if r.get("proposal")]
+        if any(r.get("proposal") for r in ranked):
+            out.append("")
     proposed = {t["id"].rsplit(".", 1)[-1].removesuffix("-cond"): t for t in data["todos"]
                 if (t["reason"] or "").startswith("proposed:")}  # fmt: skip
     follow = [f"- {line}" + (f" ({proposed[vid]['content']})" if vid in proposed else "")

@@ -3,9 +3,10 @@
 :func:`summarize` maps one workstream's verdicts -- per variant its status (measured, rejected by a person, moot,
 failed before timing, not run) and per level the verdict (improved / regressed / equivalent / undecided /
 unmeasured) with its change, interval and threshold -- to every summary sentence of a close-out: which variant
-beat the baseline, what stays on disk, whether the hypothesis is supported, refuted or neither (or, for a null
-drill, whether the null holds), where a regression is or is not ruled out, what was never measured and why, and
-which variants deserve a follow-up.  Pure: no store, no files; tests drive it with every combination.
+beat the baseline, what stays on disk, whether each variant's prediction (``expect``) held, whether the hypothesis
+is supported, refuted or neither -- judged only by the variants that moved their premise (one whose premise did not
+move at a level says nothing about the hypothesis there) -- or, for a null drill, whether the null holds, where a
+regression is or is not ruled out, what was never measured and why, and which variants deserve a follow-up.  Pure: no store, no files; tests drive it with every combination.
 
 The words follow the decision rule of :mod:`kinv.agent.tools.measure.stats` (``classify``): a level is *improved* when its
 interval excludes 0 and the estimate reaches the threshold ``T``, *regressed* in the mirror case, *equivalent*
@@ -19,10 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kinv.agent import fmt
-from kinv.agent.words import LevelVerdict
+from kinv.agent.words import Expect, LevelVerdict, PremiseOutcome
 
 LEVEL_VERDICTS = tuple(LevelVerdict)
 STATUSES = ("measured", "rejected", "moot", "failed", "void", "not run")
+EXPECTS = tuple(Expect)
+#: the level verdict that bears a variant's prediction out, and those that go against it
+HOLDS = {Expect.IMPROVE: "improved", Expect.NO_CHANGE: "equivalent", Expect.REGRESS: "regressed"}
+AGAINST = {Expect.IMPROVE: ("regressed",), Expect.NO_CHANGE: ("improved", "regressed"), Expect.REGRESS: ("improved",)}
+PREDICTED = {Expect.IMPROVE: "an improvement", Expect.NO_CHANGE: "no change", Expect.REGRESS: "a regression"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,34 @@ class VariantVerdict:
     levels: tuple[LevelVerdict, ...] = ()
     note: str = ""  # why it was not measured: a person's reason, the moot premise, the failure
     changes: str = ""  # what it changes (a tunable and its value), to say what was never measured
+    expect: str = "improve"  # what it predicts: improve | no_change | regress
+    target: str = ""  # what its premise is about, in words ("occupancy"); empty: no premise
+    premise: tuple[tuple[str, str], ...] = ()  # (level label, PremiseOutcome); empty: no premise to check
+
+    def premise_at(self, label: str) -> str | None:
+        """Whether the variant moved its premise at a level (a PremiseOutcome); None where it has no premise."""
+        if not self.premise:
+            return None
+        return dict(self.premise).get(label, PremiseOutcome.NOT_MEASURED)
+
+    def speaks(self, lv: LevelVerdict) -> bool:
+        """Whether this level's verdict speaks to the hypothesis: the variant has no premise to move, moved it as
+        predicted there, or it was not measured (then the verdict is taken as it stands, and said so)."""
+        return self.premise_at(lv.label) in (None, PremiseOutcome.TESTED, PremiseOutcome.NOT_MEASURED)
+
+    def held(self) -> list[LevelVerdict]:
+        """Levels (that speak to the hypothesis) where the variant did what it predicted."""
+        return [lv for lv in self.at(HOLDS[self.expect]) if self.speaks(lv)]
+
+    def against(self) -> list[LevelVerdict]:
+        """Levels (that speak to the hypothesis) where the verdict went against the prediction."""
+        return [lv for lv in self.levels if lv.verdict in AGAINST[self.expect] and self.speaks(lv)
+                and self.status == "measured"]  # fmt: skip
+
+    @property
+    def evidence(self) -> bool:
+        """Measured at a level whose verdict speaks to the hypothesis."""
+        return self.measured and any(lv.verdict != "unmeasured" and self.speaks(lv) for lv in self.levels)
 
     def at(self, verdict: str) -> list[LevelVerdict]:
         return [lv for lv in self.levels if lv.verdict == verdict] if self.status == "measured" else []
@@ -93,6 +127,7 @@ class Summary:
     follow_ups: list[str] = field(default_factory=list)  # one line per variant worth a follow-up
     follow_up_ids: list[str] = field(default_factory=list)
     hypothesis: str = ""  # supported | refuted | neither | untested | null holds | null failed | null unconfirmed
+    predictions: dict[str, str] = field(default_factory=dict)  # variant id -> whether its prediction held, by level
 
 
 def _join(items: list[LevelVerdict], full: bool = True) -> str:
@@ -186,6 +221,8 @@ def summarize(variants: list[VariantVerdict], *, baseline: str, live: str, live_
     for v in variants:
         if v.status not in STATUSES:
             raise ValueError(f"unknown variant status {v.status!r}; valid: {', '.join(STATUSES)}")
+        if v.expect not in EXPECTS:
+            raise ValueError(f"unknown expectation {v.expect!r} of {v.id}; valid: {', '.join(EXPECTS)}")
         bad = [lv.verdict for lv in v.levels if lv.verdict not in LEVEL_VERDICTS]
         if bad:
             raise ValueError(f"unknown level verdicts {bad}; valid: {', '.join(LEVEL_VERDICTS)}")
@@ -220,26 +257,7 @@ def summarize(variants: list[VariantVerdict], *, baseline: str, live: str, live_
                     for v in mixed) + ".")  # fmt: skip
             else:
                 s.lines.append("- No variant beat the baseline.")
-        improved_at = [(v, v.at("improved")) for v in measured if v.improved]
-        undecided = [v.id for v in measured if v.at("undecided")]
-        if not measured:
-            s.hypothesis = "untested"
-            s.lines.append(f"- Nothing was measured: the hypothesis is untested{gap}.")
-        elif improved_at:
-            s.hypothesis = "supported"
-            where = "; ".join(f"{v.id} at {_join(lvs, full=False)}" for v, lvs in improved_at)
-            against = [f"{v.id} regressed at {_join(v.at('regressed'), full=False)}" for v in measured
-                       if v.at("regressed")]  # fmt: skip
-            s.lines.append(f"- The hypothesis is supported where a variant improved: {where}"
-                           + (f"; it failed where {', '.join(against)}" if against else "") + f"{gap}.")
-        elif not gaps and not undecided:
-            s.hypothesis = "refuted"
-            s.lines.append("- The hypothesis is refuted for this kernel shape. No variant improved at any level it "
-                           f"was measured at{' (moot: ' + ', '.join(moot) + ')' if moot else ''}.")  # fmt: skip
-        else:
-            s.hypothesis = "neither"
-            s.lines.append(f"- The hypothesis is not supported but not refuted either{gap}"
-                           f"{'; undecided levels in ' + ', '.join(undecided) if undecided else ''}.")  # fmt: skip
+        s.lines += _hypothesis(measured, gaps, gap, moot, s)
         for v in measured:
             if v.improved and not v.accepted:
                 s.follow_up_ids.append(v.id)
@@ -254,6 +272,83 @@ def summarize(variants: list[VariantVerdict], *, baseline: str, live: str, live_
                                         f"runs it at {where} only")  # fmt: skip
     s.lines.append(_stays(baseline, live, live_file, incumbent_of))
     return s
+
+
+def _labels(items: list[LevelVerdict]) -> str:
+    return _join(items, full=False)
+
+
+def _by_verdict(v: VariantVerdict, items: list[LevelVerdict]) -> list[str]:
+    """``V1 regressed at b32, b64`` for each verdict among ``items``, in the order of first appearance."""
+    words = dict.fromkeys(lv.verdict for lv in items)
+    return [f"{v.id} {w} at {_labels([lv for lv in items if lv.verdict == w])}" for w in words]
+
+
+def _prediction(v: VariantVerdict) -> str:
+    """Whether a measured variant's prediction held, level by level."""
+    hold = HOLDS[v.expect]
+    parts = [f"held at {_labels(v.at(hold))}"] if v.at(hold) else []
+    missed = [lv for lv in v.levels if lv.verdict not in (hold, "undecided", "unmeasured")]
+    if missed:
+        words = dict.fromkeys(lv.verdict for lv in missed)
+        parts.append("did not hold at " + "; ".join(f"{_labels([lv for lv in missed if lv.verdict == w])} ({w})"
+                                                    for w in words))  # fmt: skip
+    if v.at("undecided"):
+        parts.append(f"open at {_labels(v.at('undecided'))} (undecided)")
+    return f"Predicted {PREDICTED[v.expect]}: {'; '.join(parts) or 'no level decided'}."
+
+
+def _hypothesis(measured: list[VariantVerdict], gaps: list[str], gap: str, moot: list[str], s: Summary) -> list[str]:
+    """Whether the hypothesis is supported, refuted or neither, from the variants whose verdicts speak to it: a
+    variant that did not move its premise (or moved it the other way) at a level says nothing there."""
+    for v in measured:
+        s.predictions[v.id] = _prediction(v)
+    evidence = [v for v in measured if v.evidence]
+    silent = [v for v in measured if not v.evidence]
+    quiet = ""
+    if silent:
+        who = ", ".join(f"{v.id} ({v.target or 'its premise'})" for v in silent)
+        quiet = (f"; {who} did not move {'its' if len(silent) == 1 else 'their'} premise where measured, so "
+                 f"{'its verdict says' if len(silent) == 1 else 'their verdicts say'} nothing about it")  # fmt: skip
+    if not measured:
+        s.hypothesis = "untested"
+        return [f"- Nothing was measured: the hypothesis is untested{gap}."]
+    if not evidence:
+        s.hypothesis = "untested"
+        who = "; ".join(f"{v.id}: {v.target or 'its premise'} did not move where measured" for v in silent)
+        return [f"- The hypothesis is untested: no measured variant moved its premise ({who}), so no verdict here "
+                f"says anything about it{gap}."]  # fmt: skip
+    partly = [(v, [lv for lv in v.levels if lv.verdict != "unmeasured" and not v.speaks(lv)]) for v in evidence]
+    partly = [(v, lvs) for v, lvs in partly if lvs]
+    quiet += "".join(f"; {v.id} did not move its premise at {_labels(lvs)}, so its verdict there says nothing about "
+                     "it" for v, lvs in partly)  # fmt: skip
+    held = [(v, v.held()) for v in evidence if v.held()]
+    unknown = [v.id for v in evidence if v.premise and any(
+        v.premise_at(lv.label) == PremiseOutcome.NOT_MEASURED for lv in v.levels if lv.verdict != "unmeasured")]
+    one = len(unknown) == 1
+    unknown_note = (f"; the premise of {', '.join(unknown)} was not measured, so "
+                    f"{'its verdict is taken as it stands' if one else 'their verdicts are taken as they stand'}"
+                    if unknown else "")  # fmt: skip
+    undecided = [v.id for v in evidence if any(v.speaks(lv) for lv in v.at("undecided"))]
+    plain = all(v.expect == Expect.IMPROVE for v in evidence)
+    if held:
+        s.hypothesis = "supported"
+        if all(v.expect == Expect.IMPROVE for v, _ in held):
+            where = "a variant improved: " + "; ".join(f"{v.id} at {_labels(lvs)}" for v, lvs in held)
+        else:
+            where = "a variant did as it predicted: " + "; ".join(
+                f"{v.id} {HOLDS[v.expect]} at {_labels(lvs)}" for v, lvs in held)  # fmt: skip
+        against = [x for v in evidence for x in _by_verdict(v, v.against())]
+        return [f"- The hypothesis is supported where {where}" + (f"; it failed where {', '.join(against)}" if against
+                else "") + f"{unknown_note}{quiet}{gap}."]  # fmt: skip
+    if not gaps and not undecided and not silent and not partly:
+        s.hypothesis = "refuted"
+        did = "improved" if plain else "did as it predicted"
+        return [f"- The hypothesis is refuted for this kernel shape. No variant {did} at any level it was measured "
+                f"at{' (moot: ' + ', '.join(moot) + ')' if moot else ''}{unknown_note}."]  # fmt: skip
+    s.hypothesis = "neither"
+    return [f"- The hypothesis is not supported but not refuted either{gap}"
+            f"{'; undecided levels in ' + ', '.join(undecided) if undecided else ''}{quiet}{unknown_note}."]  # fmt: skip
 
 
 def _null(measured: list[VariantVerdict], expect_levels: tuple[str, ...], gap: str, s: Summary) -> list[str]:

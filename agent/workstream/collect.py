@@ -14,6 +14,7 @@ from pathlib import Path
 from kinv.agent.report import closeout as report
 from kinv.agent.report import summary
 from kinv.agent.store import Store
+from kinv.agent.tools.measure import premise
 from kinv.agent.words import MEASURED_VERDICTS
 from kinv.agent.workstream import planner
 from kinv.kernels.launch_config import describe
@@ -98,7 +99,48 @@ def roofline(data: dict, adapter, levels, copy_gbps: float | None, matrix_tflops
     return out
 
 
-def verdict_objects(plan, data: dict, levels) -> list[summary.VariantVerdict]:
+def figures(adapter, config: dict, lv, compiled: dict | None, why: dict | None, profile: dict | None) -> dict:
+    """What a premise reads of one arm at one level (:class:`kinv.kernels.adapter.Premise`): the compiler's
+    figures, the launch parameters there, the adapter's launch figures, the profiler's and items per launch."""
+    try:
+        params = dict(adapter.params_for(config, lv))
+    except Exception:  # noqa: BLE001 - a config the adapter no longer takes: its parameters are unknown
+        params = {}
+    return {"compiled": compiled or None, "params": params, "why": why or {}, "profile": profile or None,
+            "items": adapter.throughput(lv, 1e6)}  # fmt: skip
+
+
+def premise_checks(plan, data: dict, levels, profiles: dict[int, list[dict]]) -> dict[str, premise.PremiseCheck]:
+    """Each decided variant's premise (:func:`kinv.agent.tools.measure.premise.check`): the quantity its ``targets`` names,
+    baseline and variant at every level, from the compiled resources its arms reported and the profiles."""
+    adapter = plan.adapter
+    base_res = json.loads((data.get("baseline") or {}).get("resources") or "{}")
+    base_why = {x["level"]: x.get("why") for x in base_res.get("levels") or [] if isinstance(x, dict)}
+    unit = adapter.throughput_unit.split("/")[0] or "item"
+    out: dict[str, premise.PremiseCheck] = {}
+    latest = {v["exp"]["variant"]: v for v in data["variants"]}
+    for var in plan.variants:
+        v = latest.get(var.id)
+        if v is None or (v["exp"].get("verdict") or "") not in MEASURED_VERDICTS:
+            continue
+        res = v["resources"]
+        compiled = res.get("compiled") or {}
+        var_why = {x["level"]: x.get("why") for x in res.get("levels") or [] if isinstance(x, dict)}
+        prof = {(p["arm"], p["level"]): p["figures"] for p in profiles.get(v["exp"]["id"], [])}
+        rows = []
+        for lv in levels:
+            c = compiled.get(lv.key) or {}
+            rows.append((lv.label,
+                         figures(adapter, plan.baseline, lv, c.get("base"), base_why.get(lv.key), prof.get(("base", lv.key))),
+                         figures(adapter, plan.variant_config(var), lv, c.get("variant"), var_why.get(lv.key),
+                                 prof.get(("variant", lv.key)))))  # fmt: skip
+        got = premise.check(var.id, var.targets, rows, adapter, unit)
+        if got is not None:
+            out[var.id] = got
+    return out
+
+
+def verdict_objects(plan, data: dict, levels, premises: dict | None = None) -> list[summary.VariantVerdict]:
     """Each of the plan's variants as the close-out's tables show it: its latest A/B of this version (the same
     rows its table prints), or why it has none (a person rejected it, it was moot, it failed before timing, it
     never ran).  The summary sentences are :func:`kinv.agent.report.summary.summarize` of these."""
@@ -119,7 +161,10 @@ def verdict_objects(plan, data: dict, levels) -> list[summary.VariantVerdict]:
                                              rows[lv.key]["ci_low"], rows[lv.key]["ci_high"],
                                              rows[lv.key]["threshold"])
                         if lv.key in rows else summary.LevelVerdict(lv.label, "unmeasured") for lv in levels)  # fmt: skip
-            out.append(summary.VariantVerdict(var.id, "measured", e["verdict"], lvs, changes=changes))
+            check = (premises or {}).get(var.id)
+            out.append(summary.VariantVerdict(var.id, "measured", e["verdict"], lvs, changes=changes, expect=var.expect,
+                                              target=premise.words(var.targets or ""),
+                                              premise=check.outcomes if check else ()))  # fmt: skip
         elif reason.startswith("rejected by a person"):
             out.append(summary.VariantVerdict(var.id, "rejected", note=reason, changes=changes))
         elif reason.startswith("moot"):
@@ -190,7 +235,9 @@ def collect(store: Store, plan, state: dict, ctx) -> report.CloseoutData:
     for ev in all_events:
         if ev["kind"] == "sample.lost":
             lost.setdefault(json.loads(ev["data"] or "{}").get("experiment"), []).append(ev["message"])
-    verdicts = verdict_objects(plan, data, levels)
+    profiles = {v["exp"]["id"]: store.profiles(exp_id=v["exp"]["id"]) for v in data["variants"]}
+    premises = premise_checks(plan, data, levels, profiles)
+    verdicts = verdict_objects(plan, data, levels, premises)
     parent = plan.workstream.parent
     ceil = be.ceilings()
     roof = roofline(data, ctx.adapter, levels, ceil.get("copy_gbps"),
@@ -200,7 +247,7 @@ def collect(store: Store, plan, state: dict, ctx) -> report.CloseoutData:
     never = [v.id for v in verdicts if v.status in ("rejected", "not run")]
     ranked = planner.recommend(plan, state.get("results", {}), roof["headroom"], roof["bound"],
                                measured_by=", ".join(winners), unmeasured=never,
-                               implausible=roof["implausible"])  # fmt: skip
+                               implausible=roof["implausible"], premises=premises)  # fmt: skip
     backups = [b for b in store.backups() if b["workstream"] == ws]
     events = store.events(ws)
     skipped = [e["message"] for e in events if e["kind"] == "profile.skipped"]
@@ -218,7 +265,7 @@ def collect(store: Store, plan, state: dict, ctx) -> report.CloseoutData:
         config_sha=configs.sha(ctx.config_path), baseline_hash=(store.workstream(ws) or {}).get("baseline_hash"),
         backup_path=backups[-1]["backup_path"] if backups else None, open_patches=len(store.dangling_patches()),
         roof=roof, ranked=ranked,
-        profiles={v["exp"]["id"]: store.profiles(exp_id=v["exp"]["id"]) for v in data["variants"]},
+        profiles=profiles, premises=premises,
         ws_profiles=store.profiles(ws), profile_skipped=skipped[-1] if skipped else None,
         samples=sum(store.sample_count(e["id"]) for e in data["experiments"]),
         places=store.places([e["id"] for e in data["experiments"] if e["kind"] != "screen"]),

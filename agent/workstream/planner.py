@@ -171,11 +171,13 @@ def _beat(result: dict) -> bool:
 
 
 def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "copy bandwidth",
-              measured_by: str = "", unmeasured=(), implausible=()) -> list[dict]:
+              measured_by: str = "", unmeasured=(), implausible=(), premises: dict | None = None) -> list[dict]:
     """Rank the backlog: prior plausibility times what this investigation's evidence says.
 
-    * occupancy items: refuted (x0.1) when every occupancy variant regressed or showed
-      no gain; boosted (x1.5) when one was accepted;
+    * occupancy items: refuted (x0.1) when every occupancy variant that moved its premise (warps per SM,
+      achieved occupancy) regressed or showed no gain; boosted (x1.5) when one was accepted;
+    * an item whose premise the plan's variants aimed at but none moved keeps its score: its evidence says so and
+      the ranking carries a proposal of the variants that would test it;
     * roofline-gap items: scaled by the measured headroom (1 - the best fraction of the roofline bound that
       applies at each level: copy bandwidth or the matrix peak);
     * tile-shape items: boosted (x1.3) when occupancy was refuted (the remaining kernel lever), and (x1.5)
@@ -183,12 +185,23 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
     * work elsewhere: boosted (x1.5) when no kernel variant here beat the baseline (improved at some level,
       regressed at none).
 
+    ``premises`` maps a timed variant to its premise (:class:`kinv.agent.tools.measure.premise.PremiseCheck`); a variant
+    absent from it was never timed and tested nothing.  None where the caller has none (a campaign's summary):
+    then every decided variant counts as having tested its premise.
     ``unmeasured`` names variants never measured (a person rejected them, they never ran): occupancy is not
     refuted while one of its variants is among them.  ``implausible`` names levels whose roofline fraction is not
     to be believed (above the roofline, or inside L2): they are left out of ``headroom`` by the caller and said.
     """
-    occupancy_ids = [v.id for v in plan.variants if v.targets == "occupancy"]
-    occ = [results[i] for i in occupancy_ids if i in results]
+    from kinv.agent.tools.measure.premise import NO_PREMISE, PROPOSALS, words
+
+    def tested(vid: str) -> bool:
+        return premises is None or (vid in premises and premises[vid].speaks)
+
+    def aimed(target: str) -> list[str]:
+        return [v.id for v in plan.variants if v.targets == target]
+
+    occupancy_ids = aimed("occupancy")
+    occ = [results[i] for i in occupancy_ids if i in results and tested(i)]
     occ_refuted = (bool(occ) and all(r.get("verdict") in (Verdict.REJECT, Verdict.INCORRECT, Verdict.INFEASIBLE) for r in occ)
                    and not set(occupancy_ids) & set(unmeasured))  # fmt: skip
     occ_won = any(r.get("verdict") == Verdict.ACCEPT for r in occ)
@@ -199,11 +212,21 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
     ranked = []
     for item in plan.backlog:
         score, why = item.prior, [f"prior {item.prior:.2f}"]
-        if item.targets == "occupancy":
+        decided = [i for i in aimed(item.targets) if i in results]
+        untested = (premises is not None and item.targets not in NO_PREMISE and bool(decided)
+                    and not any(tested(i) for i in decided))  # fmt: skip
+        proposal = ""
+        if untested:
+            said = "; ".join(f"{i}: {premises[i].quantity} {premises[i].outcome}" if i in premises
+                             else f"{i} never timed ({results[i].get('verdict')})" for i in decided)  # fmt: skip
+            why.append(f"{words(item.targets)} untested here ({said}): no variant moved its premise, so the score "
+                       "stays at its prior")  # fmt: skip
+            proposal = PROPOSALS.get(item.targets, f"a variant that moves {words(item.targets)}")
+        elif item.targets == "occupancy":
             if occ_refuted:
                 score *= 0.1
                 why.append("occupancy refuted here: " + ", ".join(f"{i} {results[i]['verdict']}" for i in occupancy_ids
-                                                                   if i in results))  # fmt: skip
+                                                                   if i in results and tested(i)))  # fmt: skip
             elif occ_won:
                 score *= 1.5
                 why.append("an occupancy variant was accepted")
@@ -224,6 +247,6 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
             score *= 1.5
             why.append("no kernel variant here beat the baseline")
         ranked.append({"id": item.id, "title": item.title, "score": round(score, 3), "rationale": item.rationale,
-                       "evidence": "; ".join(why)})  # fmt: skip
+                       "evidence": "; ".join(why), "proposal": proposal})  # fmt: skip
     ranked.sort(key=lambda r: -r["score"])
     return ranked

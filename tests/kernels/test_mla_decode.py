@@ -183,6 +183,51 @@ def test_optional_tunables_left_out_or_at_default_are_the_same_config():
     assert config_hash({**seed, "TMA": 1}) != config_hash(seed)
     with pytest.raises(ConfigError, match=r"TMA=2 is invalid: must be 0 \(gathered KV rows\) or 1"):
         validate_config({**seed, "TMA": 2})
+    # the register cap: absent or 0 is no cap and the seed's config; a cap is a config of its own
+    assert config_hash(validate_config({**seed, "maxnreg": 0})) == "a5991bb8b0f6"
+    assert describe({**seed, "num_warps": 8, "maxnreg": 64}) == "BT16/BH16/w8/s2/nreg64"
+    with pytest.raises(ConfigError, match=r"maxnreg=60 is invalid: must be 0 \(no cap\) or a cap on registers"):
+        validate_config({**seed, "maxnreg": 60})
+
+
+def _launch(adapter, params, shape="v4flash"):
+    q, kv, bt, seq, d_v = make([40, 7], 16, shape, 16, torch.float32)
+    inputs = {"q": q, "kv_cache": kv, "block_table": bt, "seq_lens": seq, "max_seq_len": 40, "d_v": d_v}
+    out, _ = adapter.launch(inputs, params)
+    return out, mla_decode_reference(q, kv, bt, seq, d_v=d_v)
+
+
+def test_a_register_cap_launches_stage_one_capped_and_stays_correct():
+    """maxnreg reaches stage 1's launch as Triton's ``maxnreg`` (the interpreter takes and ignores it), through
+    the kernel's own launch code; no other launch in the process is capped, and no cap is the function itself."""
+    from kinv.kernels import mla_decode as kernel
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.mla_decode_adapter import capped_launch
+
+    adapter = get_adapter("mla_decode")
+    capped = capped_launch(64)
+    assert capped_launch(0) is kernel.mla_decode_launch and capped.__code__ is kernel.mla_decode_launch.__code__
+    assert capped.__globals__["_mla_decode_stage1"].maxnreg == 64
+    assert kernel._mla_decode_stage1 is capped.__globals__["_mla_decode_stage1"].kernel  # the module's own: uncapped
+    seen = []
+    stage1 = kernel._mla_decode_stage1
+
+    class Spy:
+        def __getitem__(self, grid):
+            launch = stage1[grid]
+            return lambda *a, **kw: (seen.append(kw.get("maxnreg")), launch(*a, **kw))[1]
+
+        def __getattr__(self, name):
+            return getattr(stage1, name)
+
+    kernel._mla_decode_stage1 = Spy()
+    try:
+        out, ref = _launch(adapter, mla_params(num_warps=8, maxnreg=64))
+        _launch(adapter, mla_params())
+    finally:
+        kernel._mla_decode_stage1 = stage1
+    assert seen == [64, None], seen
+    assert_verbose_allclose(out, ref, 2e-3, 2e-3)
 
 
 def test_an_override_can_name_the_model_shape():
@@ -235,6 +280,26 @@ def test_gpu_bf16_every_config(block_t, num_warps, num_stages, shape):
     params = mla_params(BLOCK_T=block_t, BLOCK_H=16, num_warps=num_warps, num_stages=num_stages)
     for num_splits in (1, 6, 64, 300):
         run_case([4096, 77, 2049], 16, shape, 64, torch.bfloat16, 3e-2, 3e-2, params=params, num_splits=num_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_warps,maxnreg,ctas", [(4, 80, 6), (8, 64, 4)])
+def test_gpu_register_cap_raises_warps_per_sm_and_stays_correct(num_warps, maxnreg, ctas):
+    """A register cap shows in the compiled kernel: at most ``maxnreg`` registers per thread, and the CTAs per SM
+    it was chosen for (shared memory allows 6 of the seed's BT16/s2 CTAs on an H100/H200)."""
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.devices import get_device
+
+    adapter = get_adapter("mla_decode")
+    params = mla_params(num_warps=num_warps, maxnreg=maxnreg)
+    q, kv, bt, seq, d_v = make([4096, 77, 2049], 16, "v4flash", 64, torch.bfloat16)
+    inputs = {"q": q, "kv_cache": kv, "block_table": bt, "seq_lens": seq, "max_seq_len": 4096, "d_v": d_v}
+    out, compiled = adapter.launch(inputs, params)
+    assert_verbose_allclose(out, mla_decode_reference(q, kv, bt, seq, d_v=d_v), 3e-2, 3e-2)
+    assert compiled.n_regs <= maxnreg, compiled.n_regs
+    level = adapter.level({"shape": "v4flash", "heads": 16, "page_size": 64, "context": 4096, "batch": 3})
+    occ = adapter.resources(params, level, get_device("sm_90"), compiled).occupancy
+    assert occ["ctas_per_sm"] == ctas and occ["warps_per_sm"] == ctas * num_warps, occ
 
 
 @pytest.mark.gpu

@@ -4,7 +4,7 @@
 ``ncu --csv --page raw`` prints, after the profiled program's own output, a header row (``"ID",...``), a units row
 and one row per profiled launch.  :func:`parse_raw` reads that; :func:`summarize` keeps, as the mean over the
 launches, DRAM and memory throughput, achieved and theoretical occupancy, the block limits, waves per SM, issued
-and eligible warps per cycle, the duration and the three largest stall reasons.  :func:`run` profiles one config
+and eligible warps per cycle, the duration, the DRAM bytes moved and the three largest stall reasons.  :func:`run` profiles one config
 at one level (agent/tools/measure/profile_target.py is the process profiled: checked, warmed, L2-rotated) and never
 raises: where ncu is missing or fails it returns the one line that says so.
 """
@@ -37,7 +37,12 @@ METRICS = {
     "smsp__issue_active.avg.per_cycle_active": "issued_per_cycle",
     "smsp__warps_eligible.avg.per_cycle_active": "eligible_per_cycle",
     "gpu__time_duration.sum": "duration_ns",
+    "dram__bytes.sum": "dram_bytes",
 }
+#: metrics asked for beside the sections (the sections do not report them in the raw page)
+EXTRA_METRICS = ("dram__bytes.sum",)
+#: a byte count's unit as ncu prints it -> bytes
+BYTE_UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}
 STALL = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats", "MemoryWorkloadAnalysis")
 TIMEOUT_S = 300.0
@@ -61,12 +66,15 @@ def parse_raw(text: str) -> list[dict]:
     rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
     head, data = rows[0], [r for r in rows[2:] if len(r) == len(rows[0])]
     col = {name: i for i, name in enumerate(head)}
+    units = rows[1] if len(rows) > 1 and len(rows[1]) == len(head) else [""] * len(head)
     out = []
     for r in data:
         got = {"kernel": r[col["Kernel Name"]] if "Kernel Name" in col else ""}
         for raw, name in METRICS.items():
             if raw in col:
                 got[name] = _num(r[col[raw]])
+                if name == "dram_bytes" and got[name] is not None:  # ncu scales a byte count (Kbyte, Mbyte, ...)
+                    got[name] *= BYTE_UNITS.get(units[col[raw]].strip(), 1)
         got["stalls"] = {k[len(STALL[0]):-len(STALL[1])]: v for k, i in col.items()
                          if k.startswith(STALL[0]) and k.endswith(STALL[1]) and "not_issued" not in k
                          and (v := _num(r[i])) is not None}  # fmt: skip
@@ -115,7 +123,8 @@ def run(adapter, config: dict, level, env: dict, pythonpath: list[str] | None = 
     run_env = {**os.environ, **{k: str(v) for k, v in env.items()}}
     run_env["PYTHONPATH"] = os.pathsep.join(p for p in [*(pythonpath or []), IMPORT_ROOT, run_env.get("PYTHONPATH", "")] if p)
     cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", f"regex:{pattern}",
-           *[a for s in SECTIONS for a in ("--section", s)], "--csv", "--page", "raw",
+           *[a for s in SECTIONS for a in ("--section", s)], "--metrics", ",".join(EXTRA_METRICS),
+           "--csv", "--page", "raw",
            sys.executable, "-m", "kinv.agent.tools.measure.profile_target", job]  # fmt: skip
     t0 = time.perf_counter()
     try:

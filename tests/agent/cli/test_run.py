@@ -190,11 +190,27 @@ def test_a_fully_measured_investigation_with_an_inconclusive_variant_is_not_refu
     assert "refuted for this kernel shape" not in text and "No variant beat the baseline" not in text
 
 
+def test_the_seeds_num_warps_8_never_moved_warps_per_sm_so_it_neither_supports_nor_refutes(closed_3a, env):
+    """Live on the H200 (the recordings' compiled table and profile): V1's 8 warps bind 2 CTAs per SM where the
+    baseline's 4 warps had 4, so warps per SM stay 16 and achieved occupancy moves one point.  Its regressions say
+    nothing about occupancy, the planner keeps the register rewrite at its prior and proposes the test."""
+    text = (Path(env["KINV_STATE_DIR"]) / "reports" / "3a-closeout.md").read_text()
+    outcome = text.split("## Outcome", 1)[1].split("\n## ", 1)[0]
+    assert ("warps per SM 16 → 16 (4 CTAs × 4 warps → 2 CTAs × 8 warps) at b1, b8, b32, b64, b96; achieved "
+            "occupancy (profiled) 23.6% → 24.6% at b64; did not move: V1's verdict says nothing about occupancy"
+            in outcome), outcome  # fmt: skip
+    assert "stages in flight 2 → 3 at b1, b8, b32, b64, b96; moved as predicted: V2 tested its premise" in outcome
+    assert "failed where V1" not in outcome and "V1 (occupancy) did not move its premise where measured" in outcome
+    regrw = next(line for line in text.splitlines() if line.startswith("| ") and "REGRW" in line)
+    assert "| 0.40 |" in regrw and "occupancy untested here" in regrw and "refuted" not in regrw, regrw
+    assert "To test REGRW's premise, which no variant here moved: raise warps per SM" in text
+
+
 @pytest.mark.slow
 def test_a_null_drill_says_the_null_holds_and_an_unwon_investigation_is_refuted_only_when_fully_measured(env, tmp_path):
     """#3c predicts no change at b1 and b8 (expect: no_change): its close-out says whether the null held there,
     not that "the hypothesis is refuted" because nothing won.  #3a without V2 (V1 rejected, V3 moot: every
-    variant measured or moot, none won) is refuted."""
+    variant measured or moot, none won), V1 naming no premise whose verdict could be silent, is refuted."""
     r = kinv(env, "run", str(ROOT / "plans" / "3c-null-batch-aware.yaml"), "--backend", "replay", "--approval", "auto")
     assert r.returncode == 0, r.stdout + r.stderr
     text = (Path(env["KINV_STATE_DIR"]) / "reports" / "3c-closeout.md").read_text()
@@ -210,6 +226,7 @@ def test_a_null_drill_says_the_null_holds_and_an_unwon_investigation_is_refuted_
     plan = yaml.safe_load(PLAN.read_text())
     plan["workstream"]["id"] = "#3d"
     plan["variants"] = [v for v in plan["variants"] if v["id"] != "V2"]
+    del plan["variants"][0]["targets"]  # V1 names no premise: its verdict is taken as it stands
     short = tmp_path / "3d.yaml"
     short.write_text(yaml.safe_dump(plan))
     r = kinv(env, "run", str(short), "--backend", "replay", "--approval", "auto")

@@ -102,8 +102,12 @@ def test_an_improved_level_is_never_printed_beside_refuted(tmp_path):
 
 
 def test_a_variant_rejected_by_a_person_was_never_measured_so_nothing_is_refuted(tmp_path):
+    def both_occupancy(src):  # V1 and V2 both aimed at occupancy, as the seed's plan once had it
+        src["variants"][1]["targets"] = "occupancy"
+
     text = _render(tmp_path, measured={"V1": ("reject", _levels("regressed", -0.3, -0.32, -0.28))},
-                   cancelled={"V2": "rejected by a person: not today", "V3": "moot: V1 regressed at every level"})
+                   cancelled={"V2": "rejected by a person: not today", "V3": "moot: V1 regressed at every level"},
+                   plan_edit=both_occupancy)  # fmt: skip
     out = outcome(text)
     assert "refuted for this kernel shape" not in out and "not supported but not refuted either" in out, out
     assert "V2 was rejected by a person and never measured" in out and "num_stages 3 untested" in out, out

@@ -1,15 +1,20 @@
 """Property test: every close-out sentence agrees with the verdicts its tables print, for generated verdict sets
-(every combination of level verdicts, unmeasured levels, variants a person rejected, moot, failed or never run)."""
+(every combination of level verdicts, unmeasured levels, variants a person rejected, moot, failed or never run)
+crossed with each variant's premise, level by level (moved as predicted, moved the other way, not moved, not
+measured, or no premise at all) and its prediction (improve, no change, regress): no sentence calls the hypothesis
+supported or refuted by a variant that did not move its premise."""
 
 from __future__ import annotations
 
 import math
+import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kinv.agent.report.summary import LevelVerdict, VariantVerdict, summarize
 from kinv.agent.tools.measure import stats
+from kinv.agent.words import PremiseOutcome
 
 T = 0.01
 LABELS = ("L0", "L1", "L2", "L3")
@@ -34,7 +39,12 @@ def variant(draw, vid, labels):
     timed = {lv.label: stats.Effect(lv.label, 8, lv.effect, lv.ci_low, lv.ci_high, math.exp(lv.effect), T, lv.verdict)
              for lv in lvs if lv.verdict != "unmeasured"}  # fmt: skip
     word = stats.variant_verdict(timed, budget_exhausted=True)[0] if timed else None
-    return VariantVerdict(vid, "measured", word, lvs, changes="knob 2")
+    expect = draw(st.sampled_from(("improve", "improve", "no_change", "regress")))
+    premise = ()
+    if draw(st.booleans()):  # a premise, read level by level (or not at all where no figures exist)
+        premise = tuple((lab, draw(st.sampled_from(tuple(PremiseOutcome)))) for lab in labels)
+    return VariantVerdict(vid, "measured", word, lvs, changes="knob 2", expect=expect,
+                          target="occupancy" if premise else "", premise=premise)  # fmt: skip
 
 
 @st.composite
@@ -50,6 +60,34 @@ def case(draw):
 
 def at(v, verdict):
     return [lv for lv in v.levels if lv.verdict == verdict] if v.status == "measured" else []
+
+
+HOLDS = {"improve": "improved", "no_change": "equivalent", "regress": "regressed"}
+AGAINST = {"improve": ("regressed",), "no_change": ("improved", "regressed"), "regress": ("improved",)}
+
+
+def speaks(v, lv):
+    """A level's verdict speaks to the hypothesis unless the variant's premise did not move there (or moved the
+    other way)."""
+    return not v.premise or dict(v.premise).get(lv.label, "not measured") in ("tested", "not measured")
+
+
+def named(clause: str, words: str) -> set[tuple[str, str, str]]:
+    """(variant, verdict word or "", level) for each ``V1 [word] at L0, L1`` in a clause."""
+    out = set()
+    for vid, word, labels in re.findall(rf"(V\d) (?:({words}) )?at ((?:L\d(?:, )?)+)", clause):
+        out |= {(vid, word, lab) for lab in labels.rstrip(", ").split(", ")}
+    return out
+
+
+def clause(text: str, start: str) -> str:
+    """From ``start`` to the first of the markers that end a clause."""
+    if start not in text:
+        return ""
+    rest = text.split(start, 1)[1]
+    cut = min([i for i in (rest.find(m) for m in ("; it failed where", "; the premise of", " (", ".")) if i >= 0]
+              or [len(rest)])  # fmt: skip
+    return rest[:cut]
 
 
 @settings(max_examples=200, deadline=None)
@@ -101,11 +139,41 @@ def test_every_sentence_agrees_with_the_tables(c):
     for v in vs:
         assert (f"- {v.id} beat the baseline" in text) == (v in beat), text
     assert ("No variant beat the baseline" in text) == (bool(measured) and not beat), text
-    refuted = bool(measured) and not improved and not undecided and not gaps
+
+    # the hypothesis: judged only by the levels whose variant moved its premise (or whose premise was not measured)
+    by_id = {v.id: v for v in vs}
+    evidence = [v for v in measured if any(lv.verdict != "unmeasured" and speaks(v, lv) for lv in v.levels)]
+    silent = [v for v in measured if v not in evidence]
+    held = {(v.id, lv.label) for v in evidence for lv in v.levels if lv.verdict == HOLDS[v.expect] and speaks(v, lv)}
+    undecided = any(speaks(v, lv) for v in evidence for lv in at(v, "undecided"))
+    partly = {v.id: [lv.label for lv in v.levels if lv.verdict != "unmeasured" and not speaks(v, lv)] for v in evidence}
+    refuted = bool(evidence) and not held and not undecided and not gaps and not silent and not any(partly.values())
     assert ("refuted for this kernel shape" in text) == refuted, text
-    assert ("not supported but not refuted" in text) == (bool(measured) and not improved and not refuted), text
-    assert ("supported where a variant improved" in text) == bool(improved), text
-    assert ("untested" in text.replace("knob 2 untested", "")) == (not measured), text
+    assert ("is supported where" in text) == bool(held), text
+    assert ("not supported but not refuted" in text) == (bool(evidence) and not held and not refuted), text
+    assert ("untested" in text.replace("knob 2 untested", "")) == (not evidence), text
+    assert ("no measured variant moved its premise" in text) == (bool(measured) and not evidence), text
+    support = clause(text, "is supported where a variant improved: ") or clause(text, "as it predicted: ")
+    for vid, word, lab in named(support, "improved|equivalent|regressed"):
+        v, lv = by_id[vid], next(x for x in by_id[vid].levels if x.label == lab)
+        assert speaks(v, lv) and lv.verdict == HOLDS[v.expect] and word in ("", HOLDS[v.expect]), (vid, lab, text)
+    assert {(vid, lab) for vid, _, lab in named(support, "improved|equivalent|regressed")} == held, text
+    for vid, word, lab in named(clause(text, "; it failed where "), "improved|regressed"):
+        v, lv = by_id[vid], next(x for x in by_id[vid].levels if x.label == lab)
+        assert speaks(v, lv) and lv.verdict == word and word in AGAINST[v.expect], (vid, lab, text)
+    for v in silent:  # said to say nothing, and never named as evidence
+        silent_clause = text.split(f"{v.id} (occupancy)", 1)[-1] if f"{v.id} (occupancy)" in text else ""
+        assert "did not move" in silent_clause or f"{v.id}: occupancy did not move" in text, text
+    for vid, labels in partly.items():  # where it did not move its premise, said so, level by level
+        if labels and not (s.hypothesis == "untested"):
+            assert f"{vid} did not move its premise at {', '.join(labels)}, so its verdict there says nothing" in text
+
+    # each measured variant: whether its prediction held, level by level
+    for v in measured:
+        said = s.predictions[v.id]
+        assert ("held at" in said.replace("did not hold at", "")) == bool(at(v, HOLDS[v.expect])), said
+        missed = [lv for lv in v.levels if lv.verdict not in (HOLDS[v.expect], "undecided", "unmeasured")]
+        assert ("did not hold at" in said) == bool(missed), said
     assert s.follow_up_ids == [v.id for v in improved if v.verdict != "accept"]
     for v in vs:
         if v.status == "rejected":
