@@ -168,7 +168,7 @@ def _harness():
 def test_random_sigkills_across_investigations_recover_and_reach_the_same_verdicts(tmp_path):
     harness = _harness()
     # a sample of the harness's kills (benchmarks/RESULTS.md records its 100-kill run); KINV_CRASH_KILLS for more
-    kills = int(os.environ.get("KINV_CRASH_KILLS", "24"))
+    kills = int(os.environ.get("KINV_CRASH_KILLS", "14"))
     lanes = max(1, min(4, (os.cpu_count() or 1) + 1))  # one more than the cores: runs wait on fsync too
     summary = harness.run_harness(kills=kills, lanes=lanes, seed=int(os.environ.get("KINV_CRASH_SEED", "0")),
                                   work=tmp_path / "crash", log=lambda *a, **k: None)  # fmt: skip
