@@ -29,6 +29,14 @@ if not HAS_GPU:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+    # the suite tests kinv as a terminal runs it: a suite started under nohup, or as a background job of a script,
+    # inherits SIGHUP or SIGINT ignored, and kinv rightly leaves an inherited ignore alone (agent/signals.py), so the
+    # signal tests would see nothing; their default actions are put back for this process and what it starts
+    import signal
+
+    for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, signal.SIG_DFL)):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, default)
 
 
 def _run_root(tmp_path_factory, config):

@@ -542,6 +542,7 @@ def test_plan_variant_outside_bounds(data):
     assert f"{key}={value}" in line and "bounds" in line, line
 
 
+@settings_for(40)
 @given(data=st.data())
 def test_plan_bad_expect(data):
     """expect is improvement or no_change; expect_levels are level labels of the workload and need no_change."""

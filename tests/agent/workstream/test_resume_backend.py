@@ -37,11 +37,11 @@ def test_resume_keeps_the_backend_the_run_started_with_and_refuses_another(tmp_p
     real = bench.get_backend
     asked = []
 
-    def get_backend(name):
+    def get_backend(name, *rest):
         asked.append(name)
         if name in ("auto", "cuda"):  # what this machine would give: a GPU
             raise BackendError("this machine would time on its GPU")
-        return real(name)
+        return real(name, *rest)
 
     monkeypatch.setattr(bench, "get_backend", get_backend)
     assert cli.main(["resume", "3a", "--approval", "auto"]) == 0, capsys.readouterr()
