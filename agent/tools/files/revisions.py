@@ -278,8 +278,5 @@ def files_digest(files: dict[str, bytes]) -> str:
     return h.hexdigest()[:12]
 
 
-__all__ = [
-    "changed",
-    "tree_at",
-    "write_tree","WORKTREE", "Revision", "config_of", "differences", "files_digest", "own_files", "package_at",
-           "package_rel", "repo_root", "resolve", "snapshot"]  # fmt: skip
+__all__ = ["WORKTREE", "Revision", "changed", "config_of", "differences", "files_digest", "own_files", "package_at",
+           "package_rel", "repo_root", "resolve", "snapshot", "tree_at", "write_tree"]  # fmt: skip
