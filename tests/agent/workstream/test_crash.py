@@ -284,21 +284,27 @@ def killed_run(tmp_path_factory):
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"
     seen = {"baseline": cfg.read_bytes()}
     proc = _run_3a_until_v1_is_patched(env)
+    children = []
     try:
         seen["live"] = cfg.read_bytes()
+        deadline = time.time() + 60
+        while time.time() < deadline and not children:  # V1's correctness check runs in a child
+            children = _children(proc.pid)
+            time.sleep(0.01)
+        for c in children:  # held mid-check, so V1 stays live however slow the doctor calls below are
+            with contextlib.suppress(OSError):
+                os.kill(c, signal.SIGSTOP)
+        seen["children"] = children
         seen["doctor"] = _kinv(env, "doctor", "--json")
         from kinv.agent.store import Store
 
         Store(tmp / "other").close()  # a second terminal's state dir on the same checkout
         seen["doctor_other"] = _kinv(dict(env, KINV_STATE_DIR=str(tmp / "other")), "doctor", "--json")
-        children = []
-        deadline = time.time() + 60
-        while time.time() < deadline and not children:  # V1's correctness check runs in a child
-            children = _children(proc.pid)
-            time.sleep(0.2)
-        seen["children"] = children
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        for c in children:  # let a held child run on: it must notice by itself that its run is gone
+            with contextlib.suppress(OSError):
+                os.kill(c, signal.SIGCONT)
         t0 = time.time()
         while time.time() - t0 < 5 and any(_alive(c) for c in children):
             time.sleep(0.1)
@@ -306,7 +312,7 @@ def killed_run(tmp_path_factory):
     finally:
         if proc.poll() is None:
             proc.kill()
-        for c in seen.get("children_alive", []):  # leave nothing behind, whatever the verdict
+        for c in seen.get("children_alive", children):  # leave nothing behind, whatever the verdict
             with contextlib.suppress(OSError):
                 os.kill(c, signal.SIGKILL)
     seen["env"], seen["cfg"], seen["tmp"] = env, cfg, tmp
