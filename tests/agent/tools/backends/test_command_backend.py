@@ -1,5 +1,5 @@
 """Bring your own benchmark: a plan of ``kernel: command`` runs the user's command once per sample, in each arm's own
-environment, with kinv's statistics unchanged.  The example is real: torch's CPU matmul under OMP_NUM_THREADS=2
+environment, with kinv's statistics unchanged.  The example is real: numpy's CPU matmul under OMP_NUM_THREADS=2
 against 1 (examples/cpu_matmul.py, plans/cpu-matmul-threads.yaml)."""
 
 from __future__ import annotations
