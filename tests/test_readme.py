@@ -211,6 +211,17 @@ def _run(root: Path, env: dict, command: str, timeout: float = 900) -> subproces
     return subprocess.run(["bash", "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _tree_hash(d: Path) -> str:
+    """One hash of every file under ``d`` (its path and bytes), caches left out."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(d.rglob("*")):
+        if f.is_file() and "__pycache__" not in f.parts and not f.name.endswith(".kinv-lock"):
+            h.update(str(f.relative_to(d)).encode() + f.read_bytes())
+    return h.hexdigest()
+
+
 def _check(command: str, r: subprocess.CompletedProcess) -> str | None:
     """What is wrong with one command's run, or None."""
     code, _, what = EXPECT[command]
@@ -264,6 +275,7 @@ class _Block(threading.Thread):
         self.locked = threading.Event()
         self.results: list[tuple[str, subprocess.CompletedProcess]] = []
         self.untouched: dict[str, bool] = {}  # command -> it left the live config as it found it
+        self.kernels_untouched: dict[str, bool] = {}  # command -> every file under kernels/ as it found it
         self.error: BaseException | None = None
 
     def run(self):
@@ -287,9 +299,10 @@ class _Block(threading.Thread):
         live = self.root / "kernels" / "configs" / "mla_decode.json"
         for command in self.commands:
             if EXPECT[command][0] >= 0:
-                before = live.read_bytes()
+                before, tree = live.read_bytes(), _tree_hash(self.root / "kernels")
                 self.results.append((command, _run(self.root, self.env, command)))
                 self.untouched[command] = live.read_bytes() == before  # the live config as the command found it
+                self.kernels_untouched[command] = _tree_hash(self.root / "kernels") == tree
 
     def outcome(self) -> tuple[list[str], str]:
         """(what went wrong, everything the block's commands printed), once the block is done."""
@@ -327,6 +340,9 @@ SLOW_BLOCKS = {
     "test_the_ray_block_runs_on_cpu_actors": "Many GPUs",
     "test_the_own_benchmark_block_runs_a_real_command_on_a_fresh_clone": "Your own benchmark",
     "test_the_several_workstreams_block_runs_two_kernels_at_once": "Several workstreams",
+    # the session's own runs of the fault drill, the null drill and #4a, checked beyond their exit codes
+    "test_the_fault_drill_stops_each_planted_fault_at_its_gate_and_leaves_the_kernel_files_as_they_were": "Using it",
+    "test_the_null_drill_says_the_null_holds_and_the_sessions_runs_decide_exactly_as_pinned": "Using it",
 }
 
 
@@ -343,7 +359,7 @@ def blocks(request, tmp_path_factory):
     if importlib.util.find_spec("ray") is None:
         wanted.discard("Many GPUs")
     started: dict[str, _Block] = {}
-    for prefix in [p for p in SLOW_BLOCKS.values() if p in wanted]:
+    for prefix in [p for p in dict.fromkeys(SLOW_BLOCKS.values()) if p in wanted]:
         lock = _run_root(tmp_path_factory, request.config) / "ray.lock" if prefix == "Many GPUs" else None
         block = _Block(prefix, tmp_path_factory.mktemp(prefix.split()[0].lower()), lock)
         block.start()
@@ -362,6 +378,75 @@ def test_the_using_it_block_runs_as_a_session_on_a_fresh_clone(blocks):
     assert not problems, "\n".join(problems)
     # its last steps: `kinv revert --to-plan` put the shipped file back, byte for byte
     assert (block.root / "kernels" / "configs" / "mla_decode.json").read_bytes() == block.shipped
+
+
+def _json(block: _Block, command: str):
+    """What ``command`` (a kinv command with --json) prints on the block's clone, after the block is done."""
+    import json
+
+    r = _run(block.root, block.env, command)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+@pytest.mark.slow
+def test_the_fault_drill_stops_each_planted_fault_at_its_gate_and_leaves_the_kernel_files_as_they_were(blocks):
+    """The session's fault drill: each planted fault is stopped at its gate and recorded with its reason, never
+    timed; every kernel file (sources, configs) is byte for byte as before; the sound variant is decided; every
+    number it decided and measured is as pinned."""
+    from tests.agent.workstream.test_replay_outcomes import _pinned, outcome
+
+    block = blocks["Using it"]
+    block.outcome()
+    assert block.kernels_untouched["kinv run plans/6a-fault-drill.yaml --approval auto"]
+    # every patch and backup of the session was of the clone's files, never of the checkout it was made from
+    files = {b["path"] for b in _json(block, "kinv backups --json")}
+    assert files and all(f.startswith(str(block.root)) for f in files), files
+    exps = {e["variant"]: e for e in _json(block, "kinv experiments 6a --json")}
+    assert exps["F1"]["verdict"] == "failed" and "compile" in exps["F1"]["reason"]
+    assert exps["F2"]["verdict"] == "infeasible" and "shared memory" in exps["F2"]["reason"] and "227.0 KB" in exps["F2"]["reason"]
+    assert exps["F3"]["verdict"] == "incorrect" and "outside atol" in exps["F3"]["reason"]  # fast but wrong: never timed
+    assert exps["F4"]["verdict"] == "crashed" and "signal 11" in exps["F4"]["reason"]
+    # edits the reference: a source patch may only touch the adapter's kernel_files, so it is refused before
+    # anything runs (integrity would void it if it ever ran: tests/agent/workstream/test_faults.py)
+    assert exps["F5"]["verdict"] in ("failed", "void", "not measured") and exps["F5"]["samples"] == 0
+    assert "kernels/mla_decode_ref.py" in exps["F5"]["reason"] and "may only patch" in exps["F5"]["reason"]
+    # lazy: writes nothing; its output buffer was poisoned with NaN, so no earlier result can pass for it
+    assert exps["F6"]["verdict"] == "incorrect" and "not finite" in exps["F6"]["reason"]
+    assert exps["V1"]["verdict"] == "accept"
+    assert exps["F7"]["verdict"] == "failed" and "patch failed" in exps["F7"]["reason"]  # stale patch: no wedge
+    # the known ways to fool a benchmark that a CPU check can show are failed at the gate, with what caught them
+    assert exps["F9"]["verdict"] == "incorrect" and "rewritten in place at the same addresses" in exps["F9"]["reason"]
+    assert exps["F10"]["verdict"] == "incorrect" and "outside atol" in exps["F10"]["reason"]
+    assert exps["F11"]["verdict"] == "incorrect" and "replaced the harness's timer" in exps["F11"]["reason"]
+    # a side stream (no stream on CPU) and a subset wrong past 2048 tokens (the stand-in has 64) pass the CPU
+    # check; the recordings hold no times for their source, so neither gets a verdict (live, the GPU gate fails them)
+    for fid in ("F8", "F12"):
+        assert exps[fid]["verdict"] in ("not measured", "failed", "void"), exps[fid]
+    for fid in ("F1", "F3", "F4", "F5", "F6", "F7", "F8", "F9", "F10", "F11", "F12"):
+        assert exps[fid]["samples"] == 0, f"{fid} was timed"
+    closeout = (block.root / "state" / "reports" / "6a-closeout.md").read_text()
+    assert "**F5** (edits the reference it is judged against): **failed**" in closeout
+    assert "may only patch the kernel's files" in closeout
+    ws = next(w for w in _json(block, "kinv status --json")["workstreams"] if w["id"] == "#6a")
+    assert ws["status"] == "closed" and not ws["pending_approvals"]
+    _pinned("6a", outcome(_json(block, "kinv report 6a --json")))
+
+
+@pytest.mark.slow
+def test_the_null_drill_says_the_null_holds_and_the_sessions_runs_decide_exactly_as_pinned(blocks):
+    """#3c predicts no change at b1 and b8 (expect: no_change): its close-out says whether the null held there,
+    not that "the hypothesis is refuted" because nothing won.  The session's #3c and #4a decide and measure every
+    number as pinned (replay is deterministic)."""
+    from tests.agent.workstream.test_replay_outcomes import _pinned, outcome
+
+    block = blocks["Using it"]
+    block.outcome()
+    text = (block.root / "state" / "reports" / "3c-closeout.md").read_text()
+    assert "- The null holds: equivalent at b1, b8 for every measured variant." in text
+    assert "refuted" not in text.split("## Where this was measured")[0]
+    for ws in ("3c", "4a"):
+        _pinned(ws, outcome(_json(block, f"kinv report {ws} --json")))
 
 
 @pytest.mark.slow

@@ -207,20 +207,10 @@ def test_the_seeds_num_warps_8_never_moved_warps_per_sm_so_it_neither_supports_n
 
 
 @pytest.mark.slow
-def test_a_null_drill_says_the_null_holds_and_an_unwon_investigation_is_refuted_only_when_fully_measured(env, tmp_path):
-    """#3c predicts no change at b1 and b8 (expect: no_change): its close-out says whether the null held there,
-    not that "the hypothesis is refuted" because nothing won.  #3a without V2 (V1 rejected, V3 moot: every
-    variant measured or moot, none won), V1 naming no premise whose verdict could be silent, is refuted."""
-    r = kinv(env, "run", str(ROOT / "plans" / "3c-null-batch-aware.yaml"), "--backend", "replay", "--approval", "auto")
-    assert r.returncode == 0, r.stdout + r.stderr
-    text = (Path(env["KINV_STATE_DIR"]) / "reports" / "3c-closeout.md").read_text()
-    assert "- The null holds: equivalent at b1, b8 for every measured variant." in text
-    assert "refuted" not in text.split("## Where this was measured")[0]
-    from tests.agent.workstream.test_replay_outcomes import _pinned, outcome
-
-    rep = kinv(env, "report", "3c", "--json")  # every number it decided and measured, as pinned
-    assert rep.returncode == 0, rep.stderr
-    _pinned("3c", outcome(json.loads(rep.stdout)))
+def test_an_unwon_investigation_is_refuted_only_when_fully_measured(env, tmp_path):
+    """#3a without V2 (V1 rejected, V3 moot: every variant measured or moot, none won), V1 naming no premise whose
+    verdict could be silent, is refuted.  (The null drill, whose close-out says the null held instead, is checked
+    on the README session's run of it: tests/test_readme.py.)"""
     import yaml
 
     plan = yaml.safe_load(PLAN.read_text())

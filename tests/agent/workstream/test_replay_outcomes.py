@@ -6,12 +6,11 @@ them as the measurement code produced them before it became one protocol module.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.utils import kinv_in_process, project_copy, replay_env, run_kinv
+from tests.utils import kinv_in_process, replay_env
 
 ROOT = Path(__file__).resolve().parents[3]
 PINNED = Path(__file__).resolve().parents[2] / "data" / "replay_outcomes.json"
@@ -55,22 +54,8 @@ def test_the_shared_closed_run_decides_and_measures_exactly_as_pinned(ws, reques
     _pinned(ws, outcome(json.loads(rep.stdout)))
 
 
-# the fault drill's and the null drill's outcomes are pinned by the tests that already run them (test_faults.py,
-# tests/agent/cli/test_run.py): one replay run of each serves both checks
-@pytest.mark.slow
-@pytest.mark.parametrize("ws", ["4a"])
-def test_a_replayed_workstream_decides_and_measures_exactly_as_pinned(ws, tmp_path):
-    # #6a plants source patches: every run here is of a copy of the project, never of this checkout
-    root, pythonpath = project_copy(tmp_path / "project")
-    env = replay_env(tmp_path, tmp_path / "state", PYTHONPATH=pythonpath)
-    for f in (ROOT / "kernels" / "configs").glob("*.json"):  # the other kernels' live configs as shipped
-        if not (tmp_path / "configs" / f.name).exists():
-            shutil.copy(f, tmp_path / "configs" / f.name)
-    run = run_kinv(env, "run", PLANS[ws], "--backend", "replay", "--approval", "auto", timeout=600, cwd=root)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    rep = run_kinv(env, "report", ws, "--json")
-    assert rep.returncode == 0, rep.stderr
-    _pinned(ws, outcome(json.loads(rep.stdout)))
+# #3c's, #4a's and the fault drill's outcomes are pinned on the README session's runs of them (tests/test_readme.py):
+# one replay run of each serves both checks
 
 
 if __name__ == "__main__":  # python -m tests.agent.workstream.test_replay_outcomes 3a=report.json ...: write the pinned file
