@@ -7,6 +7,7 @@
     python benchmarks/mla_ceiling.py --grid tail --contexts 4096 --min-batch 32 --out ...  # #9d (lab-notebook:benchmarks/lab/merge_one_pass_session.sh)
     python benchmarks/mla_ceiling.py --grid persistent --contexts 4096 --out ...  # #10a (needs its source patch)
     python benchmarks/mla_ceiling.py --grid small --batches 1,8 --out ...  # batch 1 and 8, one override at a time
+    python benchmarks/mla_ceiling.py --grid regcap --contexts 4096 --out ...  # the occupancy premise's arms
 
 Standard library + the worker (torch, triton) only, so it runs on the GPU machine as it is.  Every figure
 comes from ``agent/tools/worker/bench_worker.py`` (correctness on fresh random inputs with the output poisoned,
@@ -110,7 +111,11 @@ def grid(name: str) -> list[dict]:
         return [shipped, *[{**shipped, "overrides": [{"batch_min": 8, "batch_max": 8, **o}, *shipped["overrides"]]}
                            for o in b8],
                 *[{**shipped, "overrides": [{"batch_max": 1, **o}, *shipped["overrides"]]} for o in b1]]
-    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped, merge, occupancy, tail, persistent, small")
+    if name == "regcap":
+        # plans/occupancy-premise.yaml's arms on the seed's BT16/w4/s2: a register cap, 8 warps under a cap, 8 warps
+        return [seed, {**seed, "maxnreg": 80}, {**seed, "num_warps": 8, "maxnreg": 64}, {**seed, "num_warps": 8}]
+    raise SystemExit(f"unknown grid {name!r}; valid: explore, shipped, merge, occupancy, tail, persistent, small, "
+                     "regcap")
 
 
 def level_dict(shape, ctx, b):
