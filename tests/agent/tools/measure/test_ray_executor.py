@@ -81,15 +81,17 @@ def cluster(ray_module_turn):
 
 
 @pytest.mark.slow
-def test_two_ray_actors_reach_the_single_process_decisions_and_survive_losing_one(tmp_path, closed_7_source):
-    """kinv starts a local Ray cluster of its own (no --ray-address) with two actors; one dies; the decisions are
-    those of the single-process campaign (the shared closed campaign #7, run under the same flags)."""
+def test_two_ray_actors_reach_the_single_process_decisions_and_survive_losing_one(tmp_path, closed_7_source, cluster):
+    """Two actors on the module's cluster; one dies; the decisions are those of the single-process campaign (the
+    shared closed campaign #7, run under the same flags).  (kinv starting a local cluster of its own, with no
+    --ray-address, is the README's Ray block: tests/test_readme.py.)"""
     (tmp_path / "ray").mkdir()
     local = json.loads((closed_7_source / "run.out").read_text())
     # actor 1 dies (os._exit) the first time it is handed a shard; the driver re-runs that shard on a new actor
     where = f"actor1@{socket.gethostname()}/cpu"
-    ray = _campaign(tmp_path, "ray", "--executor", "ray", "--ray-actors", "2", KINV_EXECUTOR_FAULT=f"screen:{where}",
-                    KINV_EXECUTOR_FAULT_MARKER=str(tmp_path / "fault-fired"))  # fmt: skip
+    ray = _campaign(tmp_path, "ray", "--executor", "ray", "--ray-address", cluster, "--ray-actors", "2",
+                    KINV_EXECUTOR_FAULT=f"screen:{where}", KINV_EXECUTOR_FAULT_MARKER=str(tmp_path / "fault-fired"),
+                    **RAY_ENV)  # fmt: skip
     assert (tmp_path / "fault-fired").exists()
     assert _decisions(ray) == _decisions(local)
     first = ray["workstreams"][0]
