@@ -115,11 +115,14 @@ def test_killed_run_resumes_to_the_same_verdicts_and_leaves_no_patch(env):
                              "--approval", "auto"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     deadline = time.time() + 120
+    seen = []
     for line in proc.stdout:  # kill it while V1's patch is on disk
-        if "V1: mla_decode.json patched" in line or time.time() > deadline:
+        seen.append(line)
+        if "V1: patched" in line or time.time() > deadline:
             break
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    assert "V1: patched" in seen[-1] and config_bytes(env) != before, "".join(seen)  # killed with V1 live
     r = kinv(env, "run", str(PLAN), "--backend", "replay", "--approval", "auto")
     assert r.returncode == 0, r.stdout + r.stderr
     assert config_bytes(env) == before

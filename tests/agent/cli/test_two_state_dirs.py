@@ -4,6 +4,7 @@ refusal names the other state dir and its pid."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,9 +37,13 @@ def test_a_second_state_dir_is_refused_while_the_first_edits_the_config(tmp_path
         if "V1: patched" in line or (not line and a.poll() is not None):
             break
     assert a.poll() is None, "run A ended before V1 was patched"
-    b = subprocess.run([sys.executable, "-m", "kinv.agent.cli.app", "run", str(ROOT / "plans" / "3b-tile-shape.yaml"),
-                        "--backend", "replay", "--approval", "auto"], env=env_b, cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)  # fmt: skip
+    os.kill(a.pid, signal.SIGSTOP)  # held with V1 live, however fast its check: B must meet the edit, not its end
+    try:
+        b = subprocess.run([sys.executable, "-m", "kinv.agent.cli.app", "run", str(ROOT / "plans" / "3b-tile-shape.yaml"),
+                            "--backend", "replay", "--approval", "auto"], env=env_b, cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
     assert b.returncode == 1, b.stdout + b.stderr
     assert str((tmp_path / "a").resolve()) in b.stderr and f"pid {a.pid}" in b.stderr
     assert len(b.stderr.strip().splitlines()) == 1
