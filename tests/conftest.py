@@ -37,6 +37,16 @@ def pytest_configure(config):
     for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, signal.SIG_DFL)):
         if signal.getsignal(sig) is signal.SIG_IGN:
             signal.signal(sig, default)
+    # the suite starts about 1,300 Python processes that import kinv from this checkout; where
+    # PYTHONDONTWRITEBYTECODE is set (as on the CI machine) none leaves its bytecode behind, so each would compile
+    # the same sources again: they are compiled once, here, before any worker starts (a source a test patches is
+    # newer than its bytecode, which Python then ignores)
+    if getattr(config, "workerinput", None) is None:
+        import compileall
+
+        root = Path(__file__).resolve().parents[1]
+        for folder in ("agent", "kernels", "kinv", "tests", "examples"):
+            compileall.compile_dir(root / folder, quiet=2)
 
 
 def _run_root(tmp_path_factory, config):
