@@ -12,7 +12,8 @@
 # `git clone -q kinv.bundle /tmp/kinv && cd /tmp/kinv && bash benchmarks/regress_live.sh $OUT`.
 set -u
 cd "$(git rev-parse --show-toplevel)" || exit 2
-gpu=$(python -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())" 2>/dev/null || echo nogpu)
+PY=$(command -v python || command -v python3)
+gpu=$($PY -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())" 2>/dev/null || echo nogpu)
 out=${1:-benchmarks/results/regress_live_$gpu}
 mkdir -p "$out"
 export KINV_STATE_DIR=${KINV_STATE_DIR:-$out/state}
@@ -25,17 +26,17 @@ run() {
   local name=$1; shift
   local t0 t1 rc
   t0=$(date +%s.%N)
-  python -m kinv.agent.cli.app regress "$@" --backend "$BACKEND" --markdown "$out/$name.md" --json "$out/$name.json" \
+  "$PY" -m kinv.agent.cli.app regress "$@" --backend "$BACKEND" --markdown "$out/$name.md" --json "$out/$name.json" \
     --junit "$out/$name.xml" > "$out/$name.log" 2>&1
   rc=$?
   t1=$(date +%s.%N)
-  printf '%s: exit %s, wall %.0f s: kinv regress %s\n' "$name" "$rc" "$(echo "$t1 - $t0" | bc)" "$*" | tee -a "$out/summary.txt"
+  printf '%s: exit %s, wall %.0f s: kinv regress %s\n' "$name" "$rc" "$("$PY" -c "print($t1 - $t0)")" "$*" | tee -a "$out/summary.txt"
 }
 
 # the planted revision: HEAD's tree with num_warps 8 in the shipped config, as a commit only git's objects hold
 tmp=$(mktemp -d)
 blob=$(git show HEAD:kernels/configs/mla_decode.json \
-  | python -c "import json, sys; d = json.load(sys.stdin); assert d['num_warps'] == 4; d['num_warps'] = 8; print(json.dumps(d, indent=2))" \
+  | "$PY" -c "import json, sys; d = json.load(sys.stdin); assert d['num_warps'] == 4; d['num_warps'] = 8; print(json.dumps(d, indent=2))" \
   | git hash-object -w --stdin)
 GIT_INDEX_FILE=$tmp/index git read-tree HEAD
 GIT_INDEX_FILE=$tmp/index git update-index --cacheinfo "100644,$blob,kernels/configs/mla_decode.json"
@@ -47,5 +48,5 @@ rm -rf "$tmp"
 run seed-vs-today "$SEED" HEAD --kernel mla_decode --kernel-sources-only
 run self HEAD HEAD --kernel mla_decode
 run planted HEAD "$planted"
-python -m kinv.agent.cli.app regress --history mla_decode > "$out/history.txt" 2>&1
+"$PY" -m kinv.agent.cli.app regress --history mla_decode > "$out/history.txt" 2>&1
 cat "$out/summary.txt"

@@ -53,6 +53,26 @@ def _split_rule(params) -> dict:
         return {}
     return {"ctas_per_sm": params.CTAS_PER_SM}
 
+def splits_at(params, batch: int, heads: int, max_seq_len: int, target_ctas: int | None = None,
+              environ: dict | None = None) -> int:
+    """The split count a config launches at one level, the one place the adapter computes it: the kernel's own
+    rule (``num_kv_splits``: TARGET_CTAS from ``environ``, or whole waves), then, with MIN_SPLIT_TILES k, no more
+    splits than leave k tiles to each.  An explicit ``target_ctas`` (a correctness check's one split) is the
+    seed's rule alone."""
+    from kinv.kernels.mla_decode import num_kv_splits, target_ctas_from_env
+
+    head_tiles = math.ceil(heads / params.BLOCK_H)
+    if target_ctas is not None:
+        return num_kv_splits(batch, head_tiles, max_seq_len, params.BLOCK_T, target_ctas)
+    rule = _split_rule(params)
+    target = None if rule else target_ctas_from_env(environ)
+    splits = num_kv_splits(batch, head_tiles, max_seq_len, params.BLOCK_T, target, **rule)
+    least = params.get("MIN_SPLIT_TILES", 0)
+    if least:
+        splits = min(splits, max(1, math.ceil(math.ceil(max_seq_len / params.BLOCK_T) / least)))
+    return splits
+
+
 SPEC = TunableSpec(
     kernel="mla_decode",
     tunables=(
@@ -67,6 +87,9 @@ SPEC = TunableSpec(
                 default=0),
         Tunable("MERGE", (0, 1), "mrg",
                 "0 (a second kernel merges the splits) or 1 (the last split of each request merges them)", default=0),
+        Tunable("MIN_SPLIT_TILES", (0, 2, 4, 8), "mst",
+                "0 (the split rule alone) or 2, 4, 8 (no split gets fewer KV tiles than that: fewer partial outputs)",
+                default=0),
         Tunable("PERSISTENT", (0, 1, 2, 3, 4), "pers",
                 "0 (one program per split) or 1-4 (that many programs per SM take splits from a work queue)",
                 default=0),
@@ -127,11 +150,12 @@ def capped_launch(maxnreg: int):
 
 
 def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_stages: int = 2,
-               CTAS_PER_SM: int = 0, TMA: int = 0, MERGE: int = 0, PERSISTENT: int = 0, maxnreg: int = 0) -> Params:  # fmt: skip
+               CTAS_PER_SM: int = 0, TMA: int = 0, MERGE: int = 0, PERSISTENT: int = 0, maxnreg: int = 0,
+               MIN_SPLIT_TILES: int = 0) -> Params:  # fmt: skip
     """Launch parameters of the MLA kernel (defaults: the seed's baseline BT16/BH16/w4/s2, no register cap)."""
     values = {"BLOCK_T": BLOCK_T, "BLOCK_H": BLOCK_H, "num_warps": num_warps, "num_stages": num_stages,
               "CTAS_PER_SM": CTAS_PER_SM, "TMA": TMA, "MERGE": MERGE, "PERSISTENT": PERSISTENT,
-              "maxnreg": maxnreg}  # fmt: skip
+              "maxnreg": maxnreg, "MIN_SPLIT_TILES": MIN_SPLIT_TILES}  # fmt: skip
     return SPEC.resolve(SPEC.validate({**values, "kernel": "mla_decode"}), {})
 
 
@@ -301,7 +325,7 @@ class MLADecodeAdapter(KernelAdapter):
         return mla_decode_launch(
             inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], params,
             d_v=inputs["d_v"], max_seq_len=inputs["max_seq_len"], out=out, target_ctas=target_ctas,
-            scratch=scratch,
+            scratch=scratch, **self._split_count(inputs, params, target_ctas),
         )  # fmt: skip
 
     def make_output(self, inputs: dict, params: Params):
@@ -311,12 +335,20 @@ class MLADecodeAdapter(KernelAdapter):
         return torch.empty((q.shape[0], q.shape[1], inputs["d_v"]), dtype=q.dtype, device=q.device)
 
     def make_scratch(self, inputs: dict, params: Params, target_ctas=None) -> dict:
-        from kinv.kernels.mla_decode import mla_decode_scratch, num_kv_splits
+        from kinv.kernels.mla_decode import mla_decode_scratch
 
         b, h, _ = inputs["q"].shape
-        rule = _split_rule(params) if target_ctas is None else {}
-        splits = num_kv_splits(b, math.ceil(h / params.BLOCK_H), inputs["max_seq_len"], params.BLOCK_T, target_ctas, **rule)
+        splits = splits_at(params, b, h, inputs["max_seq_len"], target_ctas)
         return mla_decode_scratch(b, h, splits, inputs["d_v"], inputs["q"].device)
+
+    @staticmethod
+    def _split_count(inputs: dict, params: Params, target_ctas) -> dict:
+        """The launch's ``num_splits`` where the adapter's rule differs from the kernel's own (MIN_SPLIT_TILES);
+        otherwise nothing, and the kernel sizes its splits itself."""
+        if target_ctas is not None or not params.get("MIN_SPLIT_TILES", 0):
+            return {}
+        b, h, _ = inputs["q"].shape
+        return {"num_splits": splits_at(params, b, h, inputs["max_seq_len"])}
 
     def reference(self, inputs: dict):
         from kinv.kernels.mla_decode_ref import mla_decode_reference
@@ -373,15 +405,17 @@ class MLADecodeAdapter(KernelAdapter):
         return [f"TARGET_CTAS={shown}, which must be an integer from 1 to {MAX_TARGET_CTAS}"]
 
     def derived_env(self, level: Level, params: Params, environ: dict) -> dict:
-        from kinv.kernels.mla_decode import num_kv_splits, target_ctas_from_env
+        from kinv.kernels.mla_decode import target_ctas_from_env
 
         target = target_ctas_from_env(environ)
         head_tiles = math.ceil(level.heads / params.BLOCK_H)
-        rule = _split_rule(params)
-        splits = num_kv_splits(level.batch, head_tiles, level.context, params.BLOCK_T, target, **rule)
+        splits = splits_at(params, level.batch, level.heads, level.context, environ=environ)
         env = {"TARGET_CTAS": target, "num_splits": splits, "head_tiles": head_tiles}
-        if rule:
+        if _split_rule(params):
             env["split_rule"] = f"whole waves of {params.CTAS_PER_SM} CTAs per SM (TARGET_CTAS unused)"
+        if params.get("MIN_SPLIT_TILES", 0):
+            env["split_rule"] = (env.get("split_rule", "TARGET_CTAS") +
+                                 f", at least {params.MIN_SPLIT_TILES} tiles per split")
         return env
 
     def resources(self, params: Params, level: Level, device: DeviceSpec, compiled=None) -> Resources:

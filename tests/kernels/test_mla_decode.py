@@ -188,6 +188,11 @@ def test_optional_tunables_left_out_or_at_default_are_the_same_config():
     assert describe({**seed, "num_warps": 8, "maxnreg": 64}) == "BT16/BH16/w8/s2/nreg64"
     with pytest.raises(ConfigError, match=r"maxnreg=60 is invalid: must be 0 \(no cap\) or a cap on registers"):
         validate_config({**seed, "maxnreg": 60})
+    # the least tiles per split: absent or 0 is the split rule alone and the seed's config
+    assert config_hash(validate_config({**seed, "MIN_SPLIT_TILES": 0})) == "a5991bb8b0f6"
+    assert describe({**seed, "MIN_SPLIT_TILES": 4}) == "BT16/BH16/w4/s2/mst4"
+    with pytest.raises(ConfigError, match=r"MIN_SPLIT_TILES=3 is invalid"):
+        validate_config({**seed, "MIN_SPLIT_TILES": 3})
 
 
 def _launch(adapter, params, shape="v4flash"):
@@ -195,6 +200,32 @@ def _launch(adapter, params, shape="v4flash"):
     inputs = {"q": q, "kv_cache": kv, "block_table": bt, "seq_lens": seq, "max_seq_len": 40, "d_v": d_v}
     out, _ = adapter.launch(inputs, params)
     return out, mla_decode_reference(q, kv, bt, seq, d_v=d_v)
+
+
+def test_a_least_tile_count_per_split_caps_the_splits_and_stays_correct():
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.mla_decode_adapter import splits_at
+
+    # 4096 tokens in 64-token tiles at batch 1: the wave rule gives one tile a split (64 splits); at least 4 tiles
+    # a split leaves 16; batch 32 already has 8 tiles a split, so the floor changes nothing there
+    wave = mla_params(BLOCK_T=64, CTAS_PER_SM=2)
+    least4 = mla_params(BLOCK_T=64, CTAS_PER_SM=2, MIN_SPLIT_TILES=4)
+    assert splits_at(wave, 1, 16, 4096) == 64 and splits_at(least4, 1, 16, 4096) == 16
+    assert splits_at(least4, 32, 16, 4096) == splits_at(wave, 32, 16, 4096) == 8
+    assert splits_at(least4, 1, 16, 4096, target_ctas=1) == 1  # a check's one split is the rule alone
+    adapter = get_adapter("mla_decode")
+    level = adapter.level({"shape": "v3", "heads": 16, "page_size": 64, "context": 4096, "batch": 1})
+    env = adapter.derived_env(level, least4, {})
+    assert env["num_splits"] == 16 and "at least 4 tiles per split" in env["split_rule"]
+    # the launch and its scratch agree on the count, and the output is the reference's (40 tokens, 16-token tiles:
+    # 3 tiles, at most 2 splits at 2 tiles each)
+    params = mla_params(BLOCK_T=16, MIN_SPLIT_TILES=2)
+    q, kv, bt, seq, d_v = make([40, 7], 16, "v4flash", 16, torch.float32)
+    inputs = {"q": q, "kv_cache": kv, "block_table": bt, "seq_lens": seq, "max_seq_len": 40, "d_v": d_v}
+    scratch = adapter.make_scratch(inputs, params)
+    assert scratch["partial_o"].shape[2] == 2
+    out, _ = adapter.launch(inputs, params, scratch=scratch)
+    assert_verbose_allclose(out, mla_decode_reference(q, kv, bt, seq, d_v=d_v), 2e-3, 2e-3)
 
 
 def test_a_register_cap_launches_stage_one_capped_and_stays_correct():
