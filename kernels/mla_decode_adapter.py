@@ -90,6 +90,12 @@ SPEC = TunableSpec(
         Tunable("MIN_SPLIT_TILES", (0, 2, 4, 8), "mst",
                 "0 (the split rule alone) or 2, 4, 8 (no split gets fewer KV tiles than that: fewer partial outputs)",
                 default=0),
+        # the merge kernel's blocks (a second launch, MERGE 0): value columns and splits per program and load;
+        # 0 is the source's own (128 and 32)
+        Tunable("MERGE_BLOCK_DV", (0, 16, 32, 64, 128), "mdv",
+                "0 (the source's 128) or 16, 32, 64, 128 (value columns per merge program)", default=0),
+        Tunable("MERGE_BLOCK_S", (0, 8, 16, 32, 64, 128), "mbs",
+                "0 (the source's 32) or 8-128, a power of two (splits per merge load)", default=0),
         Tunable("PERSISTENT", (0, 1, 2, 3, 4), "pers",
                 "0 (one program per split) or 1-4 (that many programs per SM take splits from a work queue)",
                 default=0),
@@ -124,25 +130,31 @@ class _RegisterCap:
 _CAPPED: dict = {}
 
 
-def capped_launch(maxnreg: int):
+def capped_launch(maxnreg: int, merge_block_dv: int = 0, merge_block_s: int = 0):
     """``mla_decode_launch`` as the imported kernel source has it, with stage 1 launched under a register cap of
-    ``maxnreg`` (0: the function itself, no cap).
-
-    The cap is applied here, not in kernels/mla_decode.py, so that the kernel's code -- whose hash keys the
+    ``maxnreg`` and the merge kernel launched over blocks of ``merge_block_dv`` value columns and
+    ``merge_block_s`` splits (0: the source's own; all three 0: the function itself).
+    They are applied here, not in kernels/mla_decode.py, so that the kernel's code -- whose hash keys the
     recordings a replay serves, and which source patches edit -- is the seed's: the very same launch code runs,
-    with its globals seen through a copy in which the stage-1 kernel carries the cap (nothing is patched in
-    place, so another launch in the process is never capped).  Triton drops ``maxnreg=None``, and the cap is
-    accepted by the interpreter (which ignores it)."""
+    with its globals seen through a copy in which the stage-1 kernel carries the cap and the merge's block
+    constants are the config's (nothing is patched in place, so another launch in the process is never changed).
+    Triton drops ``maxnreg=None``, and the cap is accepted by the interpreter (which ignores it)."""
     import types
 
     from kinv.kernels import mla_decode
 
     fn = mla_decode.mla_decode_launch
-    if not maxnreg:
+    if not (maxnreg or merge_block_dv or merge_block_s):
         return fn
-    key = (id(fn), id(mla_decode._mla_decode_stage1), maxnreg)
+    key = (id(fn), id(mla_decode._mla_decode_stage1), maxnreg, merge_block_dv, merge_block_s)
     if key not in _CAPPED:
-        scope = {**fn.__globals__, "_mla_decode_stage1": _RegisterCap(mla_decode._mla_decode_stage1, maxnreg)}
+        scope = dict(fn.__globals__)
+        if maxnreg:
+            scope["_mla_decode_stage1"] = _RegisterCap(mla_decode._mla_decode_stage1, maxnreg)
+        if merge_block_dv:
+            scope["STAGE2_BLOCK_DV"] = merge_block_dv
+        if merge_block_s:
+            scope["STAGE2_BLOCK_S"] = merge_block_s
         capped = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
         capped.__kwdefaults__ = fn.__kwdefaults__
         _CAPPED[key] = capped
@@ -151,11 +163,12 @@ def capped_launch(maxnreg: int):
 
 def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_stages: int = 2,
                CTAS_PER_SM: int = 0, TMA: int = 0, MERGE: int = 0, PERSISTENT: int = 0, maxnreg: int = 0,
-               MIN_SPLIT_TILES: int = 0) -> Params:  # fmt: skip
+               MIN_SPLIT_TILES: int = 0, MERGE_BLOCK_DV: int = 0, MERGE_BLOCK_S: int = 0) -> Params:  # fmt: skip
     """Launch parameters of the MLA kernel (defaults: the seed's baseline BT16/BH16/w4/s2, no register cap)."""
     values = {"BLOCK_T": BLOCK_T, "BLOCK_H": BLOCK_H, "num_warps": num_warps, "num_stages": num_stages,
               "CTAS_PER_SM": CTAS_PER_SM, "TMA": TMA, "MERGE": MERGE, "PERSISTENT": PERSISTENT,
-              "maxnreg": maxnreg, "MIN_SPLIT_TILES": MIN_SPLIT_TILES}  # fmt: skip
+              "maxnreg": maxnreg, "MIN_SPLIT_TILES": MIN_SPLIT_TILES, "MERGE_BLOCK_DV": MERGE_BLOCK_DV,
+              "MERGE_BLOCK_S": MERGE_BLOCK_S}  # fmt: skip
     return SPEC.resolve(SPEC.validate({**values, "kernel": "mla_decode"}), {})
 
 
@@ -315,7 +328,8 @@ class MLADecodeAdapter(KernelAdapter):
     def launch(self, inputs: dict, params: Params, out=None, scratch=None, target_ctas=None):
         from kinv.kernels import mla_decode
 
-        mla_decode_launch = capped_launch(params.get("maxnreg", 0))
+        mla_decode_launch = capped_launch(params.get("maxnreg", 0), params.get("MERGE_BLOCK_DV", 0),
+                                          params.get("MERGE_BLOCK_S", 0))
 
         if params.get("PERSISTENT", 0) and "PERSISTENT" not in mla_decode._mla_decode_stage1.arg_names:
             # the tunable is declared before the kernel source has it (a source patch brings it): never run a

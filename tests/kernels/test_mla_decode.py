@@ -191,6 +191,8 @@ def test_optional_tunables_left_out_or_at_default_are_the_same_config():
     # the least tiles per split: absent or 0 is the split rule alone and the seed's config
     assert config_hash(validate_config({**seed, "MIN_SPLIT_TILES": 0})) == "a5991bb8b0f6"
     assert describe({**seed, "MIN_SPLIT_TILES": 4}) == "BT16/BH16/w4/s2/mst4"
+    assert config_hash(validate_config({**seed, "MERGE_BLOCK_DV": 0, "MERGE_BLOCK_S": 0})) == "a5991bb8b0f6"
+    assert describe({**seed, "MERGE_BLOCK_DV": 32, "MERGE_BLOCK_S": 64}) == "BT16/BH16/w4/s2/mdv32/mbs64"
     with pytest.raises(ConfigError, match=r"MIN_SPLIT_TILES=3 is invalid"):
         validate_config({**seed, "MIN_SPLIT_TILES": 3})
 
@@ -225,6 +227,25 @@ def test_a_least_tile_count_per_split_caps_the_splits_and_stays_correct():
     scratch = adapter.make_scratch(inputs, params)
     assert scratch["partial_o"].shape[2] == 2
     out, _ = adapter.launch(inputs, params, scratch=scratch)
+    assert_verbose_allclose(out, mla_decode_reference(q, kv, bt, seq, d_v=d_v), 2e-3, 2e-3)
+
+
+def test_the_merge_kernels_blocks_come_from_the_config_and_stay_correct():
+    from kinv.kernels import mla_decode as kernel
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.mla_decode_adapter import capped_launch
+
+    fn = capped_launch(0, 32, 8)
+    assert fn.__code__ is kernel.mla_decode_launch.__code__  # the source's own launch code, its constants the config's
+    assert fn.__globals__["STAGE2_BLOCK_DV"] == 32 and fn.__globals__["STAGE2_BLOCK_S"] == 8
+    assert kernel.STAGE2_BLOCK_DV == 128 and kernel.STAGE2_BLOCK_S == 32  # nothing patched in place
+    # 200 tokens in 16-token tiles at TARGET_CTAS 512: 13 splits a request, merged 8 at a time over 32 value columns
+    adapter = get_adapter("mla_decode")
+    params = mla_params(BLOCK_T=16, MERGE_BLOCK_DV=32, MERGE_BLOCK_S=8)
+    q, kv, bt, seq, d_v = make([200, 7], 16, "v4flash", 16, torch.float32)
+    inputs = {"q": q, "kv_cache": kv, "block_table": bt, "seq_lens": seq, "max_seq_len": 200, "d_v": d_v}
+    assert adapter.make_scratch(inputs, params)["partial_o"].shape[2] == 13
+    out, _ = adapter.launch(inputs, params)
     assert_verbose_allclose(out, mla_decode_reference(q, kv, bt, seq, d_v=d_v), 2e-3, 2e-3)
 
 
