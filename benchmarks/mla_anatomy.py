@@ -42,6 +42,7 @@ def measure(adapter, config, ctx: int, b: int, rounds: int, l2: int) -> dict:
     import torch
 
     from kinv.kernels import mla_decode
+    from kinv.kernels.mla_decode_adapter import capped_launch
 
     dummy = torch.empty(1, device="cuda")
     level = adapter.level({"batch": b, "context": ctx, "shape": "v3", "heads": 16, "page_size": 64})
@@ -57,24 +58,30 @@ def measure(adapter, config, ctx: int, b: int, rounds: int, l2: int) -> dict:
         return lambda: adapter.launch(inputs[i], params, out=outs[i], scratch=scratches[i])
 
     def stage1(i):
+        # the launch function the adapter calls (the source's own, or its copy under the config's register cap and
+        # merge blocks): the merge kernel is left out of the globals that function sees
+        scope = capped_launch(params.get("maxnreg", 0), params.get("MERGE_BLOCK_DV", 0),
+                              params.get("MERGE_BLOCK_S", 0)).__globals__  # fmt: skip
+
         def run():
-            real = mla_decode._mla_decode_stage2
-            mla_decode._mla_decode_stage2 = _NoLaunch()
+            real = scope["_mla_decode_stage2"]
+            scope["_mla_decode_stage2"] = _NoLaunch()
             try:
                 adapter.launch(inputs[i], params, out=outs[i], scratch=scratches[i])
             finally:
-                mla_decode._mla_decode_stage2 = real
+                scope["_mla_decode_stage2"] = real
 
         return run
 
     def stage2(i):
         po, pl, o = scratches[i]["partial_o"], scratches[i]["partial_lse"], outs[i]
-        block_dv = min(mla_decode.STAGE2_BLOCK_DV, 512)
+        block_dv = min(params.get("MERGE_BLOCK_DV", 0) or mla_decode.STAGE2_BLOCK_DV, 512)
+        block_s = params.get("MERGE_BLOCK_S", 0) or mla_decode.STAGE2_BLOCK_S
 
         def run():
             mla_decode._mla_decode_stage2[(b, 16, 512 // block_dv)](
                 po, pl, o, splits, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-                o.stride(0), o.stride(1), BLOCK_S=min(mla_decode.STAGE2_BLOCK_S, triton.next_power_of_2(splits)),
+                o.stride(0), o.stride(1), BLOCK_S=min(block_s, triton.next_power_of_2(splits)),
                 BLOCK_DV=block_dv, num_warps=4, num_stages=1,
             )  # fmt: skip
 
