@@ -16,7 +16,8 @@ compiled by ``--jobs`` workers side by side (Triton's cache keeps the binaries),
 one config at a time, so no two kernels ever share the GPU while timed.
 
 The peer figures are not measured here: they are the best graph-timed configs of vLLM's Triton MLA decode
-kernel on this H200 from docs/gpu.md (same levels, 16 heads, page 64).
+kernel on the H200 from docs/gpu.md (same levels, 16 heads, page 64).  benchmarks/mla_peer.py times the shipped
+file, the peer and the batch-1 floor in one run on whichever card it runs on.
 """
 
 from __future__ import annotations

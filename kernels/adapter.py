@@ -190,8 +190,9 @@ class KernelAdapter(ABC):
 
     def peer(self, level: Level, gpu_name: str | None) -> dict | None:
         """The kernel a user would pick instead, at this level on this GPU, if the adapter ships its figures:
-        ``peers/<name>.json`` beside the adapter's module (``{"peer", "gpu", "us": {level key: µs}}``).
-        Returns ``{"peer", "us"}`` or None (no file, another GPU, a level without a figure)."""
+        ``peers/<name>.json`` beside the adapter's module, ``{"peer", "cards": {card: {level key: µs}}}`` (a card
+        such as "H200" matches a GPU whose name contains it; the older ``{"peer", "gpu", "us"}`` holds one card).
+        Returns ``{"peer", "us"}`` or None (no file, no figures for this GPU, a level without a figure)."""
         import json
 
         path = Path(inspect.getfile(type(self))).resolve().parent / "peers" / f"{self.name}.json"
@@ -199,8 +200,10 @@ class KernelAdapter(ABC):
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
-        us = data.get("us", {}).get(level.key)
-        if not us or not gpu_name or str(data.get("gpu", "")).lower() not in gpu_name.lower():
+        cards = data.get("cards") or {data.get("gpu", ""): data.get("us", {})}
+        figures = next((us for card, us in cards.items() if card and gpu_name and card.lower() in gpu_name.lower()), {})
+        us = figures.get(level.key)
+        if not us:
             return None
         return {"peer": data.get("peer", "peer"), "us": float(us)}
 

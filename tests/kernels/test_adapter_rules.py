@@ -108,3 +108,15 @@ def test_a_replay_close_out_names_the_gpu_its_recordings_name(tmp_path, monkeypa
     assert "NVIDIA B200 recordings" in where, where
     assert titles and "NVIDIA B200" in titles[0], titles
     assert "H200" not in text
+
+
+def test_the_peer_figure_is_the_one_measured_on_the_card_in_use():
+    from kinv.kernels.adapter import get_adapter
+
+    adapter = get_adapter("mla_decode")
+    level = adapter.level({"shape": "v3", "heads": 16, "page_size": 64, "context": 4096, "batch": 32})
+    h200 = adapter.peer(level, "NVIDIA H200")
+    h100 = adapter.peer(level, "NVIDIA H100 80GB HBM3")
+    assert h200 == {"peer": "vLLM Triton MLA decode", "us": 93.1}  # docs/gpu.md's H200 sweep
+    assert h100["peer"] == h200["peer"] and 60 < h100["us"] < 120 and h100["us"] != h200["us"]
+    assert adapter.peer(level, "NVIDIA RTX PRO 6000 Blackwell") is None and adapter.peer(level, None) is None

@@ -1,5 +1,5 @@
 """The close-outs kinv publishes (plans/closeouts/) are true today: each says on its first line which kinv wrote it and
-that its prose predates the derived sentences, and none contradicts its own tables -- the sentences today's summary
+either that its prose predates the derived sentences or that it is as that kinv wrote it, and none contradicts its own tables -- the sentences today's summary
 derives from the verdict rows those tables print agree with what the close-out says."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from kinv.agent.report.summary import LevelVerdict, VariantVerdict, summarize
 
 ROOT = Path(__file__).resolve().parents[3]
 PUBLISHED = sorted((ROOT / "plans" / "closeouts").glob("*.md"))
-HEADER = re.compile(r"> Written by kinv \d+\.\d+\.\d+ on \d{4}-\d\d-\d\d .*prose predates the derived sentences")
+HEADER = re.compile(r"> Written by kinv \d+\.\d+\.\d+ on \d{4}-\d\d-\d\d .*"
+                    r"(prose predates the derived sentences|as that kinv wrote it, premise lines and all)")
 ROW = re.compile(r"^\| (\S+) \|.*\| ([+-]\d+\.\d+)% \[([+-]\d+\.\d+)%, ([+-]\d+\.\d+)%\] \| (\d+\.\d+)% \| "
                  r"(improved|regressed|equivalent|undecided) \|$")  # fmt: skip
 
