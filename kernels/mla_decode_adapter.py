@@ -6,7 +6,7 @@ import math
 import os
 import re
 
-from kinv.kernels.adapter import KernelAdapter, Level, Resources, check_level_values
+from kinv.kernels.adapter import KernelAdapter, Level, Premise, Resources, check_level_values
 from kinv.kernels.devices import DeviceSpec, occupancy
 from kinv.kernels.tunables import Params, Tunable, TunableSpec
 
@@ -249,6 +249,15 @@ def _workload_model():
     return MLAWorkload
 
 
+def _merge_programs(f: dict):
+    """The merge kernel's programs per launch (none where the splits merge in stage 1), from the launch figures of an
+    arm that compiled."""
+    why = f.get("why") or {}
+    if not f.get("compiled") or "ctas" not in why:
+        return None
+    return why.get("merge_programs", 0), why.get("merge_blocks", "merged in stage 1")
+
+
 class MLADecodeAdapter(KernelAdapter):
     name = "mla_decode"
     spec = SPEC
@@ -258,6 +267,9 @@ class MLADecodeAdapter(KernelAdapter):
     example_plan = "plans/3a-attention-occupancy.yaml"
     kernel_files = ("kernels/mla_decode.py",)
     profile_kernels = "_mla_decode_stage1"  # the split-K grid; the merge is a tenth of the time
+    # a variant that targets the merge kernel (its blocks, MERGE_BLOCK_DV / MERGE_BLOCK_S) names this premise: the
+    # builtin parallelism counts stage 1's CTAs, which such a variant leaves as they are
+    premises = {"merge_parallelism": Premise("merge programs", "up", _merge_programs)}
     reference_parts = (
         ("kernels/mla_decode_ref.py", "mla_decode_reference"),
         ("kernels/mla_decode_adapter.py", "MLADecodeAdapter.reference"),
@@ -459,6 +471,11 @@ class MLADecodeAdapter(KernelAdapter):
             "ctas": level.batch * env["head_tiles"] * splits,
             "waves": round(level.batch * env["head_tiles"] * splits / (device.sms * max(1, res.occupancy["ctas_per_sm"])), 2),
         }
+        if not params.get("MERGE", 0):  # the second kernel that merges the splits: its programs and blocks
+            block_dv = min(params.get("MERGE_BLOCK_DV", 0) or 128, d_v)
+            block_s = min(params.get("MERGE_BLOCK_S", 0) or 32, 1 << max(0, splits - 1).bit_length())
+            res.why.update(merge_programs=level.batch * level.heads * (d_v // block_dv),
+                           merge_blocks=f"{block_dv} value columns x {block_s} splits a load")  # fmt: skip
         if params.get("PERSISTENT", 0):  # a fixed set of programs takes the work items from a queue
             items = res.why["ctas"]
             res.why.update(work_items=items, ctas=min(items, device.sms * params.PERSISTENT),

@@ -376,3 +376,21 @@ def test_gpu_bf16_merge_in_stage1(tma, shape, page_size):
     for num_splits in (None, 1, 4, 64):
         run_case([4096, 77, 2049, 1], 16, shape, page_size, torch.bfloat16, 3e-2, 3e-2, params=params,
                  num_splits=num_splits)  # fmt: skip
+
+
+def test_a_variant_of_the_merge_kernels_blocks_moves_its_own_premise_not_stage_ones_ctas():
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.devices import get_device
+
+    adapter = get_adapter("mla_decode")
+    level = adapter.level({"shape": "v3", "heads": 16, "page_size": 64, "context": 4096, "batch": 1})
+    shipped = mla_params(BLOCK_T=64, num_warps=8, CTAS_PER_SM=2, TMA=1)
+    blocks = mla_params(BLOCK_T=64, num_warps=8, CTAS_PER_SM=2, TMA=1, MERGE_BLOCK_DV=16, MERGE_BLOCK_S=128)
+    read = adapter.premises["merge_parallelism"].read
+    figures = [{"compiled": {"ctas_per_sm": 2}, "why": adapter.resources(p, level, get_device("sm_90")).why}
+               for p in (shipped, blocks)]  # fmt: skip
+    assert [f["why"]["ctas"] for f in figures] == [64, 64]  # stage 1 as it was: the builtin premise cannot see it
+    assert read(figures[0]) == (64, "128 value columns x 32 splits a load")  # 1 request x 16 heads x 4 blocks
+    assert read(figures[1]) == (512, "16 value columns x 64 splits a load")  # 64 splits: one load of all of them
+    merged = {"compiled": {"ctas_per_sm": 2}, "why": adapter.resources(mla_params(MERGE=1), level, get_device("sm_90")).why}
+    assert read(merged) == (0, "merged in stage 1") and read({"compiled": None, "why": figures[0]["why"]}) is None
