@@ -18,7 +18,7 @@ batch-1 launch can cost on this card.
 Every arm is timed the same way: one CUDA graph of one launch per input set, enough sets that they do not fit in L2,
 replayed; ``--rounds`` rounds, every arm once per round in turn; the median per arm. Each arm's output is checked
 against kinv's reference on its first input set before it is timed. Needs a GPU; torch, triton and the standard
-library only (it runs on the GPU machine as it is).
+library only (it runs on the GPU machine as it is); the copy bandwidth is the benchmark worker's own measurement.
 """
 
 from __future__ import annotations
@@ -165,27 +165,6 @@ def graph_us(launches: list, reps: int) -> float:
     return s.elapsed_time(e) * 1000 / (reps * len(launches))
 
 
-def copy_gbps() -> float:
-    """Device-to-device copy of 2 GiB, bytes read + written (the figure kinv's roofline uses)."""
-    import torch
-
-    n = 2 * 2**30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(20):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        dst.copy_(src)
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1000)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * n / statistics.median(times) / 1e9
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer-source", required=True, help="vLLM's triton_decode_attention.py")
@@ -227,7 +206,9 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20)
     t0 = time.time()
-    copy = copy_gbps()
+    from kinv.agent.tools.worker.bench_worker import Worker
+
+    copy = Worker().copy_bandwidth({"mib": 2048})["gbps"]  # as kinv's roofline measures it
     print(f"# {props.name}  copy bandwidth {copy:.0f} GB/s  L2 {l2 / 2**20:.0f} MiB", flush=True)
     result = {"gpu": props.name, "copy_gbps": copy, "rounds": args.rounds, "peer_source": str(peer_path),
               "peer_space": PEER_SPACE, "configs": configs, "levels": [], "floor": {}}  # fmt: skip

@@ -351,7 +351,9 @@ class MLADecodeAdapter(KernelAdapter):
         return mla_decode_launch(
             inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], params,
             d_v=inputs["d_v"], max_seq_len=inputs["max_seq_len"], out=out, target_ctas=target_ctas,
-            scratch=scratch, **self._split_count(inputs, params, target_ctas),
+            scratch=scratch,
+            # the adapter's split count (splits_at), unless the caller sized the splits itself (target_ctas)
+            num_splits=None if target_ctas is not None else splits_at(params, *inputs["q"].shape[:2], inputs["max_seq_len"]),
         )  # fmt: skip
 
     def make_output(self, inputs: dict, params: Params):
@@ -366,15 +368,6 @@ class MLADecodeAdapter(KernelAdapter):
         b, h, _ = inputs["q"].shape
         splits = splits_at(params, b, h, inputs["max_seq_len"], target_ctas)
         return mla_decode_scratch(b, h, splits, inputs["d_v"], inputs["q"].device)
-
-    @staticmethod
-    def _split_count(inputs: dict, params: Params, target_ctas) -> dict:
-        """The launch's ``num_splits`` where the adapter's rule differs from the kernel's own (MIN_SPLIT_TILES);
-        otherwise nothing, and the kernel sizes its splits itself."""
-        if target_ctas is not None or not params.get("MIN_SPLIT_TILES", 0):
-            return {}
-        b, h, _ = inputs["q"].shape
-        return {"num_splits": splits_at(params, b, h, inputs["max_seq_len"])}
 
     def reference(self, inputs: dict):
         from kinv.kernels.mla_decode_ref import mla_decode_reference
@@ -472,8 +465,10 @@ class MLADecodeAdapter(KernelAdapter):
             "waves": round(level.batch * env["head_tiles"] * splits / (device.sms * max(1, res.occupancy["ctas_per_sm"])), 2),
         }
         if not params.get("MERGE", 0):  # the second kernel that merges the splits: its programs and blocks
-            block_dv = min(params.get("MERGE_BLOCK_DV", 0) or 128, d_v)
-            block_s = min(params.get("MERGE_BLOCK_S", 0) or 32, 1 << max(0, splits - 1).bit_length())
+            from kinv.kernels.mla_decode import STAGE2_BLOCK_DV, STAGE2_BLOCK_S
+
+            block_dv = min(params.get("MERGE_BLOCK_DV", 0) or STAGE2_BLOCK_DV, d_v)
+            block_s = min(params.get("MERGE_BLOCK_S", 0) or STAGE2_BLOCK_S, 1 << max(0, splits - 1).bit_length())
             res.why.update(merge_programs=level.batch * level.heads * (d_v // block_dv),
                            merge_blocks=f"{block_dv} value columns x {block_s} splits a load")  # fmt: skip
         if params.get("PERSISTENT", 0):  # a fixed set of programs takes the work items from a queue
