@@ -287,6 +287,25 @@ class KernelAdapter(ABC):
         fixed placement of them biases an arm (docs/gpu.md, "memory placement")."""
         return None
 
+    #: the inputs that change from one step to the next in real use (a decode step's queries, a matmul's
+    #: activations): the timing harness writes new values into them on the device before every timed launch, so
+    #: no timed launch reads what an earlier one read.  Empty: the smallest floating-point input (:meth:`fresh_names`).
+    fresh_inputs: tuple[str, ...] = ()
+
+    def fresh_names(self, inputs: dict) -> list[str]:
+        """The inputs the harness refreshes before each timed launch: :attr:`fresh_inputs`, else the smallest
+        floating-point tensor among ``inputs`` (the one whose change a cache of outputs cannot ignore, at the least
+        cost); none where no input is a floating-point tensor."""
+        if self.fresh_inputs:
+            missing = [n for n in self.fresh_inputs if n not in inputs]
+            if missing:
+                raise ValueError(f"fresh_inputs names {', '.join(map(repr, missing))}, not among the inputs "
+                                 f"({', '.join(sorted(inputs))})")  # fmt: skip
+            return list(self.fresh_inputs)
+        floats = [(t.numel(), k) for k, t in inputs.items()
+                  if hasattr(t, "is_floating_point") and t.is_floating_point() and t.numel() > 0]  # fmt: skip
+        return [min(floats)[1]] if floats else []
+
     @abstractmethod
     def reference(self, inputs: dict):
         """The float32 reference output for the same inputs."""

@@ -265,6 +265,7 @@ class MLADecodeAdapter(KernelAdapter):
     max_local_heads = MAX_LOCAL_HEADS
     throughput_unit = "tok/s"
     example_plan = "plans/3a-attention-occupancy.yaml"
+    fresh_inputs = ("q",)  # the decode step's queries: the KV cache stays, the queries are new every step
     kernel_files = ("kernels/mla_decode.py",)
     profile_kernels = "_mla_decode_stage1"  # the split-K grid; the merge is a tenth of the time
     # a variant that targets the merge kernel (its blocks, MERGE_BLOCK_DV / MERGE_BLOCK_S) names this premise: the

@@ -75,6 +75,7 @@ class MoEExpertGemmAdapter(KernelAdapter):
     level_dims = ("tokens", "experts", "top_k", "hidden", "n")
     throughput_unit = "TFLOP/s"
     example_plan = "plans/4a-expert-gemm-tiles.yaml"
+    fresh_inputs = ("x",)  # the tokens' activations: the expert weights stay, the activations are new every step
     kernel_files = ("kernels/moe_expert_gemm.py",)
     profile_kernels = "_moe_expert_gemm_kernel"
     reference_parts = (

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kinv import IMPORT_ROOT
-from kinv.agent.tools.backends import base
+from kinv.agent.tools.worker import hashes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,14 +63,14 @@ def test_a_baseline_snapshot_shadows_the_live_kernel_package_in_a_child_started_
     f = snap / "kinv" / "kernels" / "mla_decode.py"
     f.write_text(f.read_text() + "\nSNAPSHOT_OWN_CODE = 1\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(snap), IMPORT_ROOT]))
-    code = ("import kinv.kernels.mla_decode as m\nfrom kinv.agent.tools.worker import bench_worker as w\n"
+    code = ("import kinv.kernels.mla_decode as m\nfrom kinv.agent.tools.worker import hashes as w\n"
             "from kinv.kernels.adapter import get_adapter\n"
             "print(m.__file__)\nprint(w.kernel_source_hash(get_adapter('mla_decode')))")  # fmt: skip
     r = _py(code, env, ROOT)  # the checkout is the cwd, as for kinv's workers: -P keeps it behind the snapshot
     assert r.returncode == 0, r.stderr
     module_file, khash = r.stdout.split()
     assert Path(module_file) == f
-    assert khash != base.kernel_hash("mla_decode")  # the baseline arm would time the snapshot, not the live file
+    assert khash != hashes.kernel_hash("mla_decode")  # the baseline arm would time the snapshot, not the live file
 
 
 def test_a_source_checkout_imports_kinv_with_nothing_installed():

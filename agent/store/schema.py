@@ -213,6 +213,14 @@ def m012_regressions(db: sqlite_utils.Database) -> None:
     db["regress_levels"].create_index(["kernel", "regression"])
 
 
+@migration
+def m013_sample_refresh(db: sqlite_utils.Database) -> None:
+    """What a sample's fresh inputs cost (the fills' own time, taken out of ``us``) and any other GPU work seen
+    beside it (NVML): a level whose samples saw some is voided."""
+    db["samples"].add_column("refresh_us", float)
+    db["samples"].add_column("foreign", str)
+
+
 def _throughput_unit(kernel: str | None) -> str | None:
     if not kernel:
         return None

@@ -378,7 +378,7 @@ def record_replay(store: Store, exp_id: int, arms: dict[str, str], config: dict,
     import gzip
     import time
 
-    from kinv.agent.tools.backends.base import kernel_hash
+    from kinv.agent.tools.worker.hashes import kernel_hash
     from kinv.kernels.launch_config import config_hash, describe
 
     exp = store.experiment(exp_id)

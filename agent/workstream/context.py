@@ -16,6 +16,7 @@ from kinv.agent.store import Store
 from kinv.agent.tools.backends import base
 from kinv.agent.tools.files import configs
 from kinv.agent.tools.measure import bench
+from kinv.agent.tools.worker import hashes
 from kinv.agent.words import Approval
 from kinv.agent.workstream import planner
 from kinv.kernels.adapter import Level, get_adapter
@@ -244,7 +245,7 @@ def _snapshot(ctx: Context) -> Path:
     hash it reports must be the snapshot's name)."""
     from kinv.agent.tools.files.snapshot import materialize, package_files
 
-    dest = ctx.store.dir / "snapshots" / base.kernel_hash(ctx.plan.kernel)
+    dest = ctx.store.dir / "snapshots" / hashes.kernel_hash(ctx.plan.kernel)
     return materialize(package_files(ctx.adapter.package_dir()), dest, ctx.adapter.package_name())
 
 

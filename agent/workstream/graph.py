@@ -21,9 +21,9 @@ from kinv.agent import faults
 from kinv.agent.errors import InvestigationError, PatchError
 from kinv.agent.fmt import kv
 from kinv.agent.plan import Plan
-from kinv.agent.tools.backends.base import harness_hash, kernel_hash, reference_hash
 from kinv.agent.tools.files import configs
 from kinv.agent.tools.measure import correctness, envcheck, protocol, resources, sequential
+from kinv.agent.tools.worker.hashes import harness_hash, kernel_hash, kernel_reference_hash
 from kinv.agent.words import MEASURED_VERDICTS, Approval
 from kinv.agent.workstream import planner
 from kinv.agent.workstream.context import (
@@ -114,7 +114,7 @@ def setup(state: State, runtime: Runtime[Context]) -> dict:
         )
     store.update_workstream(ws, baseline_hash=configs.sha(ctx.config_path), status="running")
     hashes = state.get("baseline_hashes") or {
-        "harness": harness_hash(), "reference": reference_hash(plan.kernel),
+        "harness": harness_hash(), "reference": kernel_reference_hash(plan.kernel),
         "kernel": kernel_hash(plan.kernel), "snapshot": str(_snapshot(ctx)),
     }  # fmt: skip
     planner.init_todos(store, plan)

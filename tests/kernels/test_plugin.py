@@ -189,8 +189,9 @@ def _recording(path: Path, env: dict, kernel: str = "tiled_matmul", cwd: Path = 
     plan names it (a registered name, or package.module:Class importable from ``cwd``)."""
     code = textwrap.dedent("""
         import json, sys
-        from kinv.agent.tools.worker import bench_worker
-        from kinv.agent.tools.backends.base import kernel_hash, reference_hash
+        from kinv.agent.tools.worker import hashes
+        from kinv.agent.tools.worker.hashes import kernel_hash
+        from kinv.agent.tools.worker.hashes import kernel_reference_hash as reference_hash
         from kinv.kernels.adapter import get_adapter
         from kinv.kernels.launch_config import config_hash
         kernel = sys.argv[1]
@@ -198,7 +199,7 @@ def _recording(path: Path, env: dict, kernel: str = "tiled_matmul", cwd: Path = 
         base = a.validate_config({"kernel": "tiled_matmul", "TILE_M": 16, "TILE_N": 16, "TILE_K": 16, "num_warps": 1})
         var = a.validate_config({**base, "TILE_N": 32})
         print(json.dumps({"kernel_hash": kernel_hash(kernel), "reference_hash": reference_hash(kernel),
-                          "harness_hash": bench_worker.harness_hash(), "base": base, "var": var,
+                          "harness_hash": hashes.harness_hash(), "base": base, "var": var,
                           "hb": config_hash(base), "hv": config_hash(var)}))
     """)
     info = json.loads(subprocess.run([sys.executable, "-c", code, kernel], env=env, capture_output=True, text=True,

@@ -450,8 +450,9 @@ def _synthetic(path: Path, hashes: dict, base: dict, variants: dict[str, tuple[d
 
 def test_replay_serves_a_plugins_own_recordings_with_their_own_banner_and_copy_bandwidth(example, monkeypatch):
     from kinv.agent.errors import NoRecording
-    from kinv.agent.tools.backends.base import harness_hash, kernel_hash, reference_hash
     from kinv.agent.tools.backends.replay import ReplayBackend
+    from kinv.agent.tools.worker.hashes import harness_hash, kernel_hash
+    from kinv.agent.tools.worker.hashes import kernel_reference_hash as reference_hash
 
     monkeypatch.delenv("KINV_RECORDINGS", raising=False)
     a = _adapter()
@@ -518,7 +519,8 @@ HASHES = textwrap.dedent("""
     import json, sys
     from kinv.agent.plan import load_plan
     from kinv.agent.tools.measure import bench
-    from kinv.agent.tools.backends.base import harness_hash, kernel_hash, reference_hash
+    from kinv.agent.tools.worker.hashes import harness_hash, kernel_hash
+    from kinv.agent.tools.worker.hashes import kernel_reference_hash as reference_hash
     plan, _ = load_plan(sys.argv[1])
     print(json.dumps({"harness": harness_hash(), "kernel": kernel_hash(plan.kernel),
                       "reference": reference_hash(plan.kernel), "base": {**plan.baseline, "kernel": plan.adapter.name},

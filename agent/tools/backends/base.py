@@ -17,13 +17,11 @@ to a backend; a backend only says how one round is timed (:meth:`Backend.sample_
 
 from __future__ import annotations
 
-import hashlib
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from kinv.agent.tools.worker import bench_worker
-from kinv.kernels.adapter import KERNELS_DIR, Level, get_adapter
+from kinv.kernels.adapter import KERNELS_DIR, Level
 from kinv.kernels.launch_config import config_hash
 
 RECORDINGS = KERNELS_DIR / "recordings"
@@ -36,40 +34,6 @@ ROUND_SEED0 = 1000
 def round_seed(round_index: int) -> int:
     """The input seed of round ``round_index``, the same for every arm of the round."""
     return ROUND_SEED0 + round_index
-
-def harness_hash() -> str:
-    """Hash of the timing harness (the worker's own file)."""
-    return bench_worker.harness_hash()
-
-
-_REFERENCE_HASHES: dict[bytes, str] = {}  # the reference files' bytes digest -> their reference hash
-
-
-def _reference_files(adapter) -> bytes:
-    h = hashlib.sha256()
-    for f, qualname in adapter.reference_parts:
-        path = adapter.root() / f
-        h.update(f"{f}:{qualname}\0".encode() + (path.read_bytes() if path.is_file() else b"<missing>"))
-    return h.digest()
-
-
-def reference_hash(kernel: str) -> str:
-    """Hash of the kernel's reference and metric definitions as they are on disk now.  The files are read at every
-    call; their sources are parsed again only when their bytes changed (a run asks at every measurement)."""
-    adapter = get_adapter(kernel)
-    before = _reference_files(adapter)
-    if before not in _REFERENCE_HASHES:
-        value = bench_worker.reference_hash(adapter)
-        if _reference_files(adapter) != before:  # edited while it was parsed: do not keep it under either text
-            return value
-        _REFERENCE_HASHES[before] = value
-    return _REFERENCE_HASHES[before]
-
-
-def kernel_hash(kernel: str) -> str:
-    """Hash of the kernel's source files as they are on disk now (a source patch changes it)."""
-    return bench_worker.kernel_source_hash(get_adapter(kernel))
-
 
 def gpu_visible() -> bool:
     if os.environ.get("KINV_FORCE_NO_GPU"):

@@ -103,15 +103,15 @@ class RayBackend(Backend):
     def open(self, name, kernel, config, env, replica=None, pythonpath=None, partner=None, role="variant", judge_path=None):
         from pathlib import Path
 
-        from kinv.agent.tools.backends import base
         from kinv.agent.tools.files.snapshot import package_files
+        from kinv.agent.tools.worker import hashes
         from kinv.kernels.adapter import get_adapter
 
         adapter = get_adapter(kernel)
         if pythonpath:  # the baseline snapshot: its directory is named by its source hash
             src, src_hash = Path(pythonpath[0]) / Path(*adapter.package_name().split(".")), Path(pythonpath[0]).name
         else:
-            src, src_hash = adapter.package_dir(), base.kernel_hash(kernel)
+            src, src_hash = adapter.package_dir(), hashes.kernel_hash(kernel)
         spec = {"name": name, "kernel": kernel, "config": config, "env": dict(env), "replica": replica,
                 "partner": partner, "role": role, "files": package_files(src), "src_hash": src_hash,
                 "package": adapter.package_name(), "snapshot_arm": bool(pythonpath)}  # fmt: skip

@@ -12,8 +12,9 @@ import os
 from pathlib import Path
 
 from kinv.agent.errors import BackendError, NoRecording
-from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend, kernel_hash
+from kinv.agent.tools.backends.base import RECORDINGS, Arm, Backend
 from kinv.agent.tools.backends.replay_index import Recording
+from kinv.agent.tools.worker.hashes import kernel_hash
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.launch_config import config_hash, describe, effective
 

@@ -13,8 +13,9 @@ import statistics
 from collections.abc import Callable
 
 from kinv.agent.tools import backends
-from kinv.agent.tools.backends.base import Backend, harness_hash, reference_hash
+from kinv.agent.tools.backends.base import Backend
 from kinv.agent.tools.measure.protocol import RoundLoop, sample_row
+from kinv.agent.tools.worker.hashes import harness_hash, kernel_reference_hash
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.launch_config import describe
 
@@ -53,7 +54,7 @@ def measure_config(store, exp_id, backend: Backend, kernel: str, config: dict, e
     unit; all stored."""
     adapter = get_adapter(kernel)
     copy = backend.copy_bandwidth()
-    hashes = (harness_hash(), reference_hash(kernel))
+    hashes = (harness_hash(), kernel_reference_hash(kernel))
     arm = backend.open("config", kernel, config, env)
     device = store.device(arm.fingerprint) if arm.fingerprint else None
     out = []

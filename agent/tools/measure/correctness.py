@@ -61,6 +61,10 @@ WATCHED = (
     ("kinv.agent.tools.measure.correctness", "_check_level"), ("kinv.agent.tools.measure.correctness", "check"),
     ("kinv.agent.tools.measure.correctness", "code_changed"), ("kinv.agent.tools.measure.correctness", "code_snapshot"),
     ("kinv.agent.tools.measure.correctness", "_fingerprint"),
+    ("kinv.agent.tools.worker.shared", "yardstick"), ("kinv.agent.tools.worker.shared", "share"),
+    ("kinv.agent.tools.worker.shared", "empty_like"), ("kinv.agent.tools.worker.refresh", "fill"),
+    ("kinv.agent.tools.worker.refresh", "moments"), ("kinv.agent.tools.worker.refresh", "counter"),
+    ("kinv.agent.tools.worker.refresh", "_fill_kernel.fn"), ("kinv.agent.tools.worker.refresh", "_mix.fn"),
 )
 
 
@@ -134,10 +138,11 @@ def _watched() -> dict[str, object]:
     if main is not None and getattr(main, "__spec__", None) and main.__spec__.name == "kinv.agent.tools.worker.bench_worker":
         worker = main  # a worker runs as ``python -m kinv.agent.tools.worker.bench_worker``: its module is __main__
     if worker is not None and hasattr(worker, "Worker"):  # the worker's own request handlers and timing code
-        for name, fn in vars(worker.Worker).items():
-            if callable(fn) or isinstance(fn, staticmethod):
-                out[f"bench_worker.Worker.{name}"] = getattr(worker.Worker, name)
-        for name in ("main", "yardstick", "_empty_like", "_refill"):
+        for cls in worker.Worker.__mro__[:-1]:  # its own and those it takes from kinv's (the judge's requests)
+            for name, fn in vars(cls).items():
+                if callable(fn) or isinstance(fn, staticmethod):
+                    out[f"bench_worker.{cls.__name__}.{name}"] = getattr(worker.Worker, name)
+        for name in ("main", "_graph_token"):
             if hasattr(worker, name):
                 out[f"bench_worker.{name}"] = getattr(worker, name)
     return out

@@ -31,8 +31,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kinv.agent.tools.backends.base import Arm, Backend, harness_hash, reference_hash
+from kinv.agent.tools.backends.base import Arm, Backend
 from kinv.agent.tools.measure import noise, stats
+from kinv.agent.tools.worker.hashes import harness_hash, kernel_reference_hash
 from kinv.kernels.adapter import Level
 
 LOST_SHARE = 0.25
@@ -213,7 +214,7 @@ def sample_row(exp_id, arm, level: Level, round_index: int, tag: str, s: dict, b
         "us": s["us"], "replays": s.get("replays"), "gpu_s": s.get("gpu_s"), "harness_hash": hashes[0],
         "reference_hash": hashes[1], "env": {"seen": arm.env_seen, "derived": s.get("derived_env", {})},
         "backend": backend, "device": device, "place": s.get("place"), "yard_gbps": s.get("yard_gbps"),
-        "t": time.time(),
+        "refresh_us": s.get("refresh_us"), "foreign": s.get("foreign") or None, "t": time.time(),
     }  # fmt: skip
 
 
@@ -256,7 +257,7 @@ def store_round(store, exp_id, backend: Backend, arms: Sequence[Arm], rnd: Round
     others' rows committed together (a killed run resumes from the committed rounds).  Every row carries the
     harness and reference hashes as they are on disk during the round (a variant that changes either is caught).
     Returns ``{level: [us of arm j]}`` of the levels kept."""
-    hashes = (harness_hash(), reference_hash(arms[0].kernel))
+    hashes = (harness_hash(), kernel_reference_hash(arms[0].kernel))
     rows, out = [], {}
     for level in levels:
         if record_lost(store, exp_id, level, rnd, arms, lost):

@@ -393,7 +393,7 @@ def _snapshots(job: _Job, where: Path) -> None:
         job.base_path = [str(revisions.write_tree(job.base_files, where / job.adapter.name / "base"))]
         job.head_path = [str(revisions.write_tree(job.head_files, where / job.adapter.name / "head"))]
         return
-    from kinv.agent.tools.worker.bench_worker import kernel_source_hash
+    from kinv.agent.tools.worker.hashes import kernel_source_hash
 
     for side in ("base", "head"):
         files = getattr(job, f"{side}_files")
@@ -404,7 +404,7 @@ def _snapshots(job: _Job, where: Path) -> None:
 def _same_code(a: bytes, b: bytes) -> bool:
     """Two versions of a kernel source file run the same code (comments and docstrings aside: the kernel source
     hash's rule)."""
-    from kinv.agent.tools.worker.bench_worker import code_text
+    from kinv.agent.tools.worker.hashes import code_text
 
     return code_text(a.decode(errors="replace")) == code_text(b.decode(errors="replace"))
 

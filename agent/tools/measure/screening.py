@@ -65,8 +65,8 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
     whose worker fails is dropped from the shard, failed with the reason.
     """
     from kinv.agent.errors import NoRecording, VariantFailed
-    from kinv.agent.tools.backends.base import harness_hash, reference_hash
     from kinv.agent.tools.measure import bench
+    from kinv.agent.tools.worker.hashes import harness_hash, kernel_reference_hash
     from kinv.kernels.adapter import get_adapter
 
     _fault("screen", where)
@@ -99,7 +99,7 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
             else:
                 keys.append(h)
                 arms.append(arm)
-        hashes = (harness_hash(), reference_hash(kernel))
+        hashes = (harness_hash(), kernel_reference_hash(kernel))
         times = {h: {lv.key: ([], []) for lv in lvs} for h in keys[1:]}  # (incumbent, candidate) per paired round
 
         def sample_round(arms_now, levels, round_index, orders):

@@ -8,11 +8,13 @@ is written into the live file) all call :func:`run`, and nothing else decides a 
    gate node), judged by the judge, a process that never imported the variant (agent/tools/measure/judge.py);
 2. **the environment check** of each arm's own process, as it starts;
 3. **the A/A offsets** the intervals widen by (a caller without an A/A says so: the rule is then skipped, in words);
-4. **the sequential rounds** (paired ABBA, sequential looks), each arm's first and last timed capture and a drawn
-   share of the others checked by the judge on new inputs (a refused one: the variant is incorrect);
+4. **the sequential rounds** (paired ABBA, sequential looks), every other process kinv started stopped while an
+   arm is timed; the outputs that each arm's first and last samples' timed replays left, and a drawn share of the
+   others', judged on the inputs those replays read (a refused one: the variant is incorrect);
 5. **the integrity check**: every sample was timed under the baseline's harness and reference;
 6. **the plausibility rule**: no level faster than the roofline of the card's ceilings (measured on the card by the
-   judge), no level whose timed working set fits in L2, no sample whose yardstick beat the card's copy;
+   judge), no level whose timed working set fits in L2, no sample whose yardstick beat the card's copy, no
+   sample timed beside other GPU work (NVML);
 7. **the verdict and the ledger**, stored on the experiment with which rules ran and which were skipped.
 
 A rule a path skips is named in :attr:`Outcome.skipped`, stored with the experiment and shown by its close-out.
@@ -27,8 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kinv.agent.errors import Incorrect, NoRecording, Tampered, VariantFailed
-from kinv.agent.tools.backends.base import Backend, harness_hash, reference_hash
+from kinv.agent.tools.backends.base import Backend
 from kinv.agent.tools.measure import correctness, envcheck, plausibility, protocol
+from kinv.agent.tools.worker.hashes import harness_hash, kernel_reference_hash
 from kinv.kernels.adapter import Level, get_adapter
 
 YARD_MARGIN = 1.08
@@ -36,7 +39,7 @@ YARD_MARGIN = 1.08
 the card's copy of the same size measured by the judge: beyond, the timer that read it is not to be believed."""
 
 RULES = ("correctness gate", "environment check", "A/A offsets", "sequential rounds", "timed outputs checked",
-         "integrity", "plausibility", "yardstick")  # fmt: skip
+         "integrity", "plausibility", "yardstick", "no other GPU work")  # fmt: skip
 
 
 @dataclass
@@ -120,6 +123,17 @@ def yardstick_flags(samples: list[dict], ceilings: dict, names: dict[str, str]) 
     return out
 
 
+def foreign_flags(samples: list[dict], names: dict[str, str]) -> dict[str, str]:
+    """``{level: why}`` for every level with a sample that saw other GPU work beside it even after it was timed
+    again (NVML, agent/tools/worker/neighbours.py): its time is not the kernel's alone."""
+    out: dict[str, str] = {}
+    for s in samples:
+        if s.get("foreign") and s["level"] not in out:
+            out[s["level"]] = (f"the {names.get(s['arm'], s['arm'])} arm's round {s['round'] + 1} was timed beside "
+                               f"other work on the GPU ({s['foreign']})")  # fmt: skip
+    return out
+
+
 def matrix_peak(ceilings: dict, fallback: float | None) -> tuple[float | None, str]:
     """The matrix peak the plausibility rule uses: the best measured on the card, else the device table's constant
     (said as such)."""
@@ -143,7 +157,7 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
     t0 = time.time() if t0 is None else t0
     adapter = get_adapter(kernel)
     var_env = env if var_env is None else var_env
-    hashes = baseline_hashes or {"harness": harness_hash(), "reference": reference_hash(kernel)}
+    hashes = baseline_hashes or {"harness": harness_hash(), "reference": kernel_reference_hash(kernel)}
     skipped: list[str] = []
     device = check_device or {"cuda": "cuda", "command": "command"}.get(backend.name, "cpu")
 
@@ -216,6 +230,12 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
     ceilings = {**ceilings, "matrix_peak": peak, "matrix_source": peak_source}
     if not any(s.get("yard_gbps") for s in samples):
         skipped.append(f"yardstick: the {backend.name} backend's samples carry none")
+    if backend.name == "cuda":
+        from kinv.agent.tools.backends.cuda import watch_note
+
+        if watch_note():
+            skipped.append(f"no other GPU work: {watch_note()}; other processes kinv started were still stopped "
+                           "while each arm was timed")  # fmt: skip
     if not verified and backend.name != "cuda":
         skipped.append(f"timed outputs checked: the {backend.name} backend replays or runs no capture to check")
     void = integrity(store, exp_id, hashes)
@@ -224,7 +244,7 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
         timed = (json.loads(store.experiment(exp_id).get("resources") or "{}")).get("timed")
         flagged = plausibility.flags(adapter, levels, rows, ceilings.get("copy_gbps"), peak, timed)
         tag = {"A": names[0], "B": names[1]}
-        for lv, why in yardstick_flags(samples, ceilings, tag).items():
+        for lv, why in [*yardstick_flags(samples, ceilings, tag).items(), *foreign_flags(samples, tag).items()]:
             flagged[lv] = f"{flagged[lv]}; {why}" if lv in flagged else why
         if flagged:
             void = plausibility.void_reason(flagged, label)
@@ -238,4 +258,5 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
                    skipped=skipped, ceilings=ceilings, verified=verified)  # fmt: skip
 
 
-__all__ = ["RULES", "YARD_MARGIN", "YARD_PAIR_MARGIN", "Outcome", "failure_kind", "integrity", "matrix_peak", "run", "yardstick_flags"]
+__all__ = ["RULES", "YARD_MARGIN", "YARD_PAIR_MARGIN", "Outcome", "failure_kind", "foreign_flags", "integrity",
+           "matrix_peak", "run", "yardstick_flags"]

@@ -17,8 +17,8 @@ Requests
 ``{"op": "sample", "key", "seed"}``              re-set (inputs from seed), one sample: median of >= 20 replays, >= 25 ms
 ``{"op": "check", "kernel", "config", "levels", "seed", "device"}``  the correctness gate, in this process
 ``{"op": "compile", "kernel", "config", "level"}``  compile and launch once (no timing): the compiler's resources
-``{"op": "verify", "key", "seed"}``             the timed graph replayed on new inputs written into its own
-                                                buffers, its outputs saved for the judge
+``{"op": "collect", "key"}``                    the outputs the last sample's timed replays left, handed to the
+                                                judge with the inputs those replays read (nothing is replayed)
 ``{"op": "copy_bandwidth", "mib": 2048}``       device-to-device copy GB/s
 The judge's requests (a worker that never set up or checked a kernel; agent/tools/measure/judge.py):
 ``{"op": "settle", "kernel", "result"}``        a deferred check judged here
@@ -26,8 +26,8 @@ The judge's requests (a worker that never set up or checked a kernel; agent/tool
 ``{"op": "ceilings"}``                          copy bandwidth, the yardstick's, matrix peak per dtype
 ``{"op": "exit"}``
 
-Nothing in this process judges a kernel it launched: outputs are saved to a file and judged by the judge, a
-process that never imported the kernel under test.  What this process does time, it checks: every function it
+Nothing in this process judges a kernel it launched: outputs are handed over (CUDA IPC handles on a GPU) and judged
+by the judge, a process that never imported the kernel under test (:mod:`.judging`).  What this process does time, it checks: every function it
 relies on (its timer, torch's and the standard library's functions it calls, its own handlers) is fingerprinted
 before any kernel module is imported and compared after every set-up and sample (a kernel that rebinds one, or
 changes its code in place, is caught and named), and every sample also times a yardstick, a device copy of a
@@ -37,7 +37,11 @@ believed.
 Timing (docs/gpu.md, "Timing"): each level's launches are captured in one CUDA
 graph; the graph cycles through enough input sets that their KV exceeds 3x
 the L2, so no launch reads its KV from L2 (stated as ``l2`` in the setup
-reply).  A sample is the median over ``replays`` event-timed replays of
+reply).  Before each launch the graph writes new values into the adapter's fresh
+inputs (:mod:`.refresh`), so no timed launch reads what an earlier one read; the
+fills' own time is measured in every sample by a graph of the fills alone and taken
+out (``refresh_us``).  The outputs the timed replays leave are what the judge checks
+(``collect``): nothing is refilled or poisoned right before a timed replay.  A sample is the median over ``replays`` event-timed replays of
 the graph (at least 20, and enough for 25 ms of GPU time so that a request's
 fixed cost stays under 5%), divided by the launches in it.
 
@@ -52,115 +56,26 @@ whole run (the old protocol, kept to measure the difference).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import traceback
-from pathlib import Path
 
-from kinv.agent.tools.measure.correctness import _clone, _poison, code_changed, code_snapshot, judge
+from kinv.agent.tools.measure.correctness import _clone, _poison, code_changed, code_snapshot
+from kinv.agent.tools.worker import refresh
+from kinv.agent.tools.worker.hashes import harness_hash, kernel_source_hash, reference_hash
+from kinv.agent.tools.worker.judging import JudgeOps
+from kinv.agent.tools.worker.shared import empty_like, share, yardstick
 
 MIN_REPLAYS = 20
 TARGET_REPLAY_US = 400.0  # a replay should run long enough to dwarf event jitter
 MIN_SAMPLE_MS = 25.0  # a sample's replays should dwarf the fixed cost of a request (pipe, events, sync)
 MAX_LAUNCHES = 512
-YARD_MIB = 256  # the yardstick: a device copy of this size, timed in every sample with the sample's own events
-YARD_REPS = 3
-
-
-def code_text(text: str) -> str:
-    """A Python file's code without what never runs: comments, docstrings, blank lines and trailing spaces.
-
-    Rewording a docstring or a comment leaves a file's hash, and so the recordings keyed by it, as they were;
-    any change to code changes it.  Positions come from ``tokenize`` (comments) and ``ast`` (docstrings),
-    which agree across Python versions, so a GPU worker and a CPU machine hash the same file alike.  Text
-    that does not parse is returned whole (hashed byte for byte)."""
-    import ast
-    import io
-    import tokenize
-
-    try:
-        tree = ast.parse(text)
-        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
-    except (SyntaxError, tokenize.TokenError, ValueError):
-        return text
-    cuts = [(t.start, t.end) for t in tokens if t.type == tokenize.COMMENT]
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body:
-            first = body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                cuts.append(((first.lineno, first.col_offset), (first.end_lineno, first.end_col_offset)))
-    lines = text.splitlines()
-    for (r0, c0), (r1, c1) in sorted(cuts, reverse=True):
-        head, tail = lines[r0 - 1][:c0], lines[r1 - 1][c1:]
-        lines[r0 - 1 : r1] = [head + tail]
-    return "\n".join(line.rstrip() for line in lines if line.strip())
-
-
-_PARSE_LOCK = threading.Lock()  # CPython 3.11's ast.parse is not safe in threads at once (arms open in threads)
-_CODE_HASHES: dict[bytes, str] = {}  # a file's bytes digest -> its code hash (a file is parsed once per content)
-
-
-def file_hash(path: Path) -> str:
-    """Hash of a file as it runs: a Python file's code (:func:`code_text`), any other file's bytes."""
-    data = path.read_bytes()
-    if path.suffix != ".py":
-        return hashlib.sha256(data).hexdigest()[:12]
-    digest = hashlib.sha256(data).digest()
-    with _PARSE_LOCK:
-        if digest not in _CODE_HASHES:
-            code = code_text(data.decode("utf-8", errors="surrogateescape"))
-            _CODE_HASHES[digest] = hashlib.sha256(code.encode("utf-8", errors="surrogateescape")).hexdigest()[:12]
-        return _CODE_HASHES[digest]
-
-
-def harness_hash() -> str:
-    """Hash of the timing harness itself (this file's code)."""
-    return file_hash(Path(__file__))
-
-
-def source_on_disk(path: Path, qualname: str) -> str:
-    """The source of a function or method as its file says NOW (not what was imported)."""
-    import ast
-
-    try:
-        text = path.read_text()
-        with _PARSE_LOCK:
-            nodes = ast.parse(text).body
-    except (OSError, SyntaxError) as exc:
-        return f"<{path.name} unreadable: {type(exc).__name__}>"
-    node = None
-    for part in qualname.split("."):
-        node = next((n for n in nodes if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
-                     and n.name == part), None)  # fmt: skip
-        if node is None:
-            return f"<{qualname} missing from {path.name}>"
-        nodes = node.body
-    return ast.get_source_segment(text, node) or ""
-
-
-def reference_hash(adapter, root: Path | None = None) -> str:
-    """Hash of the adapter's reference and metric definitions, read from disk at each call."""
-    root = root or adapter.root()
-    src = "".join(source_on_disk(root / f, q) for f, q in adapter.reference_parts)
-    return hashlib.sha256(src.encode()).hexdigest()[:12]
-
-
-def kernel_source_hash(adapter, root: Path | None = None) -> str:
-    """Hash of the kernel's source files' code as it is on disk (what a source patch changes; a comment or a
-    docstring does not: :func:`code_text`)."""
-    root = root or adapter.root()
-    h = hashlib.sha256()
-    for f in adapter.kernel_files:
-        h.update(file_hash(root / f).encode())
-    return h.hexdigest()[:12]
+REFRESH_REPLAYS = 10  # replays of the fills-only graph timed in each sample
 
 
 def fingerprint() -> dict:
@@ -193,36 +108,7 @@ def fingerprint() -> dict:
     return fp
 
 
-def yardstick(reps: int = YARD_REPS, mib: int = YARD_MIB, bufs: list | None = None) -> list[float]:
-    """GB/s of ``reps`` device copies of ``mib`` MiB, each timed by its own pair of events (the timer under test)."""
-    import torch
-
-    bufs = [] if bufs is None else bufs
-    if not bufs:  # kept by the caller between samples: the yardstick allocates nothing in a timed sample
-        src = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda").random_(0, 255)
-        bufs.extend([src, torch.empty_like(src)])
-    src, dst = bufs[0], bufs[1]
-    dst.copy_(src)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in events:
-        s.record()
-        dst.copy_(src)
-        e.record()
-    torch.cuda.synchronize()
-    return [2 * src.numel() / (s.elapsed_time(e) / 1000) / 1e9 for s, e in events]
-
-
-def _refill(inputs: dict, fresh: dict) -> None:
-    """Write ``fresh``'s tensors into ``inputs``' own buffers (the same addresses, new values)."""
-    for k, t in fresh.items():
-        old = inputs.get(k)
-        if hasattr(t, "copy_") and hasattr(old, "copy_"):
-            if tuple(old.shape) != tuple(t.shape):
-                raise ValueError(f"input {k!r} of shape {tuple(old.shape)} cannot take new values of {tuple(t.shape)}")
-            old.copy_(t)
-
-
-class Worker:
+class Worker(JudgeOps):
     def __init__(self):
         from kinv.agent.tools.measure import correctness
 
@@ -232,6 +118,7 @@ class Worker:
         self.levels: dict[str, dict] = {}
         self.adapter = None
         self.imported: dict[str, str] = {}  # kernel -> hash of its source when this process first imported it
+        self.handed = None  # the outputs handed to the judge, alive until the next request
 
     # ---- requests ------------------------------------------------------------
     def hello(self, req: dict) -> dict:
@@ -272,7 +159,8 @@ class Worker:
         out, compiled2 = adapter.launch(check_inputs, params, out=out)
         compiled = compiled or compiled2
         torch.cuda.synchronize()
-        saved = _save([out], [{"seed": check_seed, "vary_lengths": True}])
+        saved = share([_clone(out)], [{"seed": check_seed, "vary_lengths": True}])
+        self.handed = saved
         replaced = code_changed(self.code)
         resources = adapter.resources(params, level, device, compiled).to_dict()
         del check_inputs, out
@@ -348,85 +236,111 @@ class Worker:
         a pad of random size is held for the round, so the new buffers land at new addresses: a fixed
         placement shifts an arm's times by a constant offset (docs/gpu.md, "memory placement"), and a new one
         every round turns that offset into round-to-round noise that the paired statistics can see.
-        The input data come from ``seed``: the caller gives both arms of a round the same seed, so what
-        the data do to the time (the page order of the block table, say) is common to the pair and
-        cancels in its log-ratio, while the placement is the arm's own.
+        The input sets are the level's (made from its seed, the same for both arms); ``seed``, the round's, which
+        the caller gives both arms of a round alike, seeds the values the graph writes into the fresh inputs
+        before each launch (:mod:`.refresh`).  Outputs start as NaN: a launch that writes nothing is seen.
         """
         import random
 
         import torch
 
-        for k in ("graph", "sets", "outs", "scratch", "pad"):
+        for k in ("graph", "fill_graph", "sets", "outs", "scratch", "pad", "ctr", "fill_ctr"):
             st.pop(k, None)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         adapter, params, level = st["adapter"], st["params"], st["level"]
         rng = random.Random(f"{os.getpid()}:{st['seed']}:{round_index}")
         st["pad"] = torch.empty(rng.randrange(0, 64 * 2**20, 4096), dtype=torch.uint8, device="cuda")
-        base = st["seed"] if seed is None else int(seed)
-        sets = [adapter.make_inputs(level, seed=base + i) for i in range(st["n_sets"])]
+        sets = [adapter.make_inputs(level, seed=st["seed"] + i) for i in range(st["n_sets"])]
+        st["fresh"] = adapter.fresh_names(sets[0])
+        st["moments"] = [{n: refresh.moments(s[n]) for n in st["fresh"]} for s in sets]
+        st["fill_seed"] = int(st["seed"] + round_index if seed is None else seed)
         first_out, _ = adapter.launch(sets[0], params)
-        outs = [first_out] + [_empty_like(first_out) for _ in sets[1:]]
+        outs = [first_out] + [empty_like(first_out) for _ in sets[1:]]
+        for o in outs:
+            _poison(o)
         scratch = [adapter.make_scratch(s, params) for s in sets]
-        st.update(sets=sets, outs=outs, scratch=scratch)
+        st.update(sets=sets, outs=outs, scratch=scratch, ctr=refresh.counter("cuda"), fill_ctr=refresh.counter("cuda"))
+
+    def _fill(self, st: dict, j: int, step: int, ctr) -> None:
+        for name in st["fresh"]:
+            mean, sd = st["moments"][j][name]
+            refresh.fill(st["sets"][j][name], ctr, st["fill_seed"], step, mean, sd)
 
     def _capture(self, st: dict, timed: bool = True) -> float | None:
-        """Capture ``launches`` launches cycling through the input sets; return ms per replay.
-
-        A sample's re-set (``timed`` false) only needs the graph uploaded before its timed replays: one
-        untimed replay does that, and the set-up's warm-up and sizing replays (eight) are not repeated."""
+        """Capture ``launches`` launches cycling through the input sets, each after the fill of its set's fresh
+        inputs, and the counter's increment at the end; and a graph of the same fills alone (its time is taken
+        out of every sample).  Return ms per replay (``timed``), else replay once so the upload and first-launch
+        cost stay out of the sample's timed replays."""
         import torch
 
         adapter, params, sets, outs, scratch = st["adapter"], st["params"], st["sets"], st["outs"], st["scratch"]
-        for s, o, sc in zip(sets, outs, scratch):  # warm every set once outside the capture
+        for j, (s, o, sc) in enumerate(zip(sets, outs, scratch)):  # warm every set once outside the capture
+            self._fill(st, j, st["launches"] + j, st["fill_ctr"])
             self._launch(adapter, s, params, o, sc)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         st.pop("graph", None)
-        graph = torch.cuda.CUDAGraph()
+        graph, fills = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream):
             with torch.cuda.graph(graph, stream=stream):
                 for i in range(st["launches"]):
                     j = i % len(sets)
+                    self._fill(st, j, i, st["ctr"])
                     self._launch(adapter, sets[j], params, outs[j], scratch[j])
+                st["ctr"].add_(1)
+            with torch.cuda.graph(fills, stream=stream):
+                for i in range(st["launches"]):
+                    self._fill(st, i % len(sets), i, st["fill_ctr"])
+                st["fill_ctr"].add_(1)
         torch.cuda.current_stream().wait_stream(stream)
-        st["graph"] = graph
+        st["graph"], st["fill_graph"], st["played"] = graph, fills, 0
+        st["token"] = _graph_token(graph)
         if not timed:
-            graph.replay()  # the upload and first-launch cost stay out of the sample's timed replays
+            self._replay(st, 1)
             return None
-        for _ in range(3):
-            graph.replay()
+        self._replay(st, 3)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(5):
-            graph.replay()
+        self._replay(st, 5)
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end) / 5
 
-    def verify(self, req: dict) -> dict:
-        """The graph as it will be (or was last) timed, replayed once on new inputs: every input set's buffers get
-        the values of seed ``seed + i`` in place, every output is poisoned, the graph replays on its stream, and
-        the outputs are saved for the judge.  A graph that copies in an answer it computed before, or that is
-        right only for some input sets, or lazy in this capture, leaves outputs the judge refuses."""
-        import torch
+    @staticmethod
+    def _replay(st: dict, n: int, events: list | None = None) -> None:
+        """Replay the level's graph ``n`` times (each between a pair of ``events`` where given), counting them:
+        the counter the graph increments says which values the last replay's fills wrote."""
+        graph = st["graph"]
+        if _graph_token(graph) != st["token"]:
+            raise RuntimeError("the graph about to be replayed is not the one this worker captured")
+        for k in range(n):
+            if events:
+                events[k][0].record()
+            graph.replay()
+            if events:
+                events[k][1].record()
+        st["played"] += n
 
+    def collect(self, req: dict) -> dict:
+        """The outputs the last replay of the level's graph left (the last sample's timed replays: nothing is
+        replayed, refilled or poisoned here), handed to the judge with what each output's last writer read: its
+        input set's seed, and the fill of that launch (the round's seed, the counter of the last replay, the
+        launch's step and the fresh inputs' moments)."""
         st = self.levels.get(req["key"])
         if st is None:
             raise KeyError(f"{req['key']!r} was not set up; set up: {sorted(self.levels)}")
-        adapter, level, sets, outs = st["adapter"], st["level"], st["sets"], st["outs"]
-        base = int(req["seed"])
-        for i, s in enumerate(sets):
-            _refill(s, adapter.make_inputs(level, seed=base + i))
-        for o in outs:
-            _poison(o)
-        torch.cuda.synchronize()
-        st["graph"].replay()
-        seen = [_clone(o) for o in outs]  # ordered after the replay on this stream, and only after it
-        torch.cuda.synchronize()
-        saved = _save(seen, [{"seed": base + i} for i in range(len(sets))])
+        n, launches = len(st["sets"]), st["launches"]
+        specs = []
+        for j in range(n):
+            step = j + ((launches - 1 - j) // n) * n  # the last launch of the graph that wrote output j
+            specs.append({"seed": st["seed"] + j,
+                          "fill": {"names": st["fresh"], "seed": st["fill_seed"], "counter": st["played"] - 1,
+                                   "step": step, "moments": st["moments"][j]}})  # fmt: skip
+        copies = [_clone(o) for o in st["outs"]]
+        self.handed = share(copies, specs)  # kept until the next request: the judge maps them meanwhile
         replaced = code_changed(self.code)
-        return {"key": req["key"], "check": saved, "tampered": replaced}
+        return {"key": req["key"], "check": self.handed, "tampered": replaced, "replays_since_capture": st["played"]}
 
     def sample(self, req: dict) -> dict:
         import torch
@@ -434,6 +348,7 @@ class Worker:
         st = self.levels.get(req["key"])
         if st is None:
             raise KeyError(f"{req['key']!r} was not set up; set up: {sorted(self.levels)}")
+        self.handed = None
         replays = max(st["replays"], int(req.get("replays") or 0))
         t_wall = time.perf_counter()
         reset_s = 0.0
@@ -442,119 +357,38 @@ class Worker:
             self._allocate(st, st["rounds"], req.get("seed"))
             self._capture(st, timed=False)
             reset_s = time.perf_counter() - t_wall
-        graph = st["graph"]
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
-        for s, e in events:
-            s.record()
-            graph.replay()
-            e.record()
+        self._replay(st, replays, events)
         torch.cuda.synchronize()
         per_launch = [s.elapsed_time(e) * 1000 / st["launches"] for s, e in events]
         gpu_s = sum(per_launch) * st["launches"] / 1e6
+        fills = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                 for _ in range(REFRESH_REPLAYS)]  # fmt: skip
+        for s, e in fills:  # the fills alone, with the same events: their time is taken out of the sample's
+            s.record()
+            st["fill_graph"].replay()
+            e.record()
+        torch.cuda.synchronize()
+        refresh_us = statistics.median(s.elapsed_time(e) * 1000 / st["launches"] for s, e in fills)
         yard = yardstick(bufs=self.yard_bufs)  # the same events, a known amount of bytes
         replaced = code_changed(self.code)
+        raw = statistics.median(per_launch)
         return {
             "yard_gbps": statistics.median(yard),
             "tampered": replaced,
             "key": req["key"],
-            "us": statistics.median(per_launch),
-            "us_min": min(per_launch),
-            "us_max": max(per_launch),
+            "us": max(raw - refresh_us, 1e-3),
+            "us_raw": raw,
+            "refresh_us": refresh_us,
+            "us_min": min(per_launch) - refresh_us,
+            "us_max": max(per_launch) - refresh_us,
             "replays": replays,
+            "launches": st["launches"],
             "gpu_s": gpu_s,
             "reset_s": reset_s,
             "worker_wall_s": time.perf_counter() - t_wall,
             "t": time.time(),
         }
-
-    def copy_bandwidth(self, req: dict) -> dict:
-        import torch
-
-        n = int(req.get("mib", 2048)) * 2**20
-        src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        times = []
-        for _ in range(int(req.get("reps", 20))):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            dst.copy_(src)
-            e.record()
-            torch.cuda.synchronize()
-            times.append(s.elapsed_time(e) / 1000)
-        t = statistics.median(times)
-        del src, dst
-        torch.cuda.empty_cache()
-        return {"gbps": 2 * n / t / 1e9, "bytes": 2 * n, "median_s": t}
-
-    def ceilings(self, req: dict) -> dict:
-        """The card's ceilings, in a process no variant was imported into: device-to-device copy GB/s (2 GiB, as
-        the roofline uses), the yardstick's GB/s (the copy every sample also times), and the dense matrix peak
-        per dtype (the best of torch.matmul at 4096^3 and 8192^3)."""
-        import torch
-
-        copy = self.copy_bandwidth({"mib": 2048})
-        bufs: list = []
-        for _ in range(5):  # warm: the clocks up and the buffers touched, as a worker's are by its timed replays
-            yardstick(bufs=bufs)
-        yard = max(statistics.median(yardstick(bufs=bufs)) for _ in range(9))  # a sample's yardstick, at its best
-        del bufs
-        peaks = {}
-        for dtype in (torch.bfloat16, torch.float16):
-            best = 0.0
-            for n in (4096, 8192):
-                a = torch.randn(n, n, device="cuda", dtype=dtype)
-                b = torch.randn(n, n, device="cuda", dtype=dtype)
-                for _ in range(3):
-                    a @ b
-                times = []
-                for _ in range(10):
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    a @ b
-                    e.record()
-                    torch.cuda.synchronize()
-                    times.append(s.elapsed_time(e) / 1000)
-                best = max(best, 2 * n**3 / statistics.median(times) / 1e12)
-                del a, b
-            peaks[str(dtype).removeprefix("torch.")] = round(best, 1)
-        torch.cuda.empty_cache()
-        return {"copy_gbps": copy["gbps"], "yard_gbps": yard, "yard_mib": YARD_MIB, "matrix_tflops": peaks,
-                "gpu": torch.cuda.get_device_properties(0).name}  # fmt: skip
-
-    def settle(self, req: dict) -> dict:
-        """A deferred check judged here (the judge: this process never imported the kernel under test)."""
-        from kinv.agent.tools.measure.correctness import settle
-        from kinv.kernels.adapter import get_adapter
-
-        return {"result": settle(get_adapter(req["kernel"]), req["result"])}
-
-    def judge(self, req: dict) -> dict:
-        """A worker's saved outputs against the reference of each input set it ran (made again from its seed)."""
-        import torch
-
-        from kinv.kernels.adapter import get_adapter
-
-        adapter = get_adapter(req["kernel"])
-        level = adapter.level(req["level"])
-        saved = req["saved"]
-        try:
-            outs = torch.load(saved["file"], weights_only=True)
-        finally:
-            try:
-                os.unlink(saved["file"])
-            except OSError:
-                pass
-        per = []
-        for i, (out, spec) in enumerate(zip(outs, saved["sets"], strict=True)):
-            kw = {"vary_lengths": True} if spec.get("vary_lengths") else {}
-            ref = adapter.reference(adapter.make_inputs(level, seed=int(spec["seed"]), **kw))
-            v = judge(adapter, level, _to(out, "cuda"), ref)
-            per.append(v["ok"])
-            if not v["ok"]:
-                return {"ok_all": False, "sets": len(outs), "bad_set": i,
-                        "reason": f"input set {i + 1} of {len(outs)}: {v['reason']}"}  # fmt: skip
-        return {"ok_all": True, "sets": len(outs), "reason": ""}
 
     def check(self, req: dict) -> dict:
         """The correctness gate (:func:`kinv.agent.tools.measure.correctness.check`) in this process: a worker kept for the
@@ -593,31 +427,14 @@ class Worker:
         return {"dropped": req["key"]}
 
 
-def _save(outs: list, sets: list[dict]) -> dict:
-    """Save launch outputs (on the CPU) for the judge: ``{"file", "sets"}``, one input-set spec per output."""
-    import tempfile
-
-    import torch
-
-    fd, path = tempfile.mkstemp(prefix="kinv-outputs-", suffix=".pt")
-    os.close(fd)
-    torch.save([_to(o, "cpu") for o in outs], path)
-    return {"file": path, "sets": sets}
-
-
-def _to(out, device: str):
-    if isinstance(out, list | tuple):
-        return type(out)(_to(o, device) for o in out)
-    return out.to(device) if hasattr(out, "to") else out
-
-
-def _empty_like(out):
-    """An empty output shaped like one launch's (a tensor, or a list/tuple of them: every output is timed and checked)."""
-    import torch
-
-    if isinstance(out, list | tuple):
-        return type(out)(_empty_like(o) for o in out)
-    return torch.empty_like(out)
+def _graph_token(graph) -> tuple:
+    """What identifies a captured graph: the object, and its executable's handle where torch exposes it."""
+    exe = getattr(graph, "raw_cuda_graph_exec", None)
+    try:
+        handle = exe() if exe is not None else None
+    except RuntimeError:
+        handle = None
+    return (id(graph), handle)
 
 
 def main() -> int:
@@ -639,7 +456,7 @@ def main() -> int:
                 return 0
             handler = {"hello": worker.hello, "setup": worker.setup, "sample": worker.sample,
                        "copy_bandwidth": worker.copy_bandwidth, "drop": worker.drop, "check": worker.check,
-                       "compile": worker.compile, "verify": worker.verify, "settle": worker.settle,
+                       "compile": worker.compile, "collect": worker.collect, "settle": worker.settle,
                        "judge": worker.judge, "ceilings": worker.ceilings}.get(op)  # fmt: skip
             if handler is None:
                 raise ValueError(f"unknown op {op!r}")

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,14 @@ from kinv import IMPORT_ROOT
 from kinv.agent.errors import WorkerCrashed, WorkerError
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (or the installed kinv/): the worker's cwd
+
+
+LIVE: weakref.WeakSet[WorkerProcess] = None  # set below: every worker this process started and has not closed
+
+
+def live_pids(but=None) -> list[int]:
+    """The pids (each a process group's leader) of the workers this process started that still run, but ``but``."""
+    return [w.proc.pid for w in list(LIVE) if w is not but and w.proc.poll() is None]
 
 
 CLOSE_WAIT_S = 10.0  # a worker asked to exit is killed when it has not within this
@@ -99,6 +108,7 @@ class WorkerProcess:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, env=full_env, cwd=str(ROOT), **spawn,
         )  # fmt: skip
+        LIVE.add(self)
 
     @property
     def pid(self) -> int:
@@ -180,6 +190,7 @@ class WorkerProcess:
                     if not isinstance(exc, Exception):
                         raise
         finally:
+            LIVE.discard(self)
             for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
                 try:
                     stream.close()
@@ -204,3 +215,6 @@ class WorkerProcess:
 
     def __exit__(self, *exc):
         self.close()
+
+
+LIVE = weakref.WeakSet()

@@ -17,8 +17,8 @@ import time
 
 from kinv.agent import faults, signals
 from kinv.agent.errors import WorkerCrashed, WorkerError
-from kinv.agent.tools.worker.bench_worker import kernel_source_hash
 from kinv.agent.tools.worker.client import WorkerProcess
+from kinv.agent.tools.worker.hashes import kernel_source_hash
 from kinv.kernels.adapter import get_adapter, import_path
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 from kinv.agent.tools.backends.replay_index import Recording
-from kinv.agent.tools.worker import bench_worker
+from kinv.agent.tools.worker import hashes
 from kinv.kernels.adapter import get_adapter
 
 SRC = '''"""Module docstring."""
@@ -21,7 +21,7 @@ def scale(x):
 
 
 def test_comments_docstrings_blank_lines_and_trailing_spaces_do_not_count():
-    h = bench_worker.code_text
+    h = hashes.code_text
     reworded = SRC.replace("Twice x.", "Double x,\n    on two lines.").replace("# why twice", "# because")
     assert h(reworded) == h(SRC)
     assert h(SRC.replace('"""Module docstring."""\n', "")) == h(SRC)
@@ -30,7 +30,7 @@ def test_comments_docstrings_blank_lines_and_trailing_spaces_do_not_count():
 
 
 def test_any_change_to_code_counts():
-    h = bench_worker.code_text
+    h = hashes.code_text
     assert h(SRC.replace("2 * x", "3 * x")) != h(SRC)
     assert h(SRC.replace("    return", "    y = 1\n    return")) != h(SRC)
     # a string that is not a docstring is code, and so is a '#' inside one
@@ -42,13 +42,13 @@ def test_the_kernel_with_a_reworded_docstring_keeps_its_recordings(tmp_path):
     adapter = get_adapter("mla_decode")
     root = tmp_path / "kinv"
     shutil.copytree(adapter.root() / "kernels", root / "kernels", ignore=shutil.ignore_patterns("recordings"))
-    live = bench_worker.kernel_source_hash(adapter)
+    live = hashes.kernel_source_hash(adapter)
     src = root / "kernels" / "mla_decode.py"
     text = src.read_text()
     src.write_text(text.replace('"""', '"""Reworded. ', 1).replace("\n\n", "\n\n# a new comment\n\n", 1))
-    assert bench_worker.kernel_source_hash(adapter, root=root) == live
+    assert hashes.kernel_source_hash(adapter, root=root) == live
     src.write_text(text.replace("LOG2E = 1.4426950408889634", "LOG2E = 1.4426950408889"))
-    assert bench_worker.kernel_source_hash(adapter, root=root) != live
+    assert hashes.kernel_source_hash(adapter, root=root) != live
     # the shipped recordings are keyed by the live source's hash, so replay serves them
     rec = Recording(sorted((adapter.root() / "kernels" / "recordings").glob("*/mla_decode-*.jsonl.gz")),
                            "mla_decode")
@@ -62,11 +62,11 @@ def test_arms_opening_in_threads_hash_the_kernel_alike_and_without_error():
     from concurrent.futures import ThreadPoolExecutor
 
     adapter = get_adapter("mla_decode")
-    expected = bench_worker.kernel_source_hash(adapter)
+    expected = hashes.kernel_source_hash(adapter)
 
     def one(_):
-        bench_worker._CODE_HASHES.clear()  # parse again, as a first open would
-        return bench_worker.kernel_source_hash(adapter)
+        hashes._CODE_HASHES.clear()  # parse again, as a first open would
+        return hashes.kernel_source_hash(adapter)
 
     with ThreadPoolExecutor(8) as ex:
         assert set(ex.map(one, range(64))) == {expected}
@@ -80,25 +80,25 @@ def test_the_reference_hash_reads_the_file_as_it_is_now_at_every_call(tmp_path):
     for f, _q in adapter.reference_parts:
         (root / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(adapter.root() / f, root / f)
-    first = bench_worker.reference_hash(adapter, root=root)
-    assert bench_worker.reference_hash(adapter, root=root) == first
+    first = hashes.reference_hash(adapter, root=root)
+    assert hashes.reference_hash(adapter, root=root) == first
     f, qualname = adapter.reference_parts[0]
     text = (root / f).read_text()
     name = qualname.split(".")[-1]
     edited = text.replace(f"def {name}(", f"def {name}(*_unused, ", 1)  # a change to the reference's code
     assert edited != text
     (root / f).write_text(edited)
-    assert bench_worker.reference_hash(adapter, root=root) != first
+    assert hashes.reference_hash(adapter, root=root) != first
     (root / f).write_text(text)
-    assert bench_worker.reference_hash(adapter, root=root) == first
+    assert hashes.reference_hash(adapter, root=root) == first
     (root / f).unlink()
-    assert bench_worker.reference_hash(adapter, root=root) != first  # a missing file is named, never cached
+    assert hashes.reference_hash(adapter, root=root) != first  # a missing file is named, never cached
 
 
 def test_a_runs_reference_hash_follows_an_edit_of_the_reference_on_disk(tmp_path, monkeypatch):
     """The run's reference hash (asked at every measurement) parses again only when the files' bytes changed, and
     an edit, even a comment in the reference (the fault drill's F5), is seen at the next call."""
-    from kinv.agent.tools.backends import base
+    from kinv.agent.tools.worker import hashes
 
     adapter = get_adapter("mla_decode")
     root = tmp_path / "copy"
@@ -106,12 +106,12 @@ def test_a_runs_reference_hash_follows_an_edit_of_the_reference_on_disk(tmp_path
         (root / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(adapter.root() / f, root / f)
     monkeypatch.setattr(adapter, "root", lambda: root)
-    first = base.reference_hash("mla_decode")
-    assert first == bench_worker.reference_hash(adapter, root=root) == base.reference_hash("mla_decode")
+    first = hashes.kernel_reference_hash("mla_decode")
+    assert first == hashes.reference_hash(adapter, root=root) == hashes.kernel_reference_hash("mla_decode")
     f, qualname = adapter.reference_parts[0]
     text = (root / f).read_text()
     name = qualname.split(".")[-1]
     (root / f).write_text(text.replace(f"def {name}(", f"def {name}(*_unused, ", 1))
-    assert base.reference_hash("mla_decode") != first
+    assert hashes.kernel_reference_hash("mla_decode") != first
     (root / f).write_text(text)
-    assert base.reference_hash("mla_decode") == first
+    assert hashes.kernel_reference_hash("mla_decode") == first

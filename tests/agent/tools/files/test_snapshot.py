@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 from kinv import IMPORT_ROOT
-from kinv.agent.tools.backends import base
 from kinv.agent.tools.files.snapshot import materialize, package_files
-from kinv.agent.tools.worker import bench_worker
+from kinv.agent.tools.worker import hashes
 from kinv.kernels.adapter import get_adapter
 
 
@@ -19,10 +18,10 @@ def test_a_package_copy_shadows_the_live_kernel_and_hashes_the_same(tmp_path):
     files = package_files(adapter.package_dir())
     assert "mla_decode.py" in files and "configs/mla_decode.json" in files
     assert not any(f.startswith("recordings/") or "__pycache__" in f for f in files)
-    live = base.kernel_hash("mla_decode")
+    live = hashes.kernel_hash("mla_decode")
     root = materialize(files, tmp_path / live, adapter.package_name())
     copy_root = root / "kinv"  # the copy's kernels/ sits under kinv/, as kinv.kernels
-    assert bench_worker.kernel_source_hash(adapter, root=copy_root) == live
+    assert hashes.kernel_source_hash(adapter, root=copy_root) == live
     # a child with the copy first imports the copy, not the checkout's kernels/
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), IMPORT_ROOT]))
     out = subprocess.run([sys.executable, "-P", "-c", "import kinv.kernels.mla_decode as m; print(m.__file__)"],

@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 
 from kinv.agent.tools.measure import correctness
-from kinv.agent.tools.worker import bench_worker
+from kinv.agent.tools.worker import shared
 
 
 def test_every_output_of_a_tuple_is_allocated_per_input_set_and_poisoned():
     first = (torch.zeros(4, 8), torch.zeros(4, dtype=torch.float32))
-    other = bench_worker._empty_like(first)
+    other = shared.empty_like(first)
     assert isinstance(other, tuple) and [t.shape for t in other] == [(4, 8), (4,)]
     assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, other, strict=True))
     correctness._poison(other)
