@@ -17,6 +17,7 @@ Requests
 ``{"op": "sample", "key", "seed"}``              re-set (inputs from seed), one sample: median of >= 20 replays, >= 25 ms
 ``{"op": "check", "kernel", "config", "levels", "seed", "device"}``  the correctness gate, in this process
 ``{"op": "compile", "kernel", "config", "level"}``  compile and launch once (no timing): the compiler's resources
+``{"op": "rehand"}``                            the outputs handed last, again, through a file (no IPC there)
 ``{"op": "collect", "key"}``                    the outputs the last sample's timed replays left, handed to the
                                                 judge with the inputs those replays read (nothing is replayed)
 ``{"op": "copy_bandwidth", "mib": 2048}``       device-to-device copy GB/s
@@ -69,7 +70,7 @@ from kinv.agent.tools.measure.correctness import _clone, _poison, code_changed, 
 from kinv.agent.tools.worker import refresh
 from kinv.agent.tools.worker.hashes import harness_hash, kernel_source_hash, reference_hash
 from kinv.agent.tools.worker.judging import JudgeOps
-from kinv.agent.tools.worker.shared import empty_like, share, yardstick
+from kinv.agent.tools.worker.shared import empty_like, save, share, yardstick
 
 MIN_REPLAYS = 20
 TARGET_REPLAY_US = 400.0  # a replay should run long enough to dwarf event jitter
@@ -159,8 +160,7 @@ class Worker(JudgeOps):
         out, compiled2 = adapter.launch(check_inputs, params, out=out)
         compiled = compiled or compiled2
         torch.cuda.synchronize()
-        saved = share([_clone(out)], [{"seed": check_seed, "vary_lengths": True}])
-        self.handed = saved
+        saved = self._hand([_clone(out)], [{"seed": check_seed, "vary_lengths": True}], req.get("via", "ipc"))
         replaced = code_changed(self.code)
         resources = adapter.resources(params, level, device, compiled).to_dict()
         del check_inputs, out
@@ -337,10 +337,20 @@ class Worker(JudgeOps):
             specs.append({"seed": st["seed"] + j,
                           "fill": {"names": st["fresh"], "seed": st["fill_seed"], "counter": st["played"] - 1,
                                    "step": step, "moments": st["moments"][j]}})  # fmt: skip
-        copies = [_clone(o) for o in st["outs"]]
-        self.handed = share(copies, specs)  # kept until the next request: the judge maps them meanwhile
+        saved = self._hand([_clone(o) for o in st["outs"]], specs, req.get("via", "ipc"))
         replaced = code_changed(self.code)
-        return {"key": req["key"], "check": self.handed, "tampered": replaced, "replays_since_capture": st["played"]}
+        return {"key": req["key"], "check": saved, "tampered": replaced, "replays_since_capture": st["played"]}
+
+    def _hand(self, outs: list, specs: list[dict], via: str) -> dict:
+        """Hand ``outs`` to the judge (over IPC unless ``via`` is "file"), kept alive until the next request."""
+        self.handed = (outs, specs)
+        return share(outs, specs) if via == "ipc" else save(outs, specs)
+
+    def rehand(self, req: dict) -> dict:
+        """The outputs handed last, again, through a file (where the judge could not map them over IPC)."""
+        if not self.handed:
+            raise ValueError("nothing was handed to the judge since the last sample")
+        return {"check": save(*self.handed)}
 
     def sample(self, req: dict) -> dict:
         import torch
@@ -456,7 +466,7 @@ def main() -> int:
                 return 0
             handler = {"hello": worker.hello, "setup": worker.setup, "sample": worker.sample,
                        "copy_bandwidth": worker.copy_bandwidth, "drop": worker.drop, "check": worker.check,
-                       "compile": worker.compile, "collect": worker.collect, "settle": worker.settle,
+                       "compile": worker.compile, "collect": worker.collect, "rehand": worker.rehand, "settle": worker.settle,
                        "judge": worker.judge, "ceilings": worker.ceilings}.get(op)  # fmt: skip
             if handler is None:
                 raise ValueError(f"unknown op {op!r}")
