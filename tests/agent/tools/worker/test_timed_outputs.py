@@ -52,5 +52,5 @@ def test_a_graph_that_copies_a_stale_answer_is_refused_on_its_timed_outputs(monk
     fill = {"names": ["q"], "seed": 77, "counter": 3, "step": 1, "moments": {"q": refresh.moments(base["q"])}}
     stale = adapter.reference(base).to(torch.bfloat16)
     got = JudgeOps().judge({"kernel": "mla_decode", "level": LEVEL,
-                            "saved": shared.share([stale], [{"seed": 5, "fill": fill}])})  # fmt: skip
+                            "saved": shared.save([stale], [{"seed": 5, "fill": fill}])})  # fmt: skip
     assert not got["ok_all"]
