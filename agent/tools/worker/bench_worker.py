@@ -278,6 +278,7 @@ class Worker(JudgeOps):
         for j, (s, o, sc) in enumerate(zip(sets, outs, scratch)):  # warm every set once outside the capture
             self._fill(st, j, st["launches"] + j, st["fill_ctr"])
             self._launch(adapter, s, params, o, sc)
+        st["ctr"].zero_()  # a graph captured again counts its replays from zero (``played``)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         st.pop("graph", None)
