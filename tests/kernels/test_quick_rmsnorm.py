@@ -178,7 +178,7 @@ def _plan(work: Path, name: str, variants: list[dict]) -> Path:
     return path
 
 
-@pytest.mark.slow  # a source patch's gate runs the patched copy beside the baseline: about 12 s alone, 30 s on a busy box
+@pytest.mark.slow  # the patched copy is gated beside the baseline: about 12 s alone, 30 s on a busy machine
 def test_kinv_check_fails_a_source_patch_that_takes_the_mean_over_the_block_and_leaves_the_kernel_as_it_was(installed):
     target, env, work = installed
     kernel = target / PKG / "kernel.py"
