@@ -1,7 +1,8 @@
 """The quick_rmsnorm kernel's whole kinv adapter, declared with kinv.kernels.quick.
 
 The input that changes from one step of a model to the next is ``x`` (the activations); the weight ``w`` and
-``eps`` stay.  ``fresh_inputs`` names it for harnesses that give each timed launch inputs no earlier launch read.
+``eps`` stay.  ``fresh_inputs`` names it: kinv's timing harness writes new values into ``x`` before every timed
+launch (left undeclared, it would refresh the smallest float input, the weight, and a 32 MB ``x`` could sit in L2).
 """
 
 import torch
