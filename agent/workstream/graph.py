@@ -377,7 +377,7 @@ def gate(state: State, runtime: Runtime[Context]) -> Command[Literal["measure", 
     refused = reach.refusal(ctx.adapter, plan.variant(vid), baseline=state["baseline_hashes"]["snapshot"],
                             allowed=lambda line: store.event(ws, "reach.allowed", line, {"variant": vid}))  # fmt: skip
     if refused:  # its source patch reaches for the harness: never run, never timed
-        res = _failed(store, state, "incorrect", f"refused: {refused}")
+        res = _failed(store, state, "incorrect", refused)
         ctx.say("incorrect", message=f"{vid} refused before timing: {refused}")
         return Command(goto="revert", update={"results": {vid: res}, "decision": f"{vid} refused: never timed"})
     live = load_config(ctx.config_path, ctx.adapter.name)
