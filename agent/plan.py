@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from kinv.agent.errors import ConfigError, PlanError, TooBig
 from kinv.agent.ids import norm_ws
-from kinv.agent.words import Target
+from kinv.agent.words import HarnessReach, Target
 from kinv.kernels.tunables import brief_repr, one_line, read_text_file
 
 WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")
@@ -87,6 +87,10 @@ class Variant(Strict):
     rationale: str = Field("", max_length=2000, description="why it might help")
     patch: dict = Field(default_factory=dict, description="config keys to change relative to the baseline")
     source_patch: str | None = Field(None, description="path of a unified diff to apply to the kernel source")
+    allow_harness_reach: list[str] = Field(
+        default_factory=list, description="constructs this variant's source patch may use although they reach for "
+        "the harness that times and judges it (kinv check and a run's gate refuse them otherwise), for a kernel "
+        f"that needs one; the close-out names each one allowed. Valid: {', '.join(HarnessReach)}")
     env: dict[str, str] = Field(default_factory=dict, description="environment variables this variant's processes "
                                 "get on top of the plan's environment (e.g. {TARGET_CTAS: '1024'}); the env check "
                                 "confirms them in every one of its workers")
@@ -110,6 +114,16 @@ class Variant(Strict):
     def _source(cls, v):
         if v is not None:
             safe_relative_path(v)
+        return v
+
+    @field_validator("allow_harness_reach")
+    @classmethod
+    def _reach(cls, v, info):
+        bad = [x for x in v if x not in list(HarnessReach)]
+        if bad:
+            raise ValueError(f"{brief_repr(bad[0])} is not a construct the screen knows; valid: {', '.join(HarnessReach)}")
+        if v and not info.data.get("source_patch"):
+            raise ValueError("names constructs of a source patch, and this variant has no source_patch")
         return v
 
 

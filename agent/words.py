@@ -95,3 +95,26 @@ class PremiseOutcome(StrEnum):
     OPPOSITE = "moved the other way"
     NOT_MOVED = "not moved"
     NOT_MEASURED = "not measured"
+
+
+class HarnessReach(StrEnum):
+    """A construct in a kernel's source that reaches past the kernel into the process that times and judges it
+    (agent/tools/measure/reach.py screens a source patch for them): a plan may allow one for a variant with
+    ``allow_harness_reach``."""
+
+    GC = "gc"  # the garbage collector and object-graph walks
+    CTYPES = "ctypes"  # raw memory and C calls: ctypes, _ctypes, cffi
+    FRAMES = "frames"  # frame introspection: inspect, sys._getframe, f_back, f_locals, tb_frame
+    FUNCTION_INTERNALS = "function_internals"  # __code__, __globals__, __closure__, __defaults__
+    TRACING = "tracing"  # trace, profile, monitoring and audit hooks
+    THREADS = "threads"  # _thread, threading's introspection, threads of the kernel's own
+    SIGNALS = "signals"  # signal handlers, timers and faulthandler
+    KILL = "kill"  # signals sent to processes: os.kill, os.killpg, signal.pthread_kill
+    PROCESSES = "processes"  # processes of the kernel's own: subprocess, multiprocessing, os.fork, os.system
+    MODULE_WRITE = "module_write"  # attribute or item writes on a module or object the kernel imported
+    SYS_MODULES = "sys_modules"  # the table of every imported module
+    BUILTINS = "builtins"  # the builtins every module shares
+    RELOAD = "reload"  # importlib.reload
+    DYNAMIC_CODE = "dynamic_code"  # exec, eval, compile, __import__, importlib.import_module
+    HARNESS_IMPORT = "harness_import"  # an import of kinv's harness (kinv.agent)
+    PROC_FILES = "proc_files"  # /proc paths: the process's memory and the other processes' state

@@ -254,6 +254,21 @@ def _rules_lines(res: dict) -> list[str]:
     return out + [""] if out else []
 
 
+def _reach_lines(events: list[dict], var) -> list[str]:
+    """What the plan allowed ``var``'s source patch that reaches for the harness: each construct its gate found
+    and let through (events ``reach.allowed``), once each; or the plan's opt-in where no gate ran."""
+    import json
+
+    found = list(dict.fromkeys(e["message"] for e in events if e["kind"] == "reach.allowed"
+                               and json.loads(e.get("data") or "{}").get("variant") == var.id))  # fmt: skip
+    if not var.allow_harness_reach:
+        return []
+    said = ", ".join(f"`{c}`" for c in var.allow_harness_reach)
+    head = f"Allowed to reach for the harness by the plan (allow_harness_reach: {said}); the static screen let through:"
+    return ([head] + [f"- {line}" for line in found] + [""]) if found else \
+        [f"Allowed to reach for the harness by the plan (allow_harness_reach: {said}); no gate of this run found one.", ""]
+
+
 def reason_text(verdict: str | None, reason: str | None) -> str:
     """The reason without the verdict word doubled in front of it ("void — void: ...")."""
     text = reason or ""
@@ -367,6 +382,7 @@ def render(cd: CloseoutData) -> str:
             envs = "".join(f", {k}={val} in its processes (the baseline's: {plan.environment.get(k, 'unset')})"
                            for k, val in var.env.items())  # fmt: skip
             out += [f"Config: `{cd.variant_configs[var.id]}`{src}{envs} against the baseline `{cd.baseline}`.", ""]
+            out += _reach_lines(data.get("events") or [], var)
         if e["void_reason"]:
             out += [f"**Void:** {e['void_reason']}", ""]
         out += _rules_lines(v["resources"])

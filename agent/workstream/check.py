@@ -27,6 +27,7 @@ from pathlib import Path
 from kinv.agent.errors import BackendError, PatchError
 from kinv.agent.plan import Plan, Variant, load_plan
 from kinv.agent.tools.backends.base import Backend, gpu_visible
+from kinv.agent.tools.measure import reach
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.devices import get_device
 from kinv.kernels.launch_config import describe, effective
@@ -225,6 +226,9 @@ def check_plan(plan_path: str, say=None) -> CheckOutcome:
                         path = _patched_copy(adapter, v, Path(tmp))
                     except PatchError as exc:
                         arm.skipped = f"its source patch does not apply: {exc}"
+                        continue
+                    arm.skipped = reach.refusal(adapter, v, allowed=say)  # code that reaches for the harness
+                    if arm.skipped:
                         continue
                 say(f"{arm.name}: correctness gate at {len(levels)} level(s) {where} ...")
                 arm.gate = backend.check(plan.kernel, cfg, levels, seed=seed, device=device, env=arm.env,

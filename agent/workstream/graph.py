@@ -22,7 +22,7 @@ from kinv.agent.errors import InvestigationError, PatchError
 from kinv.agent.fmt import kv
 from kinv.agent.plan import Plan
 from kinv.agent.tools.files import configs
-from kinv.agent.tools.measure import correctness, envcheck, protocol, resources, sequential
+from kinv.agent.tools.measure import correctness, envcheck, protocol, reach, resources, sequential
 from kinv.agent.tools.worker.hashes import harness_hash, kernel_hash, kernel_reference_hash
 from kinv.agent.words import MEASURED_VERDICTS, Approval
 from kinv.agent.workstream import planner
@@ -374,6 +374,12 @@ def gate(state: State, runtime: Runtime[Context]) -> Command[Literal["measure", 
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
     vid = state["current"]
     _ensure_applied(ctx, plan.variant(vid), state["exp_id"])
+    refused = reach.refusal(ctx.adapter, plan.variant(vid), baseline=state["baseline_hashes"]["snapshot"],
+                            allowed=lambda line: store.event(ws, "reach.allowed", line, {"variant": vid}))  # fmt: skip
+    if refused:  # its source patch reaches for the harness: never run, never timed
+        res = _failed(store, state, "incorrect", refused)
+        ctx.say("incorrect", message=f"{vid} refused before timing: {refused}")
+        return Command(goto="revert", update={"results": {vid: res}, "decision": f"{vid} refused: never timed"})
     live = load_config(ctx.config_path, ctx.adapter.name)
     ctx.backend.experiment = state["exp_id"]
     with ctx.heartbeat(f"{vid}: correctness check at {len(ctx.levels())} levels ({_corr_device(ctx)})"):
