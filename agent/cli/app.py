@@ -115,7 +115,7 @@ def _first_line(e: BaseException) -> str:
 def _log_dir() -> Path | None:
     """The state dir this command names (--state-dir, else $KINV_STATE_DIR, else ./state), or None when it
     is bad input (the command itself refuses it)."""
-    from kinv.agent.store import state_dir
+    from kinv.agent.store.state import state_dir
 
     if "KINV_STATE_DIR" in os.environ and not os.environ["KINV_STATE_DIR"].strip() and _state_dir_arg() is None:
         return None
@@ -165,7 +165,7 @@ def _db_failure(e: BaseException) -> str | None:
 
     if not isinstance(e, sqlite3.DatabaseError):
         return None
-    from kinv.agent.store import state_dir
+    from kinv.agent.store.state import state_dir
 
     where = state_dir(_state_dir_arg())
     msg = str(e)

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kinv.agent.errors import NotFound
 from kinv.agent.ids import norm_ws, shown, stamp
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 
 
 class View(BaseModel):

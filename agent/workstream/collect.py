@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kinv.agent.report import closeout as report
 from kinv.agent.report import summary
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.tools.measure import premise
 from kinv.agent.words import MEASURED_VERDICTS
 from kinv.agent.workstream import planner

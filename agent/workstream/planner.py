@@ -21,7 +21,7 @@ Rules
 from __future__ import annotations
 
 from kinv.agent.plan import Plan, Variant
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.words import LevelVerdict, Verdict
 
 STATUSES = ("pending", "in_progress", "completed", "cancelled")

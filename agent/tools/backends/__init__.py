@@ -17,15 +17,7 @@ from __future__ import annotations
 import importlib
 
 from kinv.agent.errors import BackendError
-from kinv.agent.tools.backends.base import (  # noqa: F401 - the interface, re-exported
-    RECORDINGS,
-    Arm,
-    Backend,
-    gpu_visible,
-    harness_hash,
-    kernel_hash,
-    reference_hash,
-)
+from kinv.agent.tools.backends.base import Backend, gpu_visible
 
 _REGISTRY: dict[str, object] = {}
 BACKENDS: list[str] = ["auto"]

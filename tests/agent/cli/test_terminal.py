@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kinv.agent.report import render, views
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from tests.agent.report.test_views import populate_demo
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -19,7 +19,7 @@ import pytest
 from kinv.agent.errors import NotFound
 from kinv.agent.report import todo_export, views
 from kinv.agent.report.views import StatusView
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 
 ROOT = Path(__file__).resolve().parents[3]
 LEVELS = [f"v4flash/h16/p64/ctx4096/b{b}" for b in (1, 8, 32, 64, 96)]

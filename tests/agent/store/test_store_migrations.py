@@ -9,7 +9,7 @@ import pytest
 
 from kinv.agent import store as store_mod
 from kinv.agent.errors import StoreError
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 
 
 def test_a_failure_midway_through_the_first_open_leaves_nothing_and_the_next_open_works(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import sqlite3
 from pathlib import Path
 
 from kinv.agent import store as store_mod
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from tests.utils import kinv_in_process as run_kinv
 from tests.utils import replay_env
 
