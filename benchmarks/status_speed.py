@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.demo_store import populate_demo  # noqa: E402
 from kinv.agent.store.db import Store  # noqa: E402
-from tests.agent.report.test_views import populate_demo  # noqa: E402
 
 d = tempfile.mkdtemp()
 populate_demo(Store(d), n_experiments=50, n_samples=10000)

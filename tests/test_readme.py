@@ -513,8 +513,8 @@ def _kinv(capsys, *args) -> tuple[int, str, str]:
 @pytest.fixture
 def demo_dir(tmp_path, monkeypatch):
     """A state dir named with --state-dir (KINV_STATE_DIR points elsewhere), holding the #3a demo store."""
+    from benchmarks.demo_store import populate_demo
     from kinv.agent.store.db import Store
-    from tests.agent.report.test_views import populate_demo
 
     d = tmp_path / "elsewhere"
     store = Store(d)
