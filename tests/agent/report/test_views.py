@@ -277,6 +277,18 @@ def test_views_import_no_heavy_modules():
     assert out.stdout.strip() == ""
 
 
+def test_kinv_status_imports_only_what_it_shows(state_dir, demo):
+    """`kinv status` renders a tree and tables: no syntax highlighter (pygments), no YAML, no LangGraph, no
+    kernel launch configs (no campaign to describe), no sample statistics (status shows none)."""
+    code = ("import sys, io, contextlib\nfrom kinv.agent.cli import app\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    code = app.main(['status'])\n"
+            "print(code, sorted(m for m in sys.modules if m.split('.')[0] in ('pygments', 'yaml', 'langgraph', 'torch',"
+            " 'triton', 'statistics', 'sqlite_utils') or m in ('rich.syntax', 'kinv.kernels.launch_config')))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "KINV_STATE_DIR": str(state_dir)})  # fmt: skip
+    assert out.stdout.strip() == "0 []"
+
+
 def test_every_table_reads_at_80_columns_with_the_varying_part_of_the_level_in_each_row(tmp_path, state_dir, closed_3a):
     """Piped with COLUMNS=80, a row still says which level it is (b1, b8, ...: the common part of the key is
     in the title), nothing is cut (a pipe gets whole lines, however wide: tests/agent/cli/test_terminal.py has the
