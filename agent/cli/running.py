@@ -144,7 +144,7 @@ def campaign(
     import contextlib
     import io
 
-    from kinv.agent import campaign as camp
+    from kinv.agent.campaign import driver as camp
 
     _state_dir(state_dir)
     con = _console()
