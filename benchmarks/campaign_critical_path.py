@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinv.agent.store import Store  # noqa: E402
+from kinv.agent.store.db import Store  # noqa: E402
 
 LEVEL_PARTS = ("correctness", "noise", "rounds")
 

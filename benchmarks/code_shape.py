@@ -9,9 +9,9 @@ Standard library only (ast): nothing of kinv is imported, so it runs in a second
 - circles: strongly connected components of more than one module in kinv's import graph. Every import
   counts, an import inside a function too: a lazy import still ties the two modules together.
 - climbs: an import from a module to a module on a higher floor of ``FLOORS`` (top to bottom).
-- facades: a module that imports a name from another kinv module, and a caller that imports that name
-  from it instead of from the module that defines it. A package whose ``__init__`` lists the name in
-  ``__all__`` declares it as the package's interface (agent/store, agent/campaign): not a facade.
+- facades: a module that imports a name from another kinv module and never uses it itself (a re-export;
+  an ``__init__`` that lists it in ``__all__`` is one too), and every caller that imports a name from a module
+  that only imported it instead of from the module that defines it.
 - long modules: product modules (agent/, kernels/) over ``LONG`` lines.
 """
 
@@ -23,22 +23,18 @@ import os
 import sys
 from collections import defaultdict
 
-# The floors, top to bottom, as path prefixes relative to the repository root. A module may import from its
-# own floor and the floors below it. A later move of files into new folders updates this table.
+# The rooms, top to bottom, as path prefixes relative to the repository root: one room per folder, as a reader
+# sees the tree (a folder is never split into two floors, so an import inside it is never hidden as a climb and
+# an import from a room below into it always counts). A module may import from its own room and the rooms below
+# it. A move of files into new folders updates this table.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("cli", ("agent/cli/",)),
     ("campaign", ("agent/campaign/",)),
-    ("workstream", ("agent/workstream/investigation.py", "agent/workstream/graph.py", "agent/workstream/check.py")),
-    ("workstream parts", ("agent/workstream/context.py", "agent/workstream/adopt.py", "agent/workstream/collect.py")),
+    ("workstream", ("agent/workstream/",)),
     ("report", ("agent/report/", "agent/plan_reference.py")),
-    ("planner", ("agent/workstream/planner.py",)),
-    ("measure", ("agent/tools/measure/protocol.py", "agent/tools/measure/sequential.py", "agent/tools/measure/bench.py",
-                 "agent/tools/measure/screening.py", "agent/tools/measure/executor.py",
-                 "agent/tools/measure/placement.py", "agent/tools/measure/plausibility.py",
-                 "agent/tools/measure/noise.py", "agent/tools/measure/regress.py")),
+    ("measure", ("agent/tools/measure/",)),
     ("backends", ("agent/tools/backends/",)),
-    ("worker", ("agent/tools/worker/bench_worker.py", "agent/tools/worker/pool.py")),
-    ("checks and figures", ("agent/tools/measure/", "agent/tools/worker/client.py")),
+    ("worker", ("agent/tools/worker/",)),
     ("files", ("agent/tools/files/",)),
     ("store", ("agent/store/",)),
     ("plan", ("agent/plan.py",)),
@@ -90,7 +86,7 @@ class Module:
         self.from_imports: list[tuple[str, str, int]] = []  # (module, name, line), anywhere in the file
         self.aliases: dict[str, str] = {}        # local name -> kinv module it is bound to
         self.attr_uses: list[tuple[str, str, int]] = []  # (module, attribute, line): `alias.attribute`
-        self.exported: set[str] = set()          # a package's declared interface (its __init__'s __all__)
+        self.used: set[str] = set()              # names read in this module's own code (not in __all__)
 
 
 def resolve_from(mod: Module, node: ast.ImportFrom) -> str | None:
@@ -136,10 +132,6 @@ def load(root: str) -> tuple[dict[str, Module], dict[str, int]]:
                     for n in ast.walk(t):
                         if isinstance(n, ast.Name):
                             mod.defined.add(n.id)
-            if (mod.is_package and isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
-                    and isinstance(node.value, (ast.List, ast.Tuple))):
-                mod.exported |= {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
             if isinstance(node, ast.ImportFrom):
                 src = resolve_from(mod, node)
                 for a in node.names:
@@ -172,6 +164,7 @@ def load(root: str) -> tuple[dict[str, Module], dict[str, int]]:
                 if t:
                     mod.edges.add(t)
         mod.edges.discard(mod.name)
+        mod.used = {n.id for n in ast.walk(mod.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         for node in ast.walk(mod.tree):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                     and node.value.id in mod.aliases):
@@ -239,15 +232,23 @@ def climbs(modules: dict[str, Module]) -> list[str]:
 
 
 def facades(modules: dict[str, Module]) -> list[str]:
-    """Callers that import a name from a module that only imported it (not from where it is defined)."""
+    """Re-exports (a name imported from another kinv module and never used where it is imported, ``__all__``
+    or not), and callers that import a name from a module that only imported it (not from where it is
+    defined)."""
     by_name = {m.name: m for m in modules.values() if m.name}
     out = []
     for mod in modules.values():
+        if mod.name is None:
+            continue
+        reexported = sorted(n for n, src in mod.imported.items()
+                            if n not in mod.used and n not in mod.defined and f"{src}.{n}" not in by_name)
+        if reexported:
+            out.append(f"{mod.path} re-exports {len(reexported)} names: {', '.join(reexported)}")
         for src, name, line in [*mod.from_imports, *mod.attr_uses]:
             via = by_name.get(src)
             if via is None or f"{src}.{name}" in by_name:
                 continue  # not a kinv module, or a submodule import
-            if name in via.imported and name not in via.defined and name not in via.exported:
+            if name in via.imported and name not in via.defined:
                 out.append(f"{mod.path}:{line} imports {name} from {via.path} (defined in {via.imported[name]})")
     return sorted(out)
 
@@ -293,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"climbs: {len(s['climbs'])}")
     for c in s["climbs"]:
         print("  " + c)
-    print(f"facades: {len(s['facades'])} imports through {len({f.split(' from ')[1].split(' ')[0] for f in s['facades']})} modules")
+    reexports = [f for f in s["facades"] if " re-exports " in f]
+    through = [f for f in s["facades"] if " re-exports " not in f]
+    print(f"facades: {len(reexports)} modules re-export names; {len(through)} imports through a module that "
+          f"only imported the name")
     for f in s["facades"]:
         print("  " + f)
     print(f"modules over {LONG} lines: {len(s['long'])}")

@@ -73,7 +73,7 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("KINV_FORCE_NO_GPU", "1")
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
     from kinv.agent.tools.measure import bench, regress
     from kinv.kernels.launch_config import describe
 

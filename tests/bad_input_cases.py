@@ -438,7 +438,7 @@ _STATE: dict = {}
 
 def STATE_TEMPLATE() -> Path:  # noqa: N802 - a module constant, made on first use
     if "dir" not in _STATE:
-        from kinv.agent.store import Store
+        from kinv.agent.store.db import Store
 
         d = Path(tempfile.mkdtemp(prefix="kinv-bad-state-")) / "state"
         atexit.register(shutil.rmtree, d.parent, True)  # the template outlives each test, not the run

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from kinv.agent.plan import load_plan
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.tools.backends.base import Backend
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -513,8 +513,8 @@ def _kinv(capsys, *args) -> tuple[int, str, str]:
 @pytest.fixture
 def demo_dir(tmp_path, monkeypatch):
     """A state dir named with --state-dir (KINV_STATE_DIR points elsewhere), holding the #3a demo store."""
-    from kinv.agent.store import Store
-    from tests.agent.report.test_views import populate_demo
+    from benchmarks.demo_store import populate_demo
+    from kinv.agent.store.db import Store
 
     d = tmp_path / "elsewhere"
     store = Store(d)
@@ -550,7 +550,7 @@ def test_a_paused_or_interrupted_run_names_commands_with_its_state_dir(tmp_path,
     from rich.console import Console
 
     from kinv.agent.ids import continue_command
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
     from kinv.agent.workstream.investigation import _paused
 
     store = Store(demo_dir)
@@ -570,7 +570,7 @@ def test_a_paused_or_interrupted_run_names_commands_with_its_state_dir(tmp_path,
 def test_approving_a_campaigns_adoption_names_the_campaign_not_its_closed_workstream(capsys, tmp_path, monkeypatch):
     """`kinv approve 7-adopt` said "kinv resume 7c", which answers "#7c is already closed out" and writes nothing;
     the command that writes the approved config is `kinv campaign PLAN`."""
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     monkeypatch.chdir(ROOT)
     d = tmp_path / "s"

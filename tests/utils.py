@@ -93,7 +93,7 @@ def leave_kinv_patch_live(cfg, changes: dict) -> None:
     import tempfile
     from pathlib import Path
 
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
     from kinv.agent.tools.files import configs
     from kinv.kernels.launch_config import load_config
 

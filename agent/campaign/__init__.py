@@ -29,10 +29,3 @@ A campaign resumes where it stopped: its row in kinv.db holds the incumbent and 
 workstream resumes from its own checkpoints, and a screening from its screened rows.
 """
 
-from kinv.agent.campaign.driver import Campaign, Settings, campaign_id, run, ws_id
-from kinv.agent.campaign.levels import compose, patch_of, per_level, uniform, with_params
-from kinv.agent.campaign.results import FINAL, STUDY_DB, WorkstreamResult
-from kinv.agent.campaign.search import Search, open_search
-
-__all__ = ["FINAL", "STUDY_DB", "Campaign", "Search", "Settings", "WorkstreamResult",
-           "campaign_id", "compose", "open_search", "patch_of", "per_level", "run", "uniform", "with_params", "ws_id"]

@@ -21,7 +21,7 @@ from kinv.agent.campaign.steps import Confirmation
 from kinv.agent.errors import BackendError, BadInput, CampaignError
 from kinv.agent.fmt import kv
 from kinv.agent.plan import Plan, load_plan
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.kernels.launch_config import config_hash, describe
 
 

@@ -14,7 +14,6 @@ import importlib
 import logging
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import typer
@@ -41,7 +40,7 @@ def main(argv=None) -> int:
     # SIGINT, SIGTERM and SIGHUP once a run has closed, and while the process exits (its exit hooks stopping
     # the kept workers): noted, the exit code decided standing.  Called without argv, main is the process's
     # entry point (the kinv script, python -m): the process ends with it.
-    handler = logs.attach(_log_dir() or Path(tempfile.gettempdir()) / "kinv-no-state")
+    handler = logs.attach(_log_dir() or _temp_dir() / "kinv-no-state")
     release_signals = signals.take()
     code = EXIT_FAIL  # a bug that escapes _run: Python's own exit code for it
     try:
@@ -115,7 +114,7 @@ def _first_line(e: BaseException) -> str:
 def _log_dir() -> Path | None:
     """The state dir this command names (--state-dir, else $KINV_STATE_DIR, else ./state), or None when it
     is bad input (the command itself refuses it)."""
-    from kinv.agent.store import state_dir
+    from kinv.agent.store.state import state_dir
 
     if "KINV_STATE_DIR" in os.environ and not os.environ["KINV_STATE_DIR"].strip() and _state_dir_arg() is None:
         return None
@@ -125,10 +124,16 @@ def _log_dir() -> Path | None:
         return None
 
 
+def _temp_dir() -> Path:
+    import tempfile  # only where a command has no state dir: a read command never pays for it
+
+    return Path(tempfile.gettempdir())
+
+
 def _log_traceback(e: BaseException, handler: logs.StateDirLog) -> str:
     """The traceback into the state dir's kinv.log (the temp dir's where this command has no state dir)."""
     if not (handler.directory / logs.STATE_FILE).is_file():
-        handler.retarget(tempfile.gettempdir())
+        handler.retarget(_temp_dir())
     log.error("internal error in kinv %s", " ".join(sys.argv[1:] if _ARGV is None else _ARGV), exc_info=e)
     handler.flush()
     if handler.failed is not None or not handler.path.is_file():
@@ -165,7 +170,7 @@ def _db_failure(e: BaseException) -> str | None:
 
     if not isinstance(e, sqlite3.DatabaseError):
         return None
-    from kinv.agent.store import state_dir
+    from kinv.agent.store.state import state_dir
 
     where = state_dir(_state_dir_arg())
     msg = str(e)

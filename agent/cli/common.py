@@ -20,7 +20,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
 def _state_dir_ok(value):
     """--state-dir naming a file is bad input for every command, refused before anything runs."""
     if value:
-        from kinv.agent.store import state_dir
+        from kinv.agent.store.state import state_dir
 
         state_dir(value)  # BadInput (a ValueError): exit 2, one line
     return value
@@ -81,7 +81,7 @@ def _state_dir(state_dir) -> Path:
     (exit 2, nothing created) when $KINV_STATE_DIR is set but empty or the path is something other than a
     directory.  Every command that takes --state-dir checks it here, before anything is opened."""
     from kinv.agent.ids import shown
-    from kinv.agent.store import state_dir as resolve
+    from kinv.agent.store.state import state_dir as resolve
 
     if state_dir is None and "KINV_STATE_DIR" in os.environ and not os.environ["KINV_STATE_DIR"].strip():
         raise Exit(EXIT_BAD_INPUT, "KINV_STATE_DIR is set but empty: unset it (the default is ./state) or name "
@@ -96,7 +96,7 @@ def _state_dir(state_dir) -> Path:
 
 
 def _store(state_dir, create=False):
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     return Store(_state_dir(state_dir), create=create)
 

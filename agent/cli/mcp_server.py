@@ -60,8 +60,8 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
     from mcp.server.fastmcp import FastMCP
     from mcp.server.fastmcp.exceptions import ToolError
 
-    from kinv.agent.store import Store
-    from kinv.agent.store import state_dir as default_state_dir
+    from kinv.agent.store.db import Store
+    from kinv.agent.store.state import state_dir as default_state_dir
 
     root = Path(project or os.getcwd()).resolve()
     sdir = Path(state_dir).resolve() if state_dir else default_state_dir(None).resolve()
@@ -256,7 +256,7 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
                  approval: ApprovalChoice = Approval.AUTO_CONFIG.value) -> dict[str, Any]:  # fmt: skip
         """Start (or resume) a campaign in the background (kinv campaign): kinv chains workstreams on its own and
         proposes one config at the end; returns at once with the campaign id."""
-        from kinv.agent.campaign import campaign_id
+        from kinv.agent.campaign.driver import campaign_id
 
         path, p, h = checked_plan(plan, backend, approval)
         if p.campaign is None:

@@ -340,7 +340,7 @@ def doctor(state_dir: str = StateOpt, as_json: bool = JsonOpt):
 
     Example: kinv doctor
     """
-    from kinv.agent.store import state_dir as resolve
+    from kinv.agent.store.state import state_dir as resolve
     from kinv.agent.tools.files import doctor as doc
 
     _state_dir(state_dir)  # a file named as the state dir is bad input, not a healthy state
@@ -378,14 +378,14 @@ def revert(state_dir: str = StateOpt,
     Example: kinv revert --to-plan plans/3a-attention-occupancy.yaml
     Example: kinv revert --to-plan-baseline plans/3a-attention-occupancy.yaml
     """
-    from kinv.agent.store import state_dir as resolve
+    from kinv.agent.store.state import state_dir as resolve
     from kinv.agent.tools.files import configs
 
     resolve(state_dir)  # a state dir that is a file is bad input, --to-plan or not
     if to_plan is not None and to_plan_baseline is not None:
         raise Exit(EXIT_BAD_INPUT, "--to-plan and --to-plan-baseline are two different ways back: give one")
     if to_plan is not None or to_plan_baseline is not None:
-        from kinv.agent.store import state_dir as resolve
+        from kinv.agent.store.state import state_dir as resolve
         from kinv.agent.workstream import investigation
 
         raise Exit(EXIT_OK, investigation.revert_to_plan(to_plan or to_plan_baseline, resolve(state_dir),

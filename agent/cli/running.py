@@ -144,7 +144,7 @@ def campaign(
     import contextlib
     import io
 
-    from kinv.agent import campaign as camp
+    from kinv.agent.campaign import driver as camp
 
     _state_dir(state_dir)
     con = _console()
@@ -177,7 +177,7 @@ def mcp(
     Example: kinv mcp --print-config claude > .mcp.json
     """
     from kinv.agent.cli import mcp_server
-    from kinv.agent.store import state_dir as resolve
+    from kinv.agent.store.state import state_dir as resolve
 
     resolve(state_dir)  # a state dir that is a file is bad input here too
     if print_config is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from rich.markup import escape
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
@@ -56,6 +55,8 @@ WIDE = 4096  # piped output: wide enough for any table kinv prints, on one line 
 def diff(console, text: str) -> None:
     """A unified diff: coloured on a terminal, the plain text itself when piped."""
     if console.is_terminal:
+        from rich.syntax import Syntax  # pygments: only when a diff is shown on a terminal
+
         console.print(Syntax(text, "diff", theme="ansi_dark"))
     else:
         console.print(text, markup=False, highlight=False)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kinv.agent.errors import NotFound
 from kinv.agent.ids import norm_ws, shown, stamp
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 
 
 class View(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # a model's schema is built when first used
 
 
 # --------------------------------------------------------------------------- #
@@ -416,10 +415,10 @@ def n_screened(step: dict) -> int:
 
 
 def campaigns(store: Store) -> list[CampaignView]:
-    from kinv.kernels.launch_config import describe
-
     out = []
     for c in store.campaigns():
+        from kinv.kernels.launch_config import describe  # only where a campaign has steps to describe
+
         steps = [CampaignStep(ws=s.get("ws"), item=s["item"], phase=s["phase"],
                               finalists=[describe(f) for f in s.get("finalists", [])],
                               screened=n_screened(s), pruned=s.get("pruned", 0),
@@ -454,6 +453,8 @@ def backups(store: Store) -> list[BackupView]:
 def summarize_samples(samples: Iterable[dict]) -> list[SampleSummary]:
     """Samples grouped by (level, arm, place) in order of first appearance: n, median, min, max, cv.  Times from
     different GPUs are never pooled: a screening on Ray has an incumbent arm on each."""
+    import statistics  # only `kinv show` summarizes samples: the read path of `kinv status` skips it
+
     groups: dict[tuple[str, str, str | None], list[float]] = {}
     for s in samples:
         if s.get("us") is not None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kinv.agent.errors import AdoptError, BadInput, NoGain
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kinv.agent.report import closeout as report
 from kinv.agent.report import summary
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.tools.measure import premise
 from kinv.agent.words import MEASURED_VERDICTS
 from kinv.agent.workstream import planner
@@ -245,7 +245,10 @@ def collect(store: Store, plan, state: dict, ctx) -> report.CloseoutData:
     winners = sorted({x["config"] for x in roof["levels"].values()
                       if x.get("config") not in (None, "baseline") and not x["implausible"]})  # fmt: skip
     never = [v.id for v in verdicts if v.status in ("rejected", "not run")]
-    ranked = planner.recommend(plan, state.get("results", {}), roof["headroom"], roof["bound"],
+    decided = {e: vid for vid, e in planner.decided(state).items()}  # experiment id -> variant: the run's ids
+    results = {decided[v["exp"]["id"]]: planner.result(v["exp"], v["verdicts"]) for v in data["variants"]
+               if v["exp"]["id"] in decided}  # fmt: skip
+    ranked = planner.recommend(plan, results, roof["headroom"], roof["bound"],
                                measured_by=", ".join(winners), unmeasured=never,
                                implausible=roof["implausible"], premises=premises)  # fmt: skip
     backups = [b for b in store.backups() if b["workstream"] == ws]

@@ -12,7 +12,7 @@ from langgraph.types import Command
 
 from kinv.agent.errors import PatchError
 from kinv.agent.plan import Plan
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.tools.backends import base
 from kinv.agent.tools.files import configs
 from kinv.agent.tools.measure import bench

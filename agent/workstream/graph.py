@@ -64,7 +64,8 @@ class State(TypedDict, total=False):
     exp_id: int | None
     approval_id: str | None
     needs_approval: bool
-    results: Annotated[dict, _merge]  # variant id -> its result; a node returns only the variant it decided
+    decided: Annotated[dict, _merge]  # variant id -> its experiment's id (its verdict is in the store); a node returns only the variant it decided
+    results: Annotated[dict, _merge]  # an earlier kinv's checkpoint: variant id -> its result (read for the ids only)
     cancelled: list
     noise_exp: int | None
     bands: dict
@@ -215,7 +216,7 @@ def noise(state: State, runtime: Runtime[Context]) -> dict:
 def pick(state: State, runtime: Runtime[Context]) -> Command[Literal["design", "closeout"]]:
     ctx = runtime.context
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
-    results, cancelled = dict(state.get("results", {})), list(state.get("cancelled", []))
+    results, cancelled = planner.results(store, planner.decided(state)), list(state.get("cancelled", []))
     # the wall budget counts time spent running nodes (kinv.db's history), not time paused for a person
     wall = sum((r["finished"] or 0) - (r["started"] or 0) for r in store.node_runs(ws, ctx.version))
     spent = ("GPU" if state.get("gpu_s", 0) >= plan.budget.gpu_seconds
@@ -286,7 +287,7 @@ def design(state: State, runtime: Runtime[Context]) -> Command[Literal["approval
                   "levels": {}, "exp_id": exp}  # fmt: skip
         store.update_experiment(exp, status="rejected", verdict="infeasible", reason=result["reason"])
         ctx.say("infeasible", message=f"{vid}: {result['reason']} (never patched, never timed)")
-        return Command(goto="decide", update={"exp_id": exp, "results": {vid: result}})
+        return Command(goto="decide", update={"exp_id": exp, "decided": {vid: exp}})
     if _needs_approval(ctx, cfg, bool(v.source_patch)):
         aid = f"{ws.lstrip('#')}-{vid}-{exp}"
         src = _source_patch(ctx, v)
@@ -361,7 +362,7 @@ def apply(state: State, runtime: Runtime[Context]) -> Command[Literal["gate", "r
     except PatchError as exc:
         res = _failed(store, state, "failed", f"patch failed: {exc}")
         ctx.say("failed", message=f"{vid}: {res['reason']}")
-        return Command(goto="revert", update={"results": {vid: res},
+        return Command(goto="revert", update={"decided": {vid: res["exp_id"]},
                                               "decision": res["reason"][:200]})
     what = describe(plan.variant_config(v)) + (f" + source patch {v.source_patch}" if v.source_patch else "") + \
         (" with " + kv(v.env) + " in its processes" if v.env else "")
@@ -392,7 +393,7 @@ def gate(state: State, runtime: Runtime[Context]) -> Command[Literal["measure", 
         kind, why = _failure_kind(result)
         res = _failed(store, state, kind, why)
         ctx.say(kind, message=f"{vid} rejected before timing: {why}")
-        return Command(goto="revert", update={"results": {vid: res},
+        return Command(goto="revert", update={"decided": {vid: res["exp_id"]},
                                               "decision": f"{vid} {kind}: never timed"})
     return Command(goto="measure", update={"decision": f"{vid} correct"})
 
@@ -423,7 +424,7 @@ def measure(state: State, runtime: Runtime[Context]) -> dict:
         if out.void:
             res["void_reason"] = out.void
         ctx.say("failed", message=f"{vid}: {todo_reason(res)}")
-        return {"results": {vid: res}, "gpu_s": state.get("gpu_s", 0) + out.spent_s, "decision": todo_reason(res)[:200]}
+        return {"decided": {vid: exp}, "gpu_s": state.get("gpu_s", 0) + out.spent_s, "decision": todo_reason(res)[:200]}
     seq_res = out.result
     if seq_res.rounds > s.quick_rounds:
         quick = ", ".join(f"{lv.label}:{seq_res.quick_look.get(lv.key)}" for lv in levels if lv.key in seq_res.quick_look)
@@ -433,7 +434,7 @@ def measure(state: State, runtime: Runtime[Context]) -> dict:
            "levels": {lv: e.verdict for lv, e in seq_res.effects.items()},
            "effects": {lv: round(e.effect, 5) for lv, e in seq_res.effects.items()}}  # fmt: skip
     ctx.say("verdict", message=f"{vid}: {out.verdict} — {out.reason}")
-    return {"results": {vid: res},
+    return {"decided": {vid: exp},
             "gpu_s": state.get("gpu_s", 0) + out.spent_s, "rounds": state.get("rounds", 0) + seq_res.rounds,
             "decision": f"{vid}: {out.verdict}"}  # fmt: skip
 
@@ -456,7 +457,7 @@ def decide(state: State, runtime: Runtime[Context]) -> dict:
     ctx = runtime.context
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
     vid = state["current"]
-    res = state["results"][vid]
+    res = planner.results(store, {vid: state["exp_id"]})[vid]  # the verdict as the store holds it
     planner.finish(store, ws, vid, "completed", todo_reason(res))
     if res["verdict"] in ("mixed", "inconclusive") and "improved" in res.get("levels", {}).values():
         # improved somewhere and not accepted: the variant where it won, the baseline elsewhere

@@ -31,8 +31,8 @@ from kinv.agent.errors import (
     StateDamaged,
 )
 from kinv.agent.plan import load_plan
-from kinv.agent.store import Store
-from kinv.agent.store import state_dir as state_path
+from kinv.agent.store.db import Store
+from kinv.agent.store.state import state_dir as state_path
 from kinv.agent.workstream.context import Context, open_checkpointer, run_config
 from kinv.agent.workstream.graph import APPROVAL_POLICIES, build_graph
 

@@ -20,8 +20,9 @@ Rules
 
 from __future__ import annotations
 
+from kinv.agent.errors import StateDamaged
 from kinv.agent.plan import Plan, Variant
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.words import LevelVerdict, Verdict
 
 STATUSES = ("pending", "in_progress", "completed", "cancelled")
@@ -68,6 +69,45 @@ def add_follow_up(store: Store, ws: str, item: str, content: str, reason: str) -
         store.upsert_todo({"id": tid, "workstream": ws, "parent": ws, "content": content,
                            "active_form": f"Proposing {content}", "status": "pending", "reason": reason,
                            "priority": "low", "position": pos})  # fmt: skip
+
+
+# --------------------------------------------------------------------------- #
+# the decided variants: their verdicts live in the store; the run's state holds their experiments' ids
+# --------------------------------------------------------------------------- #
+def result(exp: dict, verdict_rows: list[dict]) -> dict:
+    """A decided variant's result as the rules below read it, from its experiment's rows in the store: the verdict
+    and its reason, and each level's verdict where the A/B reached one (none for a variant it never timed to a
+    result: infeasible, failed, incorrect, tampered)."""
+    out = {"verdict": exp.get("verdict"), "reason": exp.get("reason"), "exp_id": exp["id"],
+           "levels": {r["level"]: r["verdict"] for r in verdict_rows}}  # fmt: skip
+    if exp.get("void_reason"):
+        out["void_reason"] = exp["void_reason"]
+    return out
+
+
+def results(store: Store, decided: dict[str, int]) -> dict[str, dict]:
+    """Every decided variant's result (variant id -> :func:`result`), read from the store by experiment id."""
+    out = {}
+    for vid, exp_id in decided.items():
+        exp = store.experiment(exp_id)
+        if exp is None:
+            raise StateDamaged(f"the run's checkpoint names experiment {exp_id} for {vid} but kinv.db holds no such "
+                               f"experiment: kinv doctor names the way back")  # fmt: skip
+        out[vid] = result(exp, store.verdicts(exp_id))
+    return out
+
+
+def decided(state: dict) -> dict[str, int]:
+    """The run's decided variants (variant id -> experiment id).  A checkpoint written by an earlier kinv holds
+    each result itself (``results``, each with its ``exp_id``): its ids are read from those, the verdicts from the
+    store as for any other run."""
+    old = state.get("results") or {}
+    missing = sorted(vid for vid, r in old.items() if not isinstance(r, dict) or r.get("exp_id") is None)
+    if missing:
+        raise StateDamaged(f"the run's checkpoint was written by an earlier kinv and holds results without their "
+                           f"experiment ids ({', '.join(missing)}); it cannot be resumed: start over with kinv run "
+                           f"PLAN --new-version")  # fmt: skip
+    return {**{vid: int(r["exp_id"]) for vid, r in old.items()}, **(state.get("decided") or {})}
 
 
 # --------------------------------------------------------------------------- #

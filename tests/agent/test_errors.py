@@ -133,7 +133,7 @@ def test_an_internal_error_is_one_line_and_its_traceback_in_the_state_dirs_log(t
     where the traceback is; $KINV_STATE_DIR's dir is not touched."""
     from kinv.agent.cli.app import main
     from kinv.agent.report import views
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     other = tmp_path / "other-state"
     Store(other).close()
@@ -207,7 +207,7 @@ def test_bad_input_writes_no_log_and_creates_no_state_dir(tmp_path, state_dir, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "nope.yaml does not exist" in err[0] and "no kinv state" in err[1], err
     assert not state_dir.exists() and not (Path(tempfile.gettempdir()) / "kinv.log").exists()
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     Store(state_dir).close()  # an existing state: bad input leaves no line in its log either
     assert main(["run", str(tmp_path / "nope.yaml"), "--backend", "replay"]) == 2
@@ -270,7 +270,7 @@ def test_a_failed_step_on_a_state_dir_whose_log_cannot_be_opened_is_its_one_line
     from kinv.agent.cli.app import main
     from kinv.agent.errors import StateDamaged
     from kinv.agent.report import views
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     Store(state_dir).close()
     _unopenable_log(state_dir)
@@ -289,7 +289,7 @@ def test_a_read_only_state_dir_gets_its_one_line(state_dir, monkeypatch, capsys)
     from kinv.agent.cli.app import main
     from kinv.agent.errors import StateDamaged
     from kinv.agent.report import views
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     Store(state_dir).close()
     state_dir.chmod(0o555)
@@ -306,7 +306,7 @@ def test_a_full_disk_is_one_line_even_when_the_log_cannot_be_written(state_dir, 
     """On a full disk the log fails too (here: kinv.log is /dev/full): the "cannot write" line stays the one
     line, no traceback from writing or closing the log follows it."""
     from kinv.agent.cli.app import main
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
     from kinv.agent.tools.files import doctor
 
     if not Path("/dev/full").exists():

@@ -331,7 +331,7 @@ def test_a_plugins_config_keeps_its_own_key_order_and_description_through_a_patc
         r = _kinv(env, "run", "plan-order.yaml", "--backend", "replay", "--approval", "auto", cwd=src)
         assert r.returncode == 0, r.stdout + r.stderr
         assert cfg.read_bytes() == before  # restored byte for byte
-        from kinv.agent.store import Store
+        from kinv.agent.store.db import Store
 
         diff = next(p for p in Store(tmp_path / "state").patches("#9d") if p["kind"] == "config")["diff"]
         changed = [ln for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]

@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.kernels.launch_config import config_hash, load_config
 from tests.utils import kinv_in_process as run_kinv
 from tests.utils import replay_env

@@ -32,7 +32,7 @@ from kinv.kernels.adapter import Level
 def _logs(where: Path | None) -> Path:
     """Where runs' outputs are kept: ``<state>/commands`` of the run (the backend is told), else the default
     state dir's."""
-    from kinv.agent.store import state_dir
+    from kinv.agent.store.state import state_dir
 
     d = where or state_dir(None) / "commands"
     d.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,7 @@ from kinv.agent.tools.files.config_text import (  # noqa: F401 - kinv.agent.tool
 from kinv.kernels.launch_config import validate_config
 
 if TYPE_CHECKING:
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
 TMP_MARK = ".kinv-tmp-"
 

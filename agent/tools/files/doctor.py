@@ -24,7 +24,7 @@ class Finding:
 
 
 def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
-    from kinv.agent.store import CHECKPOINTS_NAME, DB_NAME, earlier_runs, live_markers, lock_held
+    from kinv.agent.store.state import CHECKPOINTS_NAME, DB_NAME, earlier_runs, live_markers, lock_held
 
     out: list[Finding] = []
     db = state / DB_NAME

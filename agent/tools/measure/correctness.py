@@ -22,7 +22,7 @@ from kinv.agent.fmt import kv
 from kinv.kernels.adapter import KernelAdapter, Level
 
 if TYPE_CHECKING:
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
 def default_device() -> str:
     """'cuda' when a CUDA device is visible, else 'cpu'."""

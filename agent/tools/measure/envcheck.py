@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from kinv.agent.errors import BadInput, EnvMismatch
 
 if TYPE_CHECKING:
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
 
 EMPTY_RETRIES = 25

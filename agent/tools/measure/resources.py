@@ -15,7 +15,7 @@ from kinv.kernels.devices import DeviceSpec
 from kinv.kernels.launch_config import config_hash, describe
 
 if TYPE_CHECKING:
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
 def _smem(level_res: dict) -> int:
     compiled = level_res.get("smem_compiled")

@@ -10,7 +10,7 @@ import pytest
 
 from kinv.agent.campaign.results import read_workstream
 from kinv.agent.campaign.search import open_search
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 
 SPACE = {"BLOCK_T": [16, 32, 64, 128], "num_warps": [4, 8]}
 

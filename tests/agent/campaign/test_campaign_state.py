@@ -23,9 +23,9 @@ PLAN = ROOT / "plans" / "7-decode-ceiling.yaml"
 def _campaign(state_dir, steps, approval="auto", created=None):
     from rich.console import Console
 
-    from kinv.agent import campaign as camp
+    from kinv.agent.campaign import driver as camp
     from kinv.agent.plan import load_plan
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     plan, plan_hash = load_plan(str(PLAN))
     store = Store(str(state_dir))
@@ -86,7 +86,7 @@ def test_the_wall_budget_excludes_time_spent_waiting_for_a_person(state_dir):
 
 
 def _adopting(monkeypatch, written):
-    from kinv.agent import campaign as camp
+    from kinv.agent.campaign import driver as camp
 
     def adoption(self, ws):
         return SimpleNamespace(diff="--- a\n+++ b\n", message="adopt it\n", new_config=self.row["incumbent"],
@@ -153,7 +153,7 @@ def test_sigterm_during_screening_restores_marks_the_campaign_interrupted_and_ex
     assert p.returncode == 130, "".join(seen) + out
     assert "interrupted" in out and "kinv campaign" in out
     assert cfg.read_bytes() == before
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     store = Store(env["KINV_STATE_DIR"])
     assert store.campaign("#7")["status"] == "interrupted"
@@ -193,7 +193,8 @@ def test_the_campaign_graph_ends_a_closed_chain_through_adopt_and_summarise_on_i
     adoption is written under --approval auto, the summary is in kinv.db, and the graph's checkpoints are a thread
     of checkpoints.db named after the campaign, which a later open of the state dir does not take for lost runs."""
     from kinv.agent.campaign.flow import drive, thread
-    from kinv.agent.store import Store, checkpoint_threads
+    from kinv.agent.store.db import Store
+    from kinv.agent.store.state import checkpoint_threads
 
     written = []
     _adopting(monkeypatch, written)
@@ -215,7 +216,7 @@ def test_the_campaign_graph_ends_a_closed_chain_through_adopt_and_summarise_on_i
 def test_a_campaign_killed_inside_a_node_resumes_at_that_node(state_dir, monkeypatch):
     """A kill (here an interrupt raised by the adoption) leaves the graph's checkpoint at the node it was in;
     the next pass resumes there instead of starting over."""
-    from kinv.agent import campaign as camp
+    from kinv.agent.campaign import driver as camp
     from kinv.agent.campaign.flow import build_campaign_graph, drive, thread
     from kinv.agent.workstream.context import open_checkpointer
 

@@ -137,7 +137,7 @@ def test_an_agent_starts_watches_and_reads_an_investigation_but_a_person_approve
 
 
 def test_bad_arguments_are_one_tool_error_each_and_the_server_keeps_going(tmp_path):
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     env = replay_env(tmp_path, tmp_path / "state")
     proj = _project(tmp_path)
@@ -196,7 +196,7 @@ def test_a_proposed_plan_is_validated_stored_with_its_hash_and_runnable(tmp_path
 
 
 def test_approve_is_exposed_only_when_a_person_starts_the_server_so(tmp_path):
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     env = replay_env(tmp_path, tmp_path / "state")
     proj = _project(tmp_path)

@@ -185,7 +185,7 @@ def test_variant_outside_the_plans_bounds_is_refused(box):
 # ids and numbers
 # --------------------------------------------------------------------------- #
 def _some_state(box):
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     s = Store(box / "state")
     s.upsert_workstream({"id": "#3a", "title": "t", "kernel": "mla_decode", "plan_path": str(PLAN), "status": "open"})

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.demo_store import populate_demo
 from kinv.agent.report import render, views
-from kinv.agent.store import Store
-from tests.agent.report.test_views import populate_demo
+from kinv.agent.store.db import Store
 
 ROOT = Path(__file__).resolve().parents[3]
 LABEL = "BT64/BH16/w8/s2 [b<=1: w8; b2-8: BT32]"

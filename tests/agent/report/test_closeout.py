@@ -188,7 +188,7 @@ def test_a_replay_close_out_names_where_its_recordings_come_from(tmp_path, monke
 def test_an_archived_plan_version_keeps_its_own_close_out_which_the_next_version_never_overwrites(tmp_path):
     """Version 1's close-out is renamed when version 2 starts: the history row must point at the renamed file, not
     at the path version 2's close-out then writes."""
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
     from tests.utils import kinv_in_process as run_kinv
     from tests.utils import replay_env
 

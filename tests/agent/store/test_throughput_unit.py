@@ -10,7 +10,7 @@ import sqlite3
 from pathlib import Path
 
 from kinv.agent import store as store_mod
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from tests.utils import kinv_in_process as run_kinv
 from tests.utils import replay_env
 
@@ -35,7 +35,7 @@ def test_bench_stores_the_moe_kernels_throughput_in_tflops_and_says_so(tmp_path,
 
 
 def test_an_old_db_with_a_tokens_per_s_column_opens_and_its_rows_get_their_kernels_unit(tmp_path, monkeypatch):
-    old = [m for m in store_mod.MIGRATIONS if m[0] <= "m007"]
+    old = [m for m in store_mod.schema.MIGRATIONS if m[0] <= "m007"]
     monkeypatch.setattr(store_mod.schema, "MIGRATIONS", old)
     s = Store(tmp_path / "state")
     ids = {}

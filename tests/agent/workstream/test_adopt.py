@@ -223,7 +223,7 @@ def test_an_adoptions_samples_saved_as_a_recording_are_served_by_replay(after_3b
     # given a replayed confirming A/B, and the replay backend must then serve the new live file to kinv bench.
     import statistics
 
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
     from kinv.agent.workstream import adopt
 
     env, cfg = after_3b

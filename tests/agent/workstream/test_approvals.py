@@ -59,7 +59,7 @@ def test_a_plan_changed_after_approval_is_refused_then_runs_as_a_new_version(env
     assert (Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json").read_bytes() == before  # the edited V1 never written
     r = kinv(env, "run", str(plan), "--backend", "replay", "--approval", "auto", "--new-version")
     assert r.returncode == 0 and "plan version 2" in r.stdout, r.stdout + r.stderr
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     store = Store(env["KINV_STATE_DIR"])
     old = store.plan_versions("#3a")
@@ -86,7 +86,7 @@ def test_a_source_patch_edited_after_approval_is_refused(copy_env):
 
 
 def test_a_recorded_decision_is_never_overwritten(tmp_path):
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     store = Store(tmp_path / "state")
     row = dict(id="3a-V1-3", workstream="#3a", todo="#3a.V1", variant="V1", kind="config", diff="d", resources={},

@@ -19,7 +19,7 @@ SHIPPED = (ROOT / "kernels" / "configs" / "mla_decode.json").read_bytes()
 
 
 def _store(tmp_path):
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     return Store(tmp_path / "state", create=True)
 
@@ -134,7 +134,7 @@ def test_an_approval_shows_the_diff_from_the_live_bytes_to_exactly_the_bytes_wri
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 3, out  # V2 waits for its own approval; V1 was measured and reverted
     assert written == promised  # what was written is what was approved, byte for byte
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     row = next(p for p in Store(state_dir).patches("#3a") if p["kind"] == "config")
     assert row["sha_after"] == configs._sha_bytes(written) and row["diff"] in item["diff"]

@@ -37,7 +37,7 @@ CONFIG = ROOT / "kernels" / "configs" / "mla_decode.json"
 CHILD = r"""
 import json, sys
 from pathlib import Path
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.tools.files import configs
 state, target, kind = sys.argv[1:4]
 store = Store(state)
@@ -56,7 +56,7 @@ print("DONE")
 
 RECOVER = r"""
 import json, sys
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.tools.files import configs
 
 store = Store(sys.argv[1])
@@ -296,7 +296,7 @@ def killed_run(tmp_path_factory):
                 os.kill(c, signal.SIGSTOP)
         seen["children"] = children
         seen["doctor"] = _kinv(env, "doctor", "--json")
-        from kinv.agent.store import Store
+        from kinv.agent.store.db import Store
 
         Store(tmp / "other").close()  # a second terminal's state dir on the same checkout
         seen["doctor_other"] = _kinv(dict(env, KINV_STATE_DIR=str(tmp / "other")), "doctor", "--json")

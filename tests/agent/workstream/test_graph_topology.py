@@ -10,7 +10,7 @@ import inspect
 from pathlib import Path
 
 from kinv.agent.plan import load_plan
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.workstream.context import Context
 from kinv.agent.workstream.graph import build_graph, make_nodes
 

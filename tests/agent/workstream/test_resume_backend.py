@@ -31,7 +31,7 @@ def test_resume_keeps_the_backend_the_run_started_with_and_refuses_another(tmp_p
     for k in ("KINV_CONFIG_DIR", "TRITON_INTERPRET", "KINV_FORCE_NO_GPU", "PYTHONPATH"):
         monkeypatch.setenv(k, env[k])
     from kinv.agent.cli import app as cli
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
     from kinv.agent.tools.measure import bench
 
     real = bench.get_backend

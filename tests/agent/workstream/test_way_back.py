@@ -46,7 +46,7 @@ def test_approve_and_reject_race_one_wins_the_other_is_told(tmp_path, state_dir,
     assert codes == [0, 2], results
     loser = next(err for code, err in results if code == 2)
     assert "already" in loser and "final" in loser
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     decided = Store(state_dir).approval(aid)["status"]
     winner = "approved" if results[0][0] == 0 else "rejected"
@@ -78,7 +78,7 @@ def test_the_error_log_follows_state_dir_not_the_working_directory(tmp_path, sta
     directory nor under $KINV_STATE_DIR."""
     import sqlite3
 
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     other = tmp_path / "other-state"
     Store(other).close()
@@ -104,7 +104,7 @@ def _corrupt_header(db: Path) -> None:
 
 
 def test_a_corrupt_kinv_db_header_is_one_line_naming_the_file_and_the_fix(tmp_path, state_dir):
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     env = _env(tmp_path, state_dir)
     store = Store(state_dir)

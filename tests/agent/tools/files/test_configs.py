@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kinv.agent.errors import PatchError, RevertError
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.tools.files import config_text, configs
 from kinv.kernels.launch_config import load_config
 from tests.utils import write_seed_config
@@ -114,7 +114,7 @@ def test_recover_after_a_crash_mid_patch(store, cfg_path, state_dir):
     before = cfg_path.read_bytes()
     script = textwrap.dedent(f"""
         import os, sys
-        from kinv.agent.store import Store
+        from kinv.agent.store.db import Store
         from kinv.agent.tools.files import configs
         from kinv.agent.tools.files import config_text
         real = os.replace

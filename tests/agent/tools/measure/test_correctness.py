@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.tools.measure import correctness
 from kinv.kernels.adapter import get_adapter
 from kinv.kernels.mla_decode_adapter import MLADecodeAdapter

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kinv.agent.errors import BadInput, EnvMismatch
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.tools.measure import envcheck
 from kinv.agent.tools.measure.envcheck import Mismatch
 

@@ -219,7 +219,7 @@ def test_bench_variant_voids_a_level_whose_yardstick_beat_the_card(planted, stat
 
 @pytest.mark.slow
 def test_bench_variant_refuses_an_incorrect_candidate_before_timing(planted, state_dir, capsys):
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
 
     r = _bench(capsys, "SKIP_TAIL=1")
     assert r["verdict"] == "incorrect" and "not finite" in r["reason"], r
@@ -232,7 +232,7 @@ def test_bench_variant_refuses_an_incorrect_candidate_before_timing(planted, sta
 def test_an_adoptions_confirming_ab_voids_an_implausible_win_and_refuses_an_incorrect_one(planted, state_dir):
     from kinv.agent.errors import AdoptError
     from kinv.agent.plan import load_plan
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
     from kinv.agent.workstream.adopt import confirm_against_live
 
     plan, _sha = load_plan(PLANTED / "plan.yaml")

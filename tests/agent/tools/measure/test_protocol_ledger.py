@@ -38,7 +38,7 @@ def test_the_round_loop_books_every_sample_it_takes_kept_or_lost():
 def test_a_run_that_loses_samples_reports_the_same_gpu_seconds_in_its_budget_close_out_and_a_campaigns_budget(
         tmp_path):  # fmt: skip
     from kinv.agent.campaign.driver import Campaign
-    from kinv.agent.store import Store
+    from kinv.agent.store.db import Store
     from kinv.agent.workstream.context import open_checkpointer, run_config
     from kinv.agent.workstream.graph import build_graph
 
