@@ -45,7 +45,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("kernel interface", ("kernels/adapter.py", "kernels/launch_config.py", "kernels/tunables.py", "kernels/quick.py",
                           "kernels/command_adapter.py", "kernels/devices.py", "kernels/hashes.py")),
     ("errors, words, ids", ("agent/errors.py", "agent/words.py", "agent/ids.py", "agent/logs.py", "agent/signals.py",
-                            "agent/faults.py", "agent/fmt.py")),
+                            "agent/faults.py", "agent/fmt.py", "kernels/errors.py", "kernels/moved.py")),
 ]
 
 # the product's packages: folder -> the dotted name it installs as

@@ -47,7 +47,8 @@ def test_every_exception_kinv_raises_is_defined_in_one_module_with_its_exit_code
     """agent/errors.py defines every exception kinv raises on purpose (the command line's own Exit aside), each
     a kind with its exit code: bad input 2, a failed step 1, damaged state 1, interrupted 130."""
     from kinv.agent import errors
-    from kinv.agent.errors import BadInput, Interrupted, KinvError, StateDamaged, StepFailed
+    from kinv.agent.errors import Interrupted, StateDamaged
+    from kinv.kernels.errors import BadInput, KinvError, StepFailed
     elsewhere = [f"{c.__module__}.{c.__qualname__}" for c in _exception_classes()
                  if c.__module__ != "kinv.agent.errors" and c.__qualname__ != "Exit"]  # fmt: skip
     assert not elsewhere, f"define these in agent/errors.py: {elsewhere}"
@@ -84,8 +85,8 @@ def test_run_plan_raises_bad_input_with_exit_2_and_creates_no_state_dir(state_di
     returned code; nothing is created."""
     from rich.console import Console
 
-    from kinv.agent.errors import BadInput, ExitCode
     from kinv.agent.workstream.investigation import run_plan
+    from kinv.kernels.errors import BadInput, ExitCode
 
     with pytest.raises(BadInput) as got:
         run_plan(str(ROOT / plan), backend, approval, str(state_dir), Console(quiet=True))
