@@ -178,7 +178,7 @@ def _resources(plan: Plan, adapter, base_cfg: dict, cfg: dict) -> dict:
            "predicted": resources.predicted_change(base_a, var_a), "device": plan.device}  # fmt: skip
     if any(lv.get("registers") is None for lv in [*base_a["levels"], *var_a["levels"]]):
         # nothing was compiled: the analytical model knows shared memory, not the registers that often bind first
-        out["basis"] = f"registers unknown {_unknown_where()}: occupancy from shared memory only"
+        out["basis"] = f"registers unknown {_unknown_where()}: occupancy from shared memory and thread limits only"
     return out
 
 
