@@ -92,8 +92,7 @@ def test_every_public_name_is_documented_and_exported_once():
 
 def test_the_public_names_are_the_objects_kinv_itself_uses():
     """One class per name: a plugin's KernelAdapter subclass, and the errors it raises, are the ones kinv checks for."""
-    from kinv.agent import errors
-    from kinv.kernels import adapter, quick, tunables
+    from kinv.kernels import adapter, errors, quick, tunables
 
     assert plugin.KernelAdapter is adapter.KernelAdapter and plugin.Params is tunables.Params
     assert plugin.kernel is quick.kernel and plugin.from_autotune is quick.from_autotune
