@@ -71,9 +71,10 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from kinv.agent.errors import BadInput
 from kinv.kernels.adapter import NAME, KernelAdapter, Level, Resources
 from kinv.kernels.devices import DeviceSpec, occupancy
+from kinv.kernels.errors import BadInput
+from kinv.kernels.moved import moved
 from kinv.kernels.tunables import MAX_DIM, Params, Restriction, Tunable, TunableSpec, brief_repr
 
 CPU_CAP = 64  # the largest integer level dimension the CPU stand-in runs (the Triton interpreter is slow)
@@ -811,3 +812,8 @@ def from_autotune(name: str, autotuned, *, levels: list, make_inputs: Callable, 
 
 
 __all__ = ["QuickAdapter", "from_autotune", "kernel", "parse_restriction", "restriction"]
+
+
+def __getattr__(name: str):
+    # names this module held at 0.2.0 that live elsewhere now: QuickError (now BadInput)
+    return moved(__name__, name)

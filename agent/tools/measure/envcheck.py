@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kinv.agent.errors import BadInput, EnvMismatch
+from kinv.agent.errors import EnvMismatch
+from kinv.kernels.errors import BadInput
 
 if TYPE_CHECKING:
     from kinv.agent.store.db import Store
