@@ -96,6 +96,10 @@ SPEC = TunableSpec(
                 "0 (the source's 128) or 16, 32, 64, 128 (value columns per merge program)", default=0),
         Tunable("MERGE_BLOCK_S", (0, 8, 16, 32, 64, 128), "mbs",
                 "0 (the source's 32) or 8-128, a power of two (splits per merge load)", default=0),
+        # the split-K partial outputs' dtype: float32 (the kernel's own scratch), or the inputs' 16-bit dtype, which
+        # halves the bytes stage 1 writes and the merge reads back (the merge still sums in float32)
+        Tunable("PARTIAL_DTYPE", (0, 16), "pdt",
+                "0 (float32 partial outputs) or 16 (partial outputs in the inputs' 16-bit dtype)", default=0),
         Tunable("PERSISTENT", (0, 1, 2, 3, 4), "pers",
                 "0 (one program per split) or 1-4 (that many programs per SM take splits from a work queue)",
                 default=0),
@@ -163,12 +167,13 @@ def capped_launch(maxnreg: int, merge_block_dv: int = 0, merge_block_s: int = 0)
 
 def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_stages: int = 2,
                CTAS_PER_SM: int = 0, TMA: int = 0, MERGE: int = 0, PERSISTENT: int = 0, maxnreg: int = 0,
-               MIN_SPLIT_TILES: int = 0, MERGE_BLOCK_DV: int = 0, MERGE_BLOCK_S: int = 0) -> Params:  # fmt: skip
+               MIN_SPLIT_TILES: int = 0, MERGE_BLOCK_DV: int = 0, MERGE_BLOCK_S: int = 0,
+               PARTIAL_DTYPE: int = 0) -> Params:  # fmt: skip
     """Launch parameters of the MLA kernel (defaults: the seed's baseline BT16/BH16/w4/s2, no register cap)."""
     values = {"BLOCK_T": BLOCK_T, "BLOCK_H": BLOCK_H, "num_warps": num_warps, "num_stages": num_stages,
               "CTAS_PER_SM": CTAS_PER_SM, "TMA": TMA, "MERGE": MERGE, "PERSISTENT": PERSISTENT,
               "maxnreg": maxnreg, "MIN_SPLIT_TILES": MIN_SPLIT_TILES, "MERGE_BLOCK_DV": MERGE_BLOCK_DV,
-              "MERGE_BLOCK_S": MERGE_BLOCK_S}  # fmt: skip
+              "MERGE_BLOCK_S": MERGE_BLOCK_S, "PARTIAL_DTYPE": PARTIAL_DTYPE}  # fmt: skip
     return SPEC.resolve(SPEC.validate({**values, "kernel": "mla_decode"}), {})
 
 
@@ -348,6 +353,8 @@ class MLADecodeAdapter(KernelAdapter):
             # config whose persistent programs the kernel would silently ignore
             raise ValueError(f"PERSISTENT={params.PERSISTENT} needs persistent programs in kernels/mla_decode.py, "
                              "which this source has not (plans/patches/10a-persistent-stage1.diff adds them)")
+        if scratch is None and params.get("PARTIAL_DTYPE", 0):
+            scratch = self.make_scratch(inputs, params, target_ctas)  # the kernel's own scratch is float32
         return mla_decode_launch(
             inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], params,
             d_v=inputs["d_v"], max_seq_len=inputs["max_seq_len"], out=out, target_ctas=target_ctas,
@@ -363,11 +370,19 @@ class MLADecodeAdapter(KernelAdapter):
         return torch.empty((q.shape[0], q.shape[1], inputs["d_v"]), dtype=q.dtype, device=q.device)
 
     def make_scratch(self, inputs: dict, params: Params, target_ctas=None) -> dict:
+        import torch
+
         from kinv.kernels.mla_decode import mla_decode_scratch
 
-        b, h, _ = inputs["q"].shape
+        q = inputs["q"]
+        b, h, _ = q.shape
         splits = splits_at(params, b, h, inputs["max_seq_len"], target_ctas)
-        return mla_decode_scratch(b, h, splits, inputs["d_v"], inputs["q"].device)
+        scratch = mla_decode_scratch(b, h, splits, inputs["d_v"], q.device)
+        if params.get("PARTIAL_DTYPE", 0) and q.element_size() == 2:
+            # stage 1 stores its normalized partial outputs in the inputs' dtype (Triton casts on store); the merge
+            # loads them and sums in float32; the log-sum-exps stay float32
+            scratch["partial_o"] = torch.empty_like(scratch["partial_o"], dtype=q.dtype)
+        return scratch
 
     def reference(self, inputs: dict):
         from kinv.kernels.mla_decode_ref import mla_decode_reference

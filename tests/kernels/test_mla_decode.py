@@ -249,6 +249,32 @@ def test_the_merge_kernels_blocks_come_from_the_config_and_stay_correct():
     assert_verbose_allclose(out, mla_decode_reference(q, kv, bt, seq, d_v=d_v), 2e-3, 2e-3)
 
 
+@pytest.mark.parametrize("merge", [0, 1])
+def test_sixteen_bit_partial_outputs_halve_the_scratch_and_stay_correct(merge):
+    """PARTIAL_DTYPE 16: stage 1 stores its partial outputs in the inputs' 16-bit dtype (the merge, in stage 2 or in
+    stage 1's last split, still sums in float32); float32 inputs keep float32 partials; 0 is the seed's config."""
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.launch_config import config_hash, describe, validate_config
+
+    seed = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
+    assert config_hash(validate_config({**seed, "PARTIAL_DTYPE": 0})) == "a5991bb8b0f6"
+    assert describe({**seed, "PARTIAL_DTYPE": 16}) == "BT16/BH16/w4/s2/pdt16"
+    adapter = get_adapter("mla_decode")
+    params = mla_params(BLOCK_T=16, MERGE=merge, PARTIAL_DTYPE=16)
+    q, kv, bt, seq, d_v = make([200, 7], 16, "v3", 16, torch.float16, seed=5)
+    inputs = {"q": q, "kv_cache": kv, "block_table": bt, "seq_lens": seq, "max_seq_len": 200, "d_v": d_v}
+    scratch = adapter.make_scratch(inputs, params)
+    assert scratch["partial_o"].dtype == torch.float16 and scratch["partial_lse"].dtype == torch.float32
+    assert scratch["partial_o"].shape[2] == 13  # 13 splits of one 16-token tile: every merge path has work
+    ref = mla_decode_reference(q, kv, bt, seq, d_v=d_v)
+    for out, _ in (adapter.launch(inputs, params, scratch=scratch), adapter.launch(inputs, params)):
+        assert out.dtype == torch.float16
+        assert_verbose_allclose(out, ref, 1e-2, 1e-2)
+        assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-3
+    wide = {**inputs, "q": q.float(), "kv_cache": kv.float()}
+    assert adapter.make_scratch(wide, params)["partial_o"].dtype == torch.float32
+
+
 def test_a_register_cap_launches_stage_one_capped_and_stays_correct():
     """maxnreg reaches stage 1's launch as Triton's ``maxnreg`` (the interpreter takes and ignores it), through
     the kernel's own launch code; no other launch in the process is capped, and no cap is the function itself."""
