@@ -96,8 +96,7 @@ SPEC = TunableSpec(
                 "0 (the source's 128) or 16, 32, 64, 128 (value columns per merge program)", default=0),
         Tunable("MERGE_BLOCK_S", (0, 8, 16, 32, 64, 128), "mbs",
                 "0 (the source's 32) or 8-128, a power of two (splits per merge load)", default=0),
-        # the split-K partial outputs' dtype: float32 (the kernel's own scratch), or the inputs' 16-bit dtype, which
-        # halves the bytes stage 1 writes and the merge reads back (the merge still sums in float32)
+        # 16: half the bytes stage 1 writes and the merge reads back (the merge still sums in float32)
         Tunable("PARTIAL_DTYPE", (0, 16), "pdt",
                 "0 (float32 partial outputs) or 16 (partial outputs in the inputs' 16-bit dtype)", default=0),
         Tunable("PERSISTENT", (0, 1, 2, 3, 4), "pers",
@@ -170,10 +169,7 @@ def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_sta
                MIN_SPLIT_TILES: int = 0, MERGE_BLOCK_DV: int = 0, MERGE_BLOCK_S: int = 0,
                PARTIAL_DTYPE: int = 0) -> Params:  # fmt: skip
     """Launch parameters of the MLA kernel (defaults: the seed's baseline BT16/BH16/w4/s2, no register cap)."""
-    values = {"BLOCK_T": BLOCK_T, "BLOCK_H": BLOCK_H, "num_warps": num_warps, "num_stages": num_stages,
-              "CTAS_PER_SM": CTAS_PER_SM, "TMA": TMA, "MERGE": MERGE, "PERSISTENT": PERSISTENT,
-              "maxnreg": maxnreg, "MIN_SPLIT_TILES": MIN_SPLIT_TILES, "MERGE_BLOCK_DV": MERGE_BLOCK_DV,
-              "MERGE_BLOCK_S": MERGE_BLOCK_S, "PARTIAL_DTYPE": PARTIAL_DTYPE}  # fmt: skip
+    values = dict(locals())  # every argument, by its tunable's name
     return SPEC.resolve(SPEC.validate({**values, "kernel": "mla_decode"}), {})
 
 
@@ -263,6 +259,14 @@ def _merge_programs(f: dict):
     return why.get("merge_programs", 0), why.get("merge_blocks", "merged in stage 1")
 
 
+def _partial_bytes(f: dict):
+    """The bytes of split-K partial outputs one launch writes and merges, from an arm that compiled."""
+    why = f.get("why") or {}
+    if not f.get("compiled") or "partial_bytes" not in why:
+        return None
+    return why["partial_bytes"], f"{why['num_splits']} splits x {why['partial_dtype']} partial outputs"
+
+
 class MLADecodeAdapter(KernelAdapter):
     name = "mla_decode"
     spec = SPEC
@@ -274,7 +278,8 @@ class MLADecodeAdapter(KernelAdapter):
     profile_kernels = "_mla_decode_stage1"  # the split-K grid; the merge is a tenth of the time
     # a variant that targets the merge kernel (its blocks, MERGE_BLOCK_DV / MERGE_BLOCK_S) names this premise: the
     # builtin parallelism counts stage 1's CTAs, which such a variant leaves as they are
-    premises = {"merge_parallelism": Premise("merge programs", "up", _merge_programs)}
+    premises = {"merge_parallelism": Premise("merge programs", "up", _merge_programs),
+                "partial_bytes": Premise("partial-output bytes", "down", _partial_bytes)}
     reference_parts = (
         ("kernels/mla_decode_ref.py", "mla_decode_reference"),
         ("kernels/mla_decode_adapter.py", "MLADecodeAdapter.reference"),
@@ -353,8 +358,8 @@ class MLADecodeAdapter(KernelAdapter):
             # config whose persistent programs the kernel would silently ignore
             raise ValueError(f"PERSISTENT={params.PERSISTENT} needs persistent programs in kernels/mla_decode.py, "
                              "which this source has not (plans/patches/10a-persistent-stage1.diff adds them)")
-        if scratch is None and params.get("PARTIAL_DTYPE", 0):
-            scratch = self.make_scratch(inputs, params, target_ctas)  # the kernel's own scratch is float32
+        if scratch is None and params.get("PARTIAL_DTYPE", 0):  # the kernel's own scratch is float32
+            scratch = self.make_scratch(inputs, params, target_ctas)
         return mla_decode_launch(
             inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], params,
             d_v=inputs["d_v"], max_seq_len=inputs["max_seq_len"], out=out, target_ctas=target_ctas,
@@ -378,9 +383,7 @@ class MLADecodeAdapter(KernelAdapter):
         b, h, _ = q.shape
         splits = splits_at(params, b, h, inputs["max_seq_len"], target_ctas)
         scratch = mla_decode_scratch(b, h, splits, inputs["d_v"], q.device)
-        if params.get("PARTIAL_DTYPE", 0) and q.element_size() == 2:
-            # stage 1 stores its normalized partial outputs in the inputs' dtype (Triton casts on store); the merge
-            # loads them and sums in float32; the log-sum-exps stay float32
+        if params.get("PARTIAL_DTYPE", 0) and q.element_size() == 2:  # stage 1's stores cast; lse stays float32
             scratch["partial_o"] = torch.empty_like(scratch["partial_o"], dtype=q.dtype)
         return scratch
 
@@ -479,6 +482,9 @@ class MLADecodeAdapter(KernelAdapter):
             "ctas": level.batch * env["head_tiles"] * splits,
             "waves": round(level.batch * env["head_tiles"] * splits / (device.sms * max(1, res.occupancy["ctas_per_sm"])), 2),
         }
+        pdt = params.get("PARTIAL_DTYPE", 0)
+        res.why.update(partial_dtype="16-bit" if pdt else "float32",
+                       partial_bytes=0 if splits == 1 else level.batch * level.heads * splits * d_v * (ELT if pdt else 4))
         if not params.get("MERGE", 0):  # the second kernel that merges the splits: its programs and blocks
             from kinv.kernels.mla_decode import STAGE2_BLOCK_DV, STAGE2_BLOCK_S
 

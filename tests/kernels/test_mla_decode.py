@@ -420,3 +420,20 @@ def test_a_variant_of_the_merge_kernels_blocks_moves_its_own_premise_not_stage_o
     assert read(figures[1]) == (512, "16 value columns x 64 splits a load")  # 64 splits: one load of all of them
     merged = {"compiled": {"ctas_per_sm": 2}, "why": adapter.resources(mla_params(MERGE=1), level, get_device("sm_90")).why}
     assert read(merged) == (0, "merged in stage 1") and read({"compiled": None, "why": figures[0]["why"]}) is None
+
+
+def test_sixteen_bit_partial_outputs_move_the_partial_bytes_premise_down():
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.devices import get_device
+
+    adapter = get_adapter("mla_decode")
+    level = adapter.level({"shape": "v3", "heads": 16, "page_size": 64, "context": 4096, "batch": 8})
+    read = adapter.premises["partial_bytes"].read
+    assert adapter.premises["partial_bytes"].direction == "down"
+    wide, narrow = (mla_params(BLOCK_T=64, CTAS_PER_SM=2, PARTIAL_DTYPE=p) for p in (0, 16))
+    figures = [{"compiled": {"ctas_per_sm": 2}, "why": adapter.resources(p, level, get_device("sm_90")).why}
+               for p in (wide, narrow)]  # fmt: skip
+    # 8 requests x 16 heads x 32 splits x 512 values: 8 MiB of float32, half of it in bf16
+    assert read(figures[0]) == (8 * 16 * 32 * 512 * 4, "32 splits x float32 partial outputs")
+    assert read(figures[1]) == (8 * 16 * 32 * 512 * 2, "32 splits x 16-bit partial outputs")
+    assert read({"compiled": None, "why": figures[0]["why"]}) is None  # an arm that did not compile shows nothing
