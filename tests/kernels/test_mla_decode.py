@@ -437,3 +437,28 @@ def test_sixteen_bit_partial_outputs_move_the_partial_bytes_premise_down():
     assert read(figures[0]) == (8 * 16 * 32 * 512 * 4, "32 splits x float32 partial outputs")
     assert read(figures[1]) == (8 * 16 * 32 * 512 * 2, "32 splits x 16-bit partial outputs")
     assert read({"compiled": None, "why": figures[0]["why"]}) is None  # an arm that did not compile shows nothing
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["v3", "v4flash"])
+@pytest.mark.parametrize("merge,tma", [(0, 0), (0, 1), (1, 0)])
+def test_gpu_bf16_partial_outputs_stay_within_the_gate(shape, merge, tma):
+    """bf16 partial outputs on the GPU: within the adapter's own error bound at context 4096, every split count."""
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.mla_decode import mla_decode_scratch
+
+    adapter = get_adapter("mla_decode")
+    params = mla_params(BLOCK_T=64, CTAS_PER_SM=2, TMA=tma, MERGE=merge, PARTIAL_DTYPE=16)
+    q, kv, bt, seq, d_v = make([4096, 77, 2049], 16, shape, 64, torch.bfloat16, seed=9)
+    inputs = {"q": q, "kv_cache": kv, "block_table": bt, "seq_lens": seq, "max_seq_len": 4096, "d_v": d_v}
+    ref = mla_decode_reference(q, kv, bt, seq, d_v=d_v)
+    level = adapter.level({"shape": shape, "heads": 16, "page_size": 64, "context": 4096, "batch": 3})
+    norm = adapter.tolerance_at(torch.bfloat16, level, ref)[2]
+    for splits in (None, 1, 8, 64):
+        scratch = adapter.make_scratch(inputs, params)  # the adapter's split count, or a forced one below
+        if splits is not None:
+            scratch = mla_decode_scratch(3, 16, splits, d_v, q.device)
+            scratch["partial_o"] = scratch["partial_o"].to(torch.bfloat16)
+        out = mla_decode(q, kv, bt, seq, params, d_v=d_v, max_seq_len=4096, num_splits=scratch["partial_o"].shape[2],
+                         scratch=scratch)  # fmt: skip
+        assert ((out.float() - ref).norm() / ref.norm()).item() < norm
