@@ -230,6 +230,69 @@ def compose(shipped: dict, levels: list[dict]) -> dict:
     return out
 
 
+PLAN_MODELS = {"v3": {"heads": 128, "attention_tp": 8, "shape": "v3"},
+               "v4flash": {"heads": 64, "attention_tp": 4, "shape": "v4flash"}}
+PLAN_ALLOWED = {"BLOCK_T": [32, 64, 128], "BLOCK_H": [16], "num_warps": [4, 8], "num_stages": [2, 3],
+                "CTAS_PER_SM": [1, 2, 3, 4], "TMA": [0, 1], "MERGE": [0, 1], "MERGE_BLOCK_DV": [0, 16, 32, 64],
+                "MERGE_BLOCK_S": [0, 64, 128], "PARTIAL_DTYPE": [0, 16], "maxnreg": [0, 168]}  # fmt: skip
+
+
+def screened_plan(adapter, result: dict, shape: str, ws: str) -> dict | None:
+    """A kinv plan whose one variant is the screening's winners of one shape (None where the shipped file won
+    everywhere): its premise is the quantity the winners change (splits, partial-output bytes, merge programs)."""
+    from kinv.kernels.mla_decode_adapter import splits_at
+
+    rows = [r for r in result["levels"] if r["shape"] == shape]
+    won = [r for r in rows if r["winner"] != "shipped"]
+    if not won:
+        return None
+    shipped = json.loads((ROOT / "kernels/configs/mla_decode.json").read_text())
+    variant = compose(shipped, won)
+    ctx = rows[0]["context"]
+
+    def splits(cfg, b):
+        return splits_at(adapter.params_for(adapter.validate_config({"kernel": "mla_decode", **cfg}),
+                                            level_of(adapter, shape, ctx, b)), b, 16, ctx)  # fmt: skip
+
+    if any(splits(r["winner_config"], r["batch"]) != splits(r["shipped_config"], r["batch"]) for r in won):
+        target = "parallelism"
+    elif any(r["winner_config"].get("PARTIAL_DTYPE") != r["shipped_config"].get("PARTIAL_DTYPE") for r in won):
+        target = "partial_bytes"
+    else:
+        target = "merge_parallelism"
+    gains = ", ".join(f"b{r['batch']} {r['us']['shipped']:.1f} -> {r['us'][r['winner']]:.1f} us ({r['winner']})"
+                      for r in won)  # fmt: skip
+    name = {"v3": "V3", "v4flash": "V4-Flash"}[shape]
+    at = ", ".join(f"b{r['batch']}" for r in won)
+    return {
+        "workstream": {"id": ws, "title": f"Context {ctx}, {name}: the screening's fastest config per batch",
+                       "parent": "#12", "parent_title": "The MLA decode kernel at the memory limit at context 4096"},
+        "kernel": "mla_decode",
+        "hypothesis": (f"A screening of {sum(len(r['screened_us']) for r in rows)} configs on {result['gpu']} "
+                       f"(benchmarks/mla_screen.py, {result['copy_gbps']:.0f} GB/s copy) found a faster config than "
+                       f"the shipped file at these levels: {gains}. The full paired A/B on this card confirms each "
+                       f"level or not; the premise is the quantity the winners change ({target})."),
+        "device": "sm_90",
+        "workload": {"levels": [r["batch"] for r in rows], "context": ctx, "page_size": 64,
+                     "model": PLAN_MODELS[shape]},
+        "environment": {"TARGET_CTAS": "512"},
+        "baseline_on_disk": True,
+        "baseline": shipped_baseline(shipped),
+        "variants": [{"id": "V1", "title": f"The screening's winner at {at}",
+                      "rationale": "One override per level won (that shape, batch and context), before the shipped ones.",
+                      "targets": target, "expect": "improve",
+                      "patch": {k: v for k, v in variant.items() if k not in ("kernel", "description")}}],
+        "allowed": PLAN_ALLOWED,
+        "stats": {"threshold": 0.01, "conf": 0.95, "aa_rounds": 8, "aa_arms": 2, "quick_rounds": 4,
+                  "step_rounds": 4, "max_rounds": 12},
+        "budget": {"gpu_seconds": 180, "wall_seconds": 900},
+    }  # fmt: skip
+
+
+def shipped_baseline(shipped: dict) -> dict:
+    return {k: v for k, v in shipped.items() if k not in ("kernel", "description")}
+
+
 def line(r: dict) -> str:
     us, pct = r["us"], r["pct_copy"]
     s = (f"{r['shape']:8s} ctx{r['context']} b{r['batch']:3d}  shipped {us['shipped']:7.1f} us {pct['shipped']:5.1f}%  "
@@ -256,6 +319,7 @@ def main() -> int:
     ap.add_argument("--stages", default="2,3", help="num_stages values screened")
     ap.add_argument("--no-regcap", action="store_true", help="leave out the register-capped candidates")
     ap.add_argument("--bt128-up-to", type=int, default=8, help="screen 128-token tiles up to this batch")
+    ap.add_argument("--plan-dir", help="write a kinv plan per shape whose variant is that shape's winners here")
     ap.add_argument("--anatomy", action="store_true", help="time the composed file's stages apart (V3)")
     args = ap.parse_args()
 
@@ -295,6 +359,15 @@ def main() -> int:
         r["composed_resolves_to_winner"] = got == r["winner_config"]
     result["composed"] = composed
     Path(args.out).with_name("mla_screen_composed.json").write_text(json.dumps(composed, indent=2) + "\n")
+    if args.plan_dir:
+        import yaml
+
+        for shape, ws in zip(shapes, ("#12c", "#12d")):
+            plan = screened_plan(adapter, result, shape, ws)
+            path = Path(args.plan_dir) / f"{ws[1:]}-decode-{args.context}-screened-{shape}.yaml"
+            if plan:
+                path.write_text(yaml.safe_dump(plan, sort_keys=False, width=120))
+            print(f"# {path}: " + ("written" if plan else f"not written, the shipped file won every {shape} level"))
     if args.anatomy:
         from mla_anatomy import measure
 
