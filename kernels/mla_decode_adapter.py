@@ -96,12 +96,12 @@ SPEC = TunableSpec(
                 "0 (the source's 128) or 16, 32, 64, 128 (value columns per merge program)", default=0),
         Tunable("MERGE_BLOCK_S", (0, 8, 16, 32, 64, 128), "mbs",
                 "0 (the source's 32) or 8-128, a power of two (splits per merge load)", default=0),
-        # 16: half the bytes stage 1 writes and the merge reads back (the merge still sums in float32)
-        Tunable("PARTIAL_DTYPE", (0, 16), "pdt",
+        Tunable("PARTIAL_DTYPE", (0, 16), "pdt",  # 16: half the bytes stage 1 writes and the merge reads back
                 "0 (float32 partial outputs) or 16 (partial outputs in the inputs' 16-bit dtype)", default=0),
         Tunable("PERSISTENT", (0, 1, 2, 3, 4), "pers",
                 "0 (one program per split) or 1-4 (that many programs per SM take splits from a work queue)",
                 default=0),
+        Tunable("PDL", (0, 1), "pdl", "0 (plain launches) or 1 (programmatic dependent launches, Hopper)", default=0),
         # Triton's register cap (ptxas .maxnreg) of the split-K program: each value is the largest cap that fits
         # one more CTA per SM by registers at 4 warps (65536 / (cap x 128)): 255 -> 2, 168 -> 3, 128 -> 4, 96 -> 5,
         # 80 -> 6, 72 -> 7, 64 -> 8, 56 -> 9, 48 -> 10, 40 -> 12, 32 -> 16; registers beyond it spill
@@ -167,7 +167,7 @@ def capped_launch(maxnreg: int, merge_block_dv: int = 0, merge_block_s: int = 0)
 def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_stages: int = 2,
                CTAS_PER_SM: int = 0, TMA: int = 0, MERGE: int = 0, PERSISTENT: int = 0, maxnreg: int = 0,
                MIN_SPLIT_TILES: int = 0, MERGE_BLOCK_DV: int = 0, MERGE_BLOCK_S: int = 0,
-               PARTIAL_DTYPE: int = 0) -> Params:  # fmt: skip
+               PARTIAL_DTYPE: int = 0, PDL: int = 0) -> Params:  # fmt: skip
     """Launch parameters of the MLA kernel (defaults: the seed's baseline BT16/BH16/w4/s2, no register cap)."""
     values = dict(locals())  # every argument, by its tunable's name
     return SPEC.resolve(SPEC.validate({**values, "kernel": "mla_decode"}), {})
@@ -251,8 +251,7 @@ def _workload_model():
 
 
 def _merge_programs(f: dict):
-    """The merge kernel's programs per launch (none where the splits merge in stage 1), from the launch figures of an
-    arm that compiled."""
+    """The merge kernel's programs per launch (none where the splits merge in stage 1), from an arm that compiled."""
     why = f.get("why") or {}
     if not f.get("compiled") or "ctas" not in why:
         return None
@@ -353,11 +352,12 @@ class MLADecodeAdapter(KernelAdapter):
         mla_decode_launch = capped_launch(params.get("maxnreg", 0), params.get("MERGE_BLOCK_DV", 0),
                                           params.get("MERGE_BLOCK_S", 0))
 
-        if params.get("PERSISTENT", 0) and "PERSISTENT" not in mla_decode._mla_decode_stage1.arg_names:
-            # the tunable is declared before the kernel source has it (a source patch brings it): never run a
-            # config whose persistent programs the kernel would silently ignore
-            raise ValueError(f"PERSISTENT={params.PERSISTENT} needs persistent programs in kernels/mla_decode.py, "
-                             "which this source has not (plans/patches/10a-persistent-stage1.diff adds them)")
+        # a tunable declared before the source has it (a patch brings it): never run a config the kernel would ignore
+        for name, what, patch in (("PERSISTENT", "persistent programs", "10a-persistent-stage1"),
+                                  ("PDL", "programmatic dependent launches", "12e-dependent-launch")):
+            if params.get(name, 0) and name not in mla_decode._mla_decode_stage1.arg_names:
+                raise ValueError(f"{name}={params[name]} needs {what} in kernels/mla_decode.py, "
+                                 f"which this source has not (plans/patches/{patch}.diff adds them)")
         if scratch is None and params.get("PARTIAL_DTYPE", 0):  # the kernel's own scratch is float32
             scratch = self.make_scratch(inputs, params, target_ctas)
         return mla_decode_launch(
