@@ -231,8 +231,10 @@ def compose(shipped: dict, levels: list[dict]) -> dict:
     return out
 
 
-PLAN_MODELS = {"v3": {"heads": 128, "attention_tp": 8, "shape": "v3"},
-               "v4flash": {"heads": 64, "attention_tp": 4, "shape": "v4flash"}}
+PLAN_MODELS = {
+    "v3": {"heads": 128, "attention_tp": 8, "shape": "v3"},
+    "v4flash": {"heads": 64, "attention_tp": 4, "shape": "v4flash"},
+}
 PLAN_ALLOWED = {"BLOCK_T": [32, 64, 128], "BLOCK_H": [16], "num_warps": [4, 8], "num_stages": [2, 3],
                 "CTAS_PER_SM": [1, 2, 3, 4], "TMA": [0, 1], "MERGE": [0, 1], "MERGE_BLOCK_DV": [0, 16, 32, 64],
                 "MERGE_BLOCK_S": [0, 64, 128], "PARTIAL_DTYPE": [0, 16], "maxnreg": [0, 168]}  # fmt: skip
