@@ -111,7 +111,7 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
     def checked_plan(plan: str, backend: str, approval: str):
         """(path, Plan, hash) of a plan the agent named, with the backend and approval policy checked."""
         from kinv.agent.errors import PlanError
-        from kinv.agent.plan import load_plan
+        from kinv.agent.plan_file import load_plan
 
         path = plan_file(plan)
         choice(backend, tuple(BackendName), "backend")
@@ -303,7 +303,7 @@ def build(state_dir: str | None = None, project: str | None = None, allow_approv
         """Validate a plan the agent wrote (YAML text) and store it as plans/NAME.yaml with its hash: how an agent
         turns a hypothesis into a workstream it can then run. An existing plan is never overwritten."""
         from kinv.agent.errors import PlanError
-        from kinv.agent.plan import load_plan
+        from kinv.agent.plan_file import load_plan
 
         if not isinstance(name, str) or not PLAN_NAME.fullmatch(name) or name.endswith((".yaml", ".yml")):
             raise ToolError(f"name {name!r} must be letters, digits, '.', '_' or '-' (no extension, no '/'), e.g. "

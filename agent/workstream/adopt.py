@@ -111,7 +111,7 @@ def prepare(store: Store, ws: str, vid: str, backend: str | None = None, progres
     variant was measured against another baseline than the live file, it runs (or re-reads) the confirming
     A/B against the live file on ``backend``."""
     from kinv.agent.errors import PlanError
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.tools.files import configs
     from kinv.kernels.launch_config import config_hash, describe
 

@@ -149,7 +149,7 @@ def baseline(state: State, runtime: Runtime[Context]) -> dict:
     assessment = resources.assess(ctx.adapter, _baseline_config(ctx), levels, get_device(plan.device))
     resources.record(store, ws, exp, assessment)
     ctx.backend.warm(plan.kernel, plan.environment, plan.stats.aa_arms)  # the A/A's workers start meanwhile
-    from kinv.agent.report.closeout import prefetch_plotting
+    from kinv.agent.report.figure import prefetch_plotting
 
     prefetch_plotting()  # and the close-out's plotting library loads (no sample is being timed yet)
     ctx.backend.experiment = exp

@@ -30,7 +30,7 @@ from kinv.agent.errors import (
     RevertError,
     StateDamaged,
 )
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from kinv.agent.store import Store
 from kinv.agent.store import state_dir as state_path
 from kinv.agent.workstream.context import Context, open_checkpointer, run_config
@@ -305,7 +305,7 @@ def _paused(store: Store, aid: str, console, state_dir, ws: str) -> RunOutcome:
 # --------------------------------------------------------------------------- #
 def _plan_and_backend(plan_path, backend, as_json: bool = False):
     """The plan and the backend (its banner: :func:`_banner`, once the caller's inputs are valid)."""
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.tools import backends
     from kinv.agent.tools.measure import bench
 
@@ -576,7 +576,7 @@ def profile_command(exp_id, backend, state_dir, as_json, console):
     the verdict."""
     import json
 
-    from kinv.agent.report.closeout import _profile_lines
+    from kinv.agent.report.resources import _profile_lines
     from kinv.agent.report.views import resolve_experiment
     from kinv.agent.tools.measure import profile
 

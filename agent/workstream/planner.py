@@ -20,7 +20,8 @@ Rules
 
 from __future__ import annotations
 
-from kinv.agent.plan import Plan, Variant
+from kinv.agent.plan import Plan
+from kinv.agent.plan_sections import Variant
 from kinv.agent.store import Store
 from kinv.agent.words import LevelVerdict, Verdict
 

@@ -46,7 +46,7 @@ def test_a_one_value_patch_changes_one_line_and_keeps_the_files_own_order_indent
 
 
 def test_a_variant_measured_against_another_baseline_is_written_as_the_minimal_edit_of_the_live_file(tmp_path):
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.tools.files import config_text, configs
     from kinv.kernels.launch_config import config_hash, load_config
 
@@ -143,7 +143,7 @@ def test_an_approval_shows_the_diff_from_the_live_bytes_to_exactly_the_bytes_wri
 
 def _leave_variant_live(cfg: Path, tmp_path) -> None:
     """What a killed run whose kinv.db was then lost leaves behind: kinv's V1 patch (#3a's measured V1)."""
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     plan, _ = load_plan(ROOT / "plans" / "3a-attention-occupancy.yaml")
     leave_kinv_patch_live(cfg, plan.variant_config(plan.variant("V1")))
