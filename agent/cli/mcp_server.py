@@ -32,7 +32,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kinv.agent.errors import BadInput, NotFound
-from kinv.agent.report import views  # the tools' return types: FastMCP reads them from the module's globals
+from kinv.agent.report import (
+    view_models,  # the tools' return types: FastMCP reads them from the module's globals
+    views,
+)
 from kinv.agent.words import Approval, BackendName
 
 # the tools' choices, from the enums (FastMCP reads annotations from the module's globals): a JSON-schema enum
@@ -178,7 +181,7 @@ class Kinv:
         except json.JSONDecodeError:
             raise _tool_error(f"kinv {args[0]} printed no JSON") from None
 
-    def waiting(self, ws: str | None) -> list[views.ApprovalView]:
+    def waiting(self, ws: str | None) -> list[view_models.ApprovalView]:
         try:
             return [a for a in views.pending(self.store()) if ws is None or a.workstream == ws]
         except Exception:  # noqa: BLE001 - a fresh state dir has no kinv.db yet
@@ -196,7 +199,7 @@ class Kinv:
 # ---- read tools -------------------------------------------------------------------------
 def _status(server, k: Kinv) -> None:
     @server.tool()
-    def status() -> views.StatusView:
+    def status() -> view_models.StatusView:
         """Every campaign and workstream: todos, approvals waiting, latest verdicts, recommendation (kinv status --json)."""
         return k.read(lambda: views.status(k.store()))
 
@@ -220,35 +223,35 @@ def _todos(server, k: Kinv) -> None:
 
 def _experiments(server, k: Kinv) -> None:
     @server.tool()
-    def experiments(ws: str) -> list[views.ExperimentView]:
+    def experiments(ws: str) -> list[view_models.ExperimentView]:
         """A workstream's experiments with their sample counts (kinv experiments WS --json)."""
         return k.read(lambda: views.experiments(k.store(), views.resolve_ws(k.store(), ws)))
 
 
 def _show(server, k: Kinv) -> None:
     @server.tool()
-    def show(experiment: int) -> views.ShowView:
+    def show(experiment: int) -> view_models.ShowView:
         """One experiment: diff, checks, per-level samples, effects and ledger (kinv show ID --json)."""
         return k.read(lambda: views.show(k.store(), experiment))
 
 
 def _history(server, k: Kinv) -> None:
     @server.tool()
-    def history(ws: str) -> list[views.HistoryItem]:
+    def history(ws: str) -> list[view_models.HistoryItem]:
         """Every graph node that ran for a workstream: step, outcome, decision (kinv history WS --json)."""
         return k.read(lambda: views.history(k.store(), views.resolve_ws(k.store(), ws)))
 
 
 def _pending(server, k: Kinv) -> None:
     @server.tool()
-    def pending() -> list[views.ApprovalView]:
+    def pending() -> list[view_models.ApprovalView]:
         """Kernel edits (and campaign adoptions) waiting for a person's approval (kinv pending --json)."""
         return k.read(lambda: views.pending(k.store()))
 
 
 def _report(server, k: Kinv) -> None:
     @server.tool()
-    def report(ws: str) -> views.ReportView:
+    def report(ws: str) -> view_models.ReportView:
         """A workstream's close-out: every experiment with its per-level effects, and the Markdown (kinv report WS
         --json)."""
 
@@ -400,14 +403,14 @@ def _decide(k: Kinv, approval_id: str, status: str, reason: str):
 
 def _approve(server, k: Kinv) -> None:
     @server.tool()
-    def approve(approval_id: str) -> views.ApprovalView:
+    def approve(approval_id: str) -> view_models.ApprovalView:
         """Approve a pending kernel edit (the server was started with --allow-approve by a person)."""
         return _decide(k, approval_id, "approved", "")
 
 
 def _reject(server, k: Kinv) -> None:
     @server.tool()
-    def reject(approval_id: str, reason: str = "") -> views.ApprovalView:
+    def reject(approval_id: str, reason: str = "") -> view_models.ApprovalView:
         """Reject a pending kernel edit (the server was started with --allow-approve by a person)."""
         return _decide(k, approval_id, "rejected", reason)
 

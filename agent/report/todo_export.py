@@ -9,7 +9,8 @@ from typing import Literal
 from pydantic import Field
 
 from kinv.agent.errors import BadInput
-from kinv.agent.report.views import TodoView, View, _todo_view
+from kinv.agent.report.view_models import TodoView, View
+from kinv.agent.report.views import _todo_view
 
 OpencodeStatus = Literal["pending", "in_progress", "completed", "cancelled"]
 OpencodePriority = Literal["high", "medium", "low"]
