@@ -537,7 +537,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
     record, the shipped bytes (git HEAD when the checkout tracks it, else the copy kinv kept before its first
     write); ``--to-plan-baseline`` (``baseline`` True): the plan's measurement baseline written into the live
     file, asked for by name.  Needs no state dir and creates none; the config lock records ``state_dir``."""
-    from kinv.agent.tools.files import config_text, configs
+    from kinv.agent.tools.files import config_text, configs, record
     from kinv.kernels.launch_config import config_hash, describe, load_config
 
     plan, _ = load_plan(plan_path)  # PlanError -> exit 2 in main
@@ -545,7 +545,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
     with configs.ConfigFileLock(path, state_dir):  # refused while any run edits it
         if not baseline:
             try:
-                action, rec = configs.restore_file_of_record(path)
+                action, rec = record.restore_file_of_record(path)
             except RevertError as exc:
                 raise RevertError(f"{exc}. To write {plan.ws}'s measurement baseline "
                                           f"({describe(plan.baseline)}) instead: kinv revert --to-plan-baseline "
@@ -560,7 +560,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
         before = path.read_bytes() if path.exists() else None
         if before is not None:
             new = config_text.edit_config_text(before.decode("utf-8", errors="replace"), base, plan.adapter.name).encode()
-            configs.note_kinv_write(path, before, new)  # the shipped bytes stay the file of record
+            record.note_kinv_write(path, before, new)  # the shipped bytes stay the file of record
         configs.write_config(path, base)
         got = load_config(path, plan.adapter.name)
         if config_hash(got) != config_hash(base):

@@ -111,7 +111,8 @@ def test_an_approval_shows_the_diff_from_the_live_bytes_to_exactly_the_bytes_wri
     r = run_kinv(env, "run", plan, "--backend", "replay", "--approval", "ask")
     assert r.returncode == 3, r.stdout + r.stderr
     item = json.loads(run_kinv(env, "pending", "--json").stdout)[0]
-    from kinv.agent.tools.files import config_text, configs
+    from kinv.agent.tools.files import config_text
+    from kinv.agent.tools.files.durable import sha_bytes
 
     note = [ln for ln in item["diff"].splitlines() if ln.startswith("note:")]
     assert len(note) == 1 and "BT16/BH16/w4/s2" in note[0] and "BT64/BH16/w4/s2/cps2" in note[0], item["diff"]
@@ -137,7 +138,7 @@ def test_an_approval_shows_the_diff_from_the_live_bytes_to_exactly_the_bytes_wri
     from kinv.agent.store import Store
 
     row = next(p for p in Store(state_dir).patches("#3a") if p["kind"] == "config")
-    assert row["sha_after"] == configs._sha_bytes(written) and row["diff"] in item["diff"]
+    assert row["sha_after"] == sha_bytes(written) and row["diff"] in item["diff"]
     assert live.read_bytes() == SHIPPED  # byte-identical after the run
 
 
@@ -182,9 +183,9 @@ def test_revert_to_plan_restores_git_heads_bytes_of_a_tracked_config(tmp_path, s
     r = kinv_in_process(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
     assert r.returncode == 0 and "git HEAD" in r.stdout, r.stdout + r.stderr
     assert cfg.read_bytes() == SHIPPED
-    from kinv.agent.tools.files import configs
+    from kinv.agent.tools.files.record import record_path
 
-    assert not configs.record_path(cfg).exists()  # a tracked file needs no kept copy: git HEAD is its record
+    assert not record_path(cfg).exists()  # a tracked file needs no kept copy: git HEAD is its record
 
 
 def test_revert_to_plan_with_no_file_of_record_says_so_and_names_the_baseline_by_name(tmp_path, state_dir):
