@@ -1,5 +1,5 @@
 """The close-out: Markdown with tables, the noise band, resources, state restored, the recommendation and the
-ledger, plus a PNG plot of throughput by level.
+ledger, one function per section (its PNG figure: :mod:`kinv.agent.report.figure`).
 
 It renders what it is handed (:class:`CloseoutData`, which :func:`kinv.agent.workstream.collect.collect` gathers once): it
 reads no store and no file, asks no backend or planner, and measures nothing."""
