@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kinv.agent.errors import BackendError, PatchError
-from kinv.agent.plan import Plan, Variant, load_plan
+from kinv.agent.plan import Plan
+from kinv.agent.plan_file import load_plan
+from kinv.agent.plan_sections import Variant
 from kinv.agent.tools.backends.base import Backend, gpu_visible
 from kinv.agent.tools.measure import plugin_imports, reach
 from kinv.kernels.adapter import Level, get_adapter

@@ -17,7 +17,7 @@ from kinv.agent.tools.backends import base
 from kinv.agent.tools.files import configs
 from kinv.agent.tools.measure import bench
 from kinv.agent.tools.worker import hashes
-from kinv.agent.words import Approval
+from kinv.agent.words import MEASURED_VERDICTS, Approval
 from kinv.agent.workstream import planner
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.launch_config import config_hash, describe, load_config
@@ -260,6 +260,48 @@ def _corr_device(ctx: Context) -> str:
     """Where the correctness check runs, in the heartbeat's words: a command checks itself wherever it runs."""
     return {"cuda": "cuda", "command": "the command's own run"}.get(ctx.backend.name, "cpu")
 
+
+
+
+def sequential_plan(plan: Plan):
+    """The plan's statistics settings as the sequential A/B runs them (agent.tools.protocol.sequential_plan)."""
+    from kinv.agent.tools.measure import protocol
+
+    return protocol.sequential_plan(plan.stats)
+
+
+def _compiled_for_approval(ctx, cfg: dict, source: bool, levels, env: dict | None = None) -> dict:
+    """What the person approving sees of the compiler: the baseline and the variant compiled (no timing) by the
+    backend where it has a compiler (a GPU) or a record of one (replay); else a note that the figures shown are the
+    analytical model's.  A source patch is compiled once it is applied, not before it is approved."""
+    if source:
+        return {"compiled_note": "a source patch is compiled when it is applied"}
+    base = ctx.backend.compiled(ctx.plan.kernel, _baseline_config(ctx), ctx.plan.environment, levels)
+    var = ctx.backend.compiled(ctx.plan.kernel, cfg, env or ctx.plan.environment, levels)
+    if not base or not var:
+        return {"compiled_note": f"no compiler on the {ctx.backend.name} backend"}
+    compiled = {lv.key: {"base": base.get(lv.key), "variant": var.get(lv.key)} for lv in levels}
+    return {"compiled": compiled, "compiled_on": ctx.backend.name}
+
+
+def _profile_step(ctx) -> None:
+    """Profile the baseline and the decided config variants (a source patch is reverted by now: it is not)."""
+    from kinv.agent.tools.measure import profile
+
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    decided = []
+    for e in store.experiments(ws):
+        if e["kind"] != "ab" or e["verdict"] not in MEASURED_VERDICTS or int(e.get("version") or 1) != ctx.version:
+            continue
+        v = plan.variant(e["variant"]) if e["variant"] in {x.id for x in plan.variants} else None
+        if v is None or v.source_patch:
+            continue
+        decided.append((e["id"], v.id, plan.variant_config(v), plan.variant_env(v)))
+    notes = profile.step(store, ws, ctx.backend, ctx.adapter, plan.environment, _baseline_config(ctx), decided,
+                         ctx.levels())  # fmt: skip
+    for line in notes:
+        store.event(ws, "profile.skipped", line, {})
+        ctx.say("profile", message=line)
 
 
 

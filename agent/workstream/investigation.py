@@ -28,7 +28,7 @@ from kinv.agent.errors import (
     RevertError,
     StateDamaged,
 )
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from kinv.agent.store.db import Store
 from kinv.agent.store.state import state_dir as state_path
 from kinv.agent.workstream.context import Context, open_checkpointer, run_config
@@ -304,7 +304,7 @@ def _paused(store: Store, aid: str, console, state_dir, ws: str) -> RunOutcome:
 # --------------------------------------------------------------------------- #
 def _plan_and_backend(plan_path, backend, as_json: bool = False):
     """The plan and the backend (its banner: :func:`_banner`, once the caller's inputs are valid)."""
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.tools import backends
     from kinv.agent.tools.measure import bench
 
@@ -536,7 +536,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
     record, the shipped bytes (git HEAD when the checkout tracks it, else the copy kinv kept before its first
     write); ``--to-plan-baseline`` (``baseline`` True): the plan's measurement baseline written into the live
     file, asked for by name.  Needs no state dir and creates none; the config lock records ``state_dir``."""
-    from kinv.agent.tools.files import config_text, configs
+    from kinv.agent.tools.files import config_text, configs, record
     from kinv.kernels.launch_config import config_hash, describe, load_config
 
     plan, _ = load_plan(plan_path)  # PlanError -> exit 2 in main
@@ -544,7 +544,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
     with configs.ConfigFileLock(path, state_dir):  # refused while any run edits it
         if not baseline:
             try:
-                action, rec = configs.restore_file_of_record(path)
+                action, rec = record.restore_file_of_record(path)
             except RevertError as exc:
                 raise RevertError(f"{exc}. To write {plan.ws}'s measurement baseline "
                                           f"({describe(plan.baseline)}) instead: kinv revert --to-plan-baseline "
@@ -559,7 +559,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
         before = path.read_bytes() if path.exists() else None
         if before is not None:
             new = config_text.edit_config_text(before.decode("utf-8", errors="replace"), base, plan.adapter.name).encode()
-            configs.note_kinv_write(path, before, new)  # the shipped bytes stay the file of record
+            record.note_kinv_write(path, before, new)  # the shipped bytes stay the file of record
         configs.write_config(path, base)
         got = load_config(path, plan.adapter.name)
         if config_hash(got) != config_hash(base):
@@ -575,7 +575,7 @@ def profile_command(exp_id, backend, state_dir, as_json, console):
     the verdict."""
     import json
 
-    from kinv.agent.report.closeout import _profile_lines
+    from kinv.agent.report.resources import _profile_lines
     from kinv.agent.report.views import resolve_experiment
     from kinv.agent.tools.measure import profile
 

@@ -232,7 +232,7 @@ def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None,
             adopted[Path(p["path"]).resolve()] = p
     for p in sorted((plans_dir or Path("plans")).glob("*.yaml")):
         try:
-            from kinv.agent.plan import load_plan
+            from kinv.agent.plan_file import load_plan
 
             plan, _ = load_plan(p)
         except Exception:  # noqa: BLE001 - a broken plan is not the doctor's finding

@@ -1,5 +1,5 @@
 """The profile step: Nsight Compute on a config at a level, parsed into the figures that explain a verdict
-(the close-out, agent/report/closeout.py, puts them in words).
+(the close-out puts them in words: agent/report/resources.py).
 
 ``ncu --csv --page raw`` prints, after the profiled program's own output, a header row (``"ID",...``), a units row
 and one row per profiled launch.  :func:`parse_raw` reads that; :func:`summarize` keeps, as the mean over the

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kinv.agent.errors import VariantFailed
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from kinv.agent.tools.backends import get_backend
 from kinv.agent.tools.backends.command import metric_of
 from tests.utils import kinv_in_process, replay_env
