@@ -59,7 +59,9 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
                 rows[table] = [dict(zip(cols, r)) for r in cur.fetchall()]
             known = {w["id"] for w in rows["workstreams"]}
             if conn.execute("select 1 from sqlite_master where type = 'table' and name = 'campaigns'").fetchone():
-                known |= {r[0] for r in conn.execute("select id from campaigns")}  # a campaign's graph has a thread
+                camps = conn.execute("select id, plan_path from campaigns").fetchall()
+                known |= {r[0] for r in camps}  # a campaign's graph has a thread
+                rows["campaign_plans"] = sorted({r[1] for r in camps if r[1]})
             conn.close()
             seen = earlier_runs(state, known)
             ids = {p["id"] for p in rows["patches"]}
@@ -143,6 +145,7 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
             else:
                 out.append(Finding("checkpoints", "bad", f"{ck} is damaged: {exc}", new_version(open_ws) +
                                    "; it moves the damaged file aside"))  # fmt: skip
+    out += _study(state, rows.get("campaign_plans") or ["PLAN"])
     # ---- stale locks --------------------------------------------------------------------------
     stale = [row for row in rows.get("locks", []) if not _alive(row["pid"])]
     if stale:
@@ -152,6 +155,28 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
     out += configs_against_baselines(rows.get("workstreams", []), plans_dir, rows.get("patches", []),
                                      rows.get("experiments"))  # fmt: skip
     return out
+
+
+def _study(state: Path, plans: list[str]) -> list[Finding]:
+    """The campaigns' search studies (``optuna.db``, the sampler's memory): readable, or the way back."""
+    db = state / "optuna.db"
+    if not db.is_file():
+        return []
+    try:
+        c = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            check = c.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(check)
+            cut = c.execute("select count(*) from trials where state = 'RUNNING'").fetchone()[0]
+        finally:
+            c.close()
+    except sqlite3.DatabaseError as exc:
+        again = " ; ".join(f"kinv campaign {p}" for p in plans)
+        return [Finding("search study", "bad", f"{db} is damaged: {exc}", f"mv {db} {db}.damaged ; {again} "
+                        "(kinv.db keeps what every screened candidate measured: none is timed again)")]  # fmt: skip
+    return [Finding("search study", "ok", f"{db} reads" + (f"; {cut} trial(s) asked and not told (a screening "
+                    "running, or one killed: the next kinv campaign asks them again)" if cut else ""))]  # fmt: skip
 
 
 def _variant(rows: dict, patch: dict) -> str:
