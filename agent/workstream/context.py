@@ -37,6 +37,7 @@ class Context:
     progress: object = None  # callable(kind, **info) for the CLI's progress display
     version: int = 1  # the plan version of the workstream (kinv run --new-version)
     _backend: base.Backend | None = field(default=None, repr=False)
+    checkpoints: CheckpointWatch | None = field(default=None, repr=False)  # checked at every node
 
     @property
     def backend(self) -> base.Backend:
@@ -274,6 +275,8 @@ def recorded(name: str, fn):
         ctx = runtime.context
         t0 = time.time()
         ctx.store.check_intact()  # kinv.db deleted under the run: stop loudly, never close out into nowhere
+        if ctx.checkpoints is not None:  # and the graph's checkpoints, or the run could never resume
+            ctx.checkpoints.check()
         try:
             out = fn(state, runtime)
         except GraphInterrupt:
@@ -297,6 +300,40 @@ def _waiting(ctx: Context) -> str:
     return f"waiting for approval {pending[-1]['id']}" if pending else "interrupted"
 
 
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+@dataclass
+class CheckpointWatch:
+    """The checkpoint file a run opened: deleted, replaced or overwritten under the run, it is noticed at the next
+    graph step (the checkpointer's connection would go on writing into a file no later start can read)."""
+
+    path: Path
+    identity: tuple[int, int]
+    plan_path: str = "PLAN"
+
+    @classmethod
+    def of(cls, store: Store, plan_path: str = "PLAN") -> CheckpointWatch:
+        st = store.checkpoints_path.stat()
+        return cls(store.checkpoints_path, (st.st_dev, st.st_ino), plan_path)
+
+    def check(self) -> None:
+        from kinv.agent.errors import StateDamaged
+
+        try:
+            st = self.path.stat()
+            with open(self.path, "rb") as f:
+                head = f.read(len(SQLITE_HEADER))
+            why = ("was replaced" if (st.st_dev, st.st_ino) != self.identity else
+                   "was overwritten (no SQLite header)" if st.st_size and head != SQLITE_HEADER else "")  # fmt: skip
+        except OSError:
+            why = "was deleted"
+        if why:
+            raise StateDamaged(f"{self.path} {why} during the run: the run stops here, its kernel files restored; "
+                               "kinv.db and the journal keep every decision and sample so far; kinv doctor names the "
+                               f"way on (kinv run {self.plan_path} --new-version)")  # fmt: skip
 
 
 def open_checkpointer(store: Store, plan_path: str = "PLAN", move_damaged: bool = False):

@@ -33,7 +33,7 @@ from kinv.agent.errors import (
 from kinv.agent.plan import load_plan
 from kinv.agent.store import Store
 from kinv.agent.store import state_dir as state_path
-from kinv.agent.workstream.context import Context, open_checkpointer, run_config
+from kinv.agent.workstream.context import CheckpointWatch, Context, open_checkpointer, run_config
 from kinv.agent.workstream.graph import APPROVAL_POLICIES, build_graph
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         _ = ctx.backend  # resolves auto and says which, loudly
         store.update_workstream(ws, backend=ctx.backend.name)  # what a resume continues on
         graph = build_graph(ctx, open_checkpointer(store, str(plan_path), move_damaged=new_version))
+        ctx.checkpoints = CheckpointWatch.of(store, str(plan_path))
         cfg = run_config(ws, version)
         snap = graph.get_state(cfg)
         t0 = time.time()
@@ -210,7 +211,9 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
                 return _paused(store, aid, console, state_dir, ws)
             resume = Command(resume={"approved": appr.get("status") == "approved"})
             result = graph.invoke(resume, cfg, context=ctx, durability="sync")
-        elif snap.values.get("report"):
+        elif snap.values.get("report"):  # a stop after the close-out was written left it marked interrupted
+            store.update_workstream(ws, status="closed", report_path=snap.values["report"],
+                                    closed=(row or {}).get("closed") or time.time())  # fmt: skip
             return RunOutcome("closed", f"{ws} is already closed out: {snap.values['report']}", ws)
         elif snap.metadata is not None:  # a checkpoint exists: resume it, never begin again
             # next is empty when a kill fell between a task's saved writes and its step's checkpoint

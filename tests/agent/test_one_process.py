@@ -18,7 +18,7 @@ QUICK = ("import os, json, random; n = int(os.environ['OMP_NUM_THREADS']); "
          "print(json.dumps({{'rate': 100.0 * n * (1 + random.gauss(0, 0.002))}}))  # {n}")
 
 
-def _plan(ws: str, variants: dict[str, str], backlog: list[str] | None = None) -> dict:
+def quick_plan(ws: str, variants: dict[str, str], backlog: list[str] | None = None) -> dict:
     data = yaml.safe_load((ROOT / "plans" / "cpu-matmul-threads.yaml").read_text())
     data["workstream"]["id"] = ws
     data["workload"] = {"command": ["{python}", "-I", "-S", "-c", QUICK], "levels": [{"n": 1}], "timeout_s": 30,
@@ -39,8 +39,8 @@ def _plan(ws: str, variants: dict[str, str], backlog: list[str] | None = None) -
 
 def test_workstreams_and_a_campaign_in_one_process_each_measure_in_their_own_environment(tmp_path):
     env = replay_env(tmp_path, tmp_path / "state")
-    runs = [("11a", _plan("#11a", {"T1": "1", "T3": "3"}), "run"), ("11b", _plan("#11b", {"T3": "3", "T4": "4"}), "run"),
-            ("13", _plan("#13a", {}, backlog=["1", "2", "4"]), "campaign")]  # fmt: skip
+    runs = [("11a", quick_plan("#11a", {"T1": "1", "T3": "3"}), "run"), ("11b", quick_plan("#11b", {"T3": "3", "T4": "4"}), "run"),
+            ("13", quick_plan("#13a", {}, backlog=["1", "2", "4"]), "campaign")]  # fmt: skip
     for name, data, command in runs:
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(data))

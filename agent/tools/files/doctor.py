@@ -15,6 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
+KEPT = " (kinv.db and the journal keep every decision and sample so far)"
+
+
 @dataclass
 class Finding:
     check: str
@@ -125,7 +128,7 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
 
     if open_ws and not ck.is_file():
         out.append(Finding("checkpoints", "bad", f"{ck} is missing; {', '.join(open_ws)} cannot resume where "
-                           "they stopped", new_version(open_ws)))  # fmt: skip
+                           f"they stopped{KEPT}", new_version(open_ws)))  # fmt: skip
     elif ck.is_file():
         try:
             c = sqlite3.connect(f"file:{ck}?mode=ro", uri=True, timeout=5)
@@ -136,14 +139,14 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
             c.close()
             lost = [w for w in open_ws if w not in threads and not any(t.startswith(w + "@") for t in threads)]
             if lost:
-                out.append(Finding("checkpoints", "bad", f"no checkpoint for {', '.join(lost)}", new_version(lost)))
+                out.append(Finding("checkpoints", "bad", f"no checkpoint for {', '.join(lost)}{KEPT}", new_version(lost)))
             else:
                 out.append(Finding("checkpoints", "ok", f"{len(threads)} graph thread(s)"))
         except sqlite3.DatabaseError as exc:
             if "no such table" in str(exc):
                 out.append(Finding("checkpoints", "ok", "no graph has checkpointed yet"))
             else:
-                out.append(Finding("checkpoints", "bad", f"{ck} is damaged: {exc}", new_version(open_ws) +
+                out.append(Finding("checkpoints", "bad", f"{ck} is damaged: {exc}{KEPT}", new_version(open_ws) +
                                    "; it moves the damaged file aside"))  # fmt: skip
     out += _study(state, rows.get("campaign_plans") or ["PLAN"])
     # ---- stale locks --------------------------------------------------------------------------
