@@ -14,6 +14,8 @@ import sqlite3
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kinv.agent.store.state import connect_read_only
+
 
 KEPT = " (kinv.db and the journal keep every decision and sample so far)"
 
@@ -28,6 +30,7 @@ class Finding:
 
 def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
     from kinv.agent.store import CHECKPOINTS_NAME, DB_NAME, earlier_runs, live_markers, lock_held
+    from kinv.agent.store.state import writable
 
     out: list[Finding] = []
     db = state / DB_NAME
@@ -38,6 +41,10 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
         return [Finding("state dir", "warn", f"{state} is empty (nothing has run here)",
                         "kinv run plans/3a-attention-occupancy.yaml")]  # fmt: skip
     rows: dict[str, list] = {}
+    if not writable(state, db):
+        out.append(Finding("state dir", "warn", f"{state} is not writable by this user (its permissions, or a read-only "
+                           "mount): reading commands work, runs and decisions cannot", "make it writable for this "
+                           "user, or run with another --state-dir"))  # fmt: skip
     markers = live_markers(state)
     way_back = _way_back(markers)
     aside = f"move it aside (mv {db} {db}.damaged) and restore the kernel file: {way_back}; then start again"
@@ -52,7 +59,7 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
             f" although {earlier_runs(state)}: its records are lost" if earlier_runs(state) else ""), aside))  # fmt: skip
     else:
         try:
-            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+            conn = connect_read_only(db, timeout=5)
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise sqlite3.DatabaseError(check)
@@ -131,7 +138,7 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
                            f"they stopped{KEPT}", new_version(open_ws)))  # fmt: skip
     elif ck.is_file():
         try:
-            c = sqlite3.connect(f"file:{ck}?mode=ro", uri=True, timeout=5)
+            c = connect_read_only(ck, timeout=5)
             check = c.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise sqlite3.DatabaseError(check)
@@ -166,7 +173,7 @@ def _study(state: Path, plans: list[str]) -> list[Finding]:
     if not db.is_file():
         return []
     try:
-        c = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        c = connect_read_only(db, timeout=5)
         try:
             check = c.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
