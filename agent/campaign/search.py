@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from kinv.agent import faults
 from kinv.agent.errors import StateDamaged
 
 
@@ -71,7 +72,13 @@ class Search:
         return min(self.first_batch if first else self.later_batch, self.budget - self.finished())
 
     def ask(self):
-        return self.study.ask(self.dists)
+        """A new trial and its point: created first (a kill there leaves it with none of its parameters), then
+        given each parameter, as ``Study.ask(distributions)`` does."""
+        t = self.study.ask()
+        faults.point("search.trial-created")
+        for name, dist in self.dists.items():
+            t.suggest_categorical(name, dist.choices)
+        return t
 
     def tell(self, trial, values: list[float]) -> None:
         self.study.tell(trial, values)
