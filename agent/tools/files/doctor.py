@@ -16,7 +16,6 @@ from pathlib import Path
 
 from kinv.agent.store.state import connect_read_only
 
-
 KEPT = " (kinv.db and the journal keep every decision and sample so far)"
 
 
@@ -146,7 +145,8 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
             c.close()
             lost = [w for w in open_ws if w not in threads and not any(t.startswith(w + "@") for t in threads)]
             if lost:
-                out.append(Finding("checkpoints", "bad", f"no checkpoint for {', '.join(lost)}{KEPT}", new_version(lost)))
+                out.append(Finding("checkpoints", "bad", f"no checkpoint for {', '.join(lost)}{KEPT}",
+                                   new_version(lost)))  # fmt: skip
             else:
                 out.append(Finding("checkpoints", "ok", f"{len(threads)} graph thread(s)"))
         except sqlite3.DatabaseError as exc:
@@ -182,6 +182,8 @@ def _study(state: Path, plans: list[str]) -> list[Finding]:
         finally:
             c.close()
     except sqlite3.DatabaseError as exc:
+        if "no such table" in str(exc):  # created, killed before its tables: the next start creates them
+            return [Finding("search study", "ok", f"{db} holds no study yet")]
         again = " ; ".join(f"kinv campaign {p}" for p in plans)
         return [Finding("search study", "bad", f"{db} is damaged: {exc}", f"mv {db} {db}.damaged ; {again} "
                         "(kinv.db keeps what every screened candidate measured: none is timed again)")]  # fmt: skip

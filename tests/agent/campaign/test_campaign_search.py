@@ -102,16 +102,19 @@ def _cut_trial(db, name, fixed=None):
 
 @pytest.mark.parametrize("space_trials", [8, 6], ids=["grid", "tpe"])
 def test_a_trial_cut_before_its_parameters_were_set_does_not_wedge_the_search(tmp_path, space_trials):
+    import optuna
+
     db = tmp_path / "optuna.db"
     s = open_search(db, "#7-#7a", SPACE, trials=space_trials, seed=7, n_objectives=1)
     for t in [s.ask() for _ in range(3)]:
         s.tell(t, [0.01])
     _cut_trial(db, "#7-#7a")
     _cut_trial(db, "#7-#7a", fixed={})  # an empty requeue left by an earlier start: it must not wedge either
+    optuna.load_study(study_name="#7-#7a", storage=f"sqlite:///{db}").enqueue_trial({})  # nor one still queued
     again = open_search(db, "#7-#7a", SPACE, trials=space_trials, seed=7, n_objectives=1)
     asked = [again.ask() for _ in range(again.batch(first=False))]  # raised before: "All parameters must be ..."
     assert asked and all(set(t.params) == set(SPACE) for t in asked)
-    assert again.budget - again.finished() == space_trials - 3  # neither cut trial used up the budget
+    assert again.budget - again.finished() == space_trials - 3  # no cut or queued trial used up the budget
     third = open_search(db, "#7-#7a", SPACE, trials=space_trials, seed=7, n_objectives=1)  # and a kill again
     assert all(set(t.params) == set(SPACE) for t in [third.ask()])
 
