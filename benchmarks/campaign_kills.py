@@ -11,13 +11,17 @@ ends within milliseconds (its rate: the threads it is given, times 1.2 when BOOS
 one screened, then a confirmation workstream and the campaign's final A/B.  Its best point is
 OMP_NUM_THREADS=4, BOOST=1, by far more than its noise.
 
-Where it kills (the fault points of agent/faults.py, ``KINV_CRASH_AT=k``): the first start of each campaign dies
-at a point where the search has just created a trial and set none of its parameters (``search.trial-created``,
-taken from the uninterrupted run), each later start at a point k uniform over the first quarter of the
-uninterrupted run's points, so the chain of kills walks through the whole campaign.
+Where it kills (the fault points of agent/faults.py, ``KINV_CRASH_AT=k``): the first start of each fresh campaign
+dies at a point of one phase, in turn: where the search has just created a trial and set none of its parameters
+(``search.trial-created``), inside the final A/B, the screening, the confirmation workstream (the phase of each
+point is read from kinv.db while the uninterrupted run passes it; a first start passes the same points).  Each
+later start dies at a point k uniform over the first quarter of the uninterrupted run's points, so the chain of
+kills walks through the rest of the campaign; after 4 kills a campaign runs to its end.  The phase of every kill
+is read from kinv.db after it.
 
 Example:
-    python benchmarks/campaign_kills.py --kills 24 --seed 1
+    python benchmarks/campaign_kills.py --kills 24 --seed 1 --kind env      (a command's environment, seconds)
+    python benchmarks/campaign_kills.py --kills 8 --kind config              (campaign #7 cut small, replay)
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ SEED_CONFIG = {"kernel": "mla_decode", "description": "Baseline of workstream #3
 RUN_TIMEOUT_S = 600
 WINDOW = 0.25
 TRIAL_POINT = "search.trial-created"
+AIMS = ["trial creation", "final A/B", "screening", "confirmation"]  # where each fresh campaign's first kill aims
+MAX_KILLS_PER_CAMPAIGN = 4
 QUICK = ("import os, json, random; n = int(os.environ['OMP_NUM_THREADS']); b = 1.2 if os.environ['BOOST'] == '1' "
          "else 1.0; print(json.dumps({{'rate': 100.0 * n * b * (1 + random.gauss(0, 0.002))}}))  # {n}")
 
@@ -106,16 +112,28 @@ class Chain:
         return subprocess.run([sys.executable, "-m", "kinv.agent.cli.app", *args], env=self.env, cwd=self.code,
                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
 
-    def start(self, crash_at: int | None) -> tuple[int, Path, str]:
+    def start(self, crash_at: int | None, watch=None) -> tuple[int, Path, str]:
+        """One `kinv campaign` (killed at its ``crash_at``-th fault point, if given); ``watch(points)`` is called
+        every 20 ms while it runs."""
         self.runs += 1
-        points = self.root / f"run{self.runs}.points"
+        points, log = self.root / f"run{self.runs}.points", self.root / f"run{self.runs}.log"
         env = dict(self.env, KINV_COUNT_POINTS=str(points))
         if crash_at:
             env["KINV_CRASH_AT"] = str(crash_at)
-        r = subprocess.run([sys.executable, "-m", "kinv.agent.cli.app", "campaign", str(self.plan), "--backend",
-                            self.backend, "--approval", "auto"], env=env, cwd=self.code, capture_output=True, text=True,
-                           timeout=RUN_TIMEOUT_S)  # fmt: skip
-        return r.returncode, points, (r.stdout + r.stderr)[-3000:]
+        with open(log, "w") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "kinv.agent.cli.app", "campaign", str(self.plan),
+                                     "--backend", self.backend, "--approval", "auto"], env=env, cwd=self.code,
+                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            deadline = time.time() + RUN_TIMEOUT_S
+            while proc.poll() is None:
+                if watch is not None:
+                    watch(points)
+                if time.time() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    raise CrashInvariantError(f"{self.root}: run {self.runs} neither ended nor died in {RUN_TIMEOUT_S} s")
+                time.sleep(0.02)
+        return proc.returncode, points, log.read_text()[-3000:]
 
     def _query(self, db: str, sql: str) -> list[tuple]:
         path = self.state / db
@@ -166,28 +184,48 @@ class Totals:
 
 
 def reference(work: Path, plan: Path, code: Path, backend: str) -> dict:
+    """The uninterrupted campaign: its outcome, its fault points, and which phase each point it was seen at fell
+    in (kinv.db read every 20 ms while it runs): a fresh campaign's first start passes the same points, so a kill
+    can be aimed at a phase."""
     ch = Chain(work / "reference", plan, code, backend)
     t0 = time.time()
-    rc, points, out = ch.start(None)
+    phase_at: dict[int, str] = {}
+
+    def watch(points: Path) -> None:
+        n = len(points.read_text().splitlines()) if points.exists() else 0
+        if n:
+            phase_at.setdefault(n, ch.phase(""))
+
+    rc, points, out = ch.start(None, watch)
     if rc != 0:
         raise RuntimeError(f"the uninterrupted campaign failed (exit {rc}): {out}")
     names = points.read_text().splitlines()
+    by_phase: dict[str, list[int]] = {}
+    for n, phase in phase_at.items():
+        by_phase.setdefault(phase, []).append(n)
+    by_phase["trial creation"] = [int(n) for n, name in (ln.split(" ", 1) for ln in names) if name == TRIAL_POINT]
     return {**ch.outcome(), "points": len(names), "seconds": time.time() - t0, "backend": backend,
-            "trial_points": [int(n) for n, name in (ln.split(" ", 1) for ln in names) if name == TRIAL_POINT]}
+            "by_phase": {k: v for k, v in by_phase.items() if v}}
 
 
-def run_chains(kills: int, seed: int, work: Path, plan: Path, code: Path, ref: dict, log=print) -> Totals:
+def run_chains(kills: int, seed: int, work: Path, plan: Path, code: Path, ref: dict, log=print,
+               per_campaign: int = MAX_KILLS_PER_CAMPAIGN) -> Totals:  # fmt: skip
+    """Fresh campaigns, each killed again and again until it finishes: its first start at a point of the next phase
+    in turn (``AIMS``), the later ones at a point uniform over the first quarter of the reference's; after
+    ``per_campaign`` kills it runs to its end."""
     rng, totals = random.Random(seed), Totals()
+    aims = [a for a in AIMS if ref["by_phase"].get(a)]
     while len(totals.kills) < kills:
         totals.campaigns += 1
         ch = Chain(work / f"campaign{totals.campaigns}", plan, code, ref["backend"])
-        first = True
+        aim = aims[(totals.campaigns - 1) % len(aims)]
+        here = 0
         while True:
             crash_at = None
-            if len(totals.kills) < kills:
-                crash_at = (rng.choice(ref["trial_points"]) if first and ref["trial_points"]
+            if len(totals.kills) < kills and here < per_campaign:
+                crash_at = (rng.choice(ref["by_phase"][aim]) if here == 0
                             else rng.randint(1, max(2, int(ref["points"] * WINDOW))))  # fmt: skip
-            first = False
+                here += 1
             rc, points, out = ch.start(crash_at)
             totals.runs += 1
             where = f"campaign {totals.campaigns} run {ch.runs} (KINV_CRASH_AT={crash_at})"
@@ -213,7 +251,8 @@ def run_chains(kills: int, seed: int, work: Path, plan: Path, code: Path, ref: d
     return totals
 
 
-def run_harness(kills: int = 24, seed: int = 0, work: Path | None = None, log=print, kind: str = "env") -> dict:
+def run_harness(kills: int = 24, seed: int = 0, work: Path | None = None, log=print, kind: str = "env",
+                per_campaign: int = MAX_KILLS_PER_CAMPAIGN) -> dict:  # fmt: skip
     t0, cpu0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="kinv-campaign-kills-")) if own else Path(work)
@@ -225,7 +264,8 @@ def run_harness(kills: int = 24, seed: int = 0, work: Path | None = None, log=pr
         ref = reference(work, plan, code, backend)
         log(f"reference: {ref['points']} fault points in {ref['seconds']:.1f} s, {ref['screened']} points screened, "
             f"adopted {ref['adopted']}, choice {ref['levels']}")  # fmt: skip
-        totals = run_chains(kills, seed, work, plan, code, ref, log)
+        log(f"reference points by phase: { {k: len(v) for k, v in ref['by_phase'].items()} }")
+        totals = run_chains(kills, seed, work, plan, code, ref, log, per_campaign)
         cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
         phases: dict[str, int] = {}
         for _k, _name, phase in totals.kills:

@@ -26,13 +26,15 @@ def _harness():
     return mod
 
 
-@pytest.mark.parametrize("kind, kills", [("env", 14), ("config", 6)])
-def test_a_campaign_killed_again_and_again_continues_to_the_same_choice(tmp_path, kind, kills):
+@pytest.mark.parametrize("kind, kills, reached", [
+    ("env", 14, {"trial creation", "screening", "confirmation"}),
+    ("config", 8, {"trial creation", "final A/B"})])  # fmt: skip
+def test_a_campaign_killed_again_and_again_continues_to_the_same_choice(tmp_path, kind, kills, reached):
+    """Each fresh campaign's first kill aims at one phase in turn (a trial created with none of its parameters
+    first); the kills after it fall where they fall.  22 kills in all."""
     kills = int(os.environ.get("KINV_CAMPAIGN_KILLS", kills))
     summary = _harness().run_harness(kills=kills, seed=int(os.environ.get("KINV_CRASH_SEED", "0")),
                                      work=tmp_path / "kills", log=lambda *a, **k: None, kind=kind)  # fmt: skip
     print(json.dumps(summary, indent=2))
-    assert summary["held"] == summary["kills"] >= kills and summary["campaigns_completed"] >= 1
-    assert summary["kills_by_phase"].get("trial creation", 0) >= 1  # a trial cut before its parameters were set
-    if kind == "config":  # the screening, the workstream and the final A/B all reached by some kill
-        assert len(summary["kills_by_phase"]) >= 3, summary["kills_by_phase"]
+    assert summary["held"] == summary["kills"] >= kills and summary["campaigns_completed"] >= 2
+    assert reached <= set(summary["kills_by_phase"]), summary["kills_by_phase"]
