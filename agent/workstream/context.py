@@ -3,6 +3,7 @@ and record, the node recorder that writes kinv.db's history, and LangGraph's SQL
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,17 +308,22 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 @dataclass
 class CheckpointWatch:
-    """The checkpoint file a run opened: deleted, replaced or overwritten under the run, it is noticed at the next
-    graph step (the checkpointer's connection would go on writing into a file no later start can read)."""
+    """The checkpoint file a run opened.  Deleted, replaced or overwritten under the run, it is noticed at the next
+    graph step: the checkpointer's connection still holds the database it opened, so its checkpoints are copied out
+    (SQLite's backup) and put back in place once the run has stopped and closed that connection; the run stops
+    resumable.  Without that copy, kinv doctor names the way on (a new version; kinv.db keeps every decision)."""
 
     path: Path
     identity: tuple[int, int]
+    saver: object = None  # the SqliteSaver: its connection and its lock
+    ws: str = ""
     plan_path: str = "PLAN"
+    rescued: Path | None = None
 
     @classmethod
-    def of(cls, store: Store, plan_path: str = "PLAN") -> CheckpointWatch:
+    def of(cls, store: Store, saver, ws: str, plan_path: str = "PLAN") -> CheckpointWatch:
         st = store.checkpoints_path.stat()
-        return cls(store.checkpoints_path, (st.st_dev, st.st_ino), plan_path)
+        return cls(store.checkpoints_path, (st.st_dev, st.st_ino), saver, ws, plan_path)
 
     def check(self) -> None:
         from kinv.agent.errors import StateDamaged
@@ -330,10 +336,47 @@ class CheckpointWatch:
                    "was overwritten (no SQLite header)" if st.st_size and head != SQLITE_HEADER else "")  # fmt: skip
         except OSError:
             why = "was deleted"
-        if why:
-            raise StateDamaged(f"{self.path} {why} during the run: the run stops here, its kernel files restored; "
-                               "kinv.db and the journal keep every decision and sample so far; kinv doctor names the "
-                               f"way on (kinv run {self.plan_path} --new-version)")  # fmt: skip
+        if not why:
+            return
+        if why != "was overwritten (no SQLite header)" and self._rescue():
+            raise StateDamaged(f"{self.path} {why} during the run: the run stops here, its kernel files restored, and "
+                               f"its checkpoints are put back from the run's open copy: continue with kinv resume "
+                               f"{self.ws.lstrip('#')}")  # fmt: skip
+        raise StateDamaged(f"{self.path} {why} during the run: the run stops here, its kernel files restored; kinv.db "
+                           "and the journal keep every decision and sample so far; kinv doctor names the way on "
+                           f"(kinv run {self.plan_path} --new-version)")  # fmt: skip
+
+    def _rescue(self) -> bool:
+        """Copy what the run's open connection holds to a file beside the lost one (put in place by ``settle``)."""
+        import sqlite3
+
+        out = self.path.with_name(f"{self.path.name}.rescued-{os.getpid()}")
+        try:
+            dest = sqlite3.connect(str(out))
+            try:
+                with self.saver.lock:
+                    self.saver.conn.backup(dest)
+            finally:
+                dest.close()
+        except (sqlite3.Error, OSError, AttributeError):
+            out.unlink(missing_ok=True)
+            return False
+        self.rescued = out
+        return True
+
+    def settle(self, store: Store) -> None:
+        """Once the run has stopped: close the checkpointer's connection (it writes into the lost file, and its
+        WAL goes with it), move whatever now stands at the path aside (never deleted) and put the copy there."""
+        if self.rescued is None or not self.rescued.is_file():
+            return
+        self.saver.conn.close()
+        for suffix in ("", "-wal", "-shm"):
+            part = Path(f"{self.path}{suffix}")
+            if part.exists():
+                part.rename(f"{self.path}.replaced-{int(time.time())}{suffix}")
+        os.replace(self.rescued, self.path)
+        store.event(None, "checkpoints.restored", f"{self.path} was lost during the run; put back from its open copy")
+        self.rescued = None
 
 
 def open_checkpointer(store: Store, plan_path: str = "PLAN", move_damaged: bool = False):

@@ -151,6 +151,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         store.release_lock(kernel_lock, os.getpid())
         store.release_lock(ws, os.getpid())
         raise
+    ctx = None
     try:
         for d in configs.recover(store):
             if d["action"].startswith("restored over a hand edit"):
@@ -198,8 +199,9 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
                       + (f" (plan version {version})" if version > 1 else ""))  # fmt: skip
         _ = ctx.backend  # resolves auto and says which, loudly
         store.update_workstream(ws, backend=ctx.backend.name)  # what a resume continues on
-        graph = build_graph(ctx, open_checkpointer(store, str(plan_path), move_damaged=new_version))
-        ctx.checkpoints = CheckpointWatch.of(store, str(plan_path))
+        saver = open_checkpointer(store, str(plan_path), move_damaged=new_version)
+        graph = build_graph(ctx, saver)
+        ctx.checkpoints = CheckpointWatch.of(store, saver, ws, str(plan_path))
         cfg = run_config(ws, version)
         snap = graph.get_state(cfg)
         t0 = time.time()
@@ -255,6 +257,8 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
     finally:
         restore_signals()
         configs.recover(store)  # never leave a kernel file patched, whatever happened
+        if ctx is not None and ctx.checkpoints is not None:
+            ctx.checkpoints.settle(store)  # checkpoints lost under the run: put back from its open copy
         if hasattr(be, "servers"):  # a command plan's servers stop with the run
             be.servers.close()
         file_lock.__exit__(None, None, None)

@@ -52,8 +52,8 @@ def test_a_run_stopped_after_its_close_out_was_written_resumes_to_closed(tmp_pat
 
 
 @pytest.mark.parametrize("damage", ["deleted", "replaced"])
-def test_the_checkpoint_file_damaged_under_a_live_run_stops_it_at_the_next_step(tmp_path, plan, monkeypatch,
-                                                                                  damage):  # fmt: skip
+def test_the_checkpoint_file_lost_under_a_live_run_stops_it_at_the_next_step_resumable(tmp_path, plan, monkeypatch,
+                                                                                         damage):  # fmt: skip
     env = replay_env(tmp_path, tmp_path / "state")
     ck = tmp_path / "state" / "checkpoints.db"
     noise = graph.NODES["noise"]
@@ -71,15 +71,29 @@ def test_the_checkpoint_file_damaged_under_a_live_run_stops_it_at_the_next_step(
     r = kinv_in_process(env, "run", str(plan), "--backend", "command", "--approval", "auto")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1, r.stdout[-2000:] + r.stderr
-    assert f"{ck} was {damage}" in lines[0] and "kinv doctor" in lines[0] and "--new-version" in lines[0]
+    assert f"{ck} was {damage} during the run" in lines[0] and "continue with kinv resume 11a" in lines[0]
     exps = {e["variant"] for e in json.loads(kinv_in_process(env, "experiments", "11a", "--json").stdout)}
-    assert "T1" not in exps  # stopped at the step after the damage: nothing more was measured into the void
+    assert "T1" not in exps  # stopped at the step after the loss: nothing more was measured
     monkeypatch.undo()
-    if damage == "replaced":
-        return  # SQLite reads the replacement through the run's -wal file beside it: the doctor's view is its own
+    if damage == "replaced":  # what stood in its place is kept aside, never deleted
+        assert [p.read_bytes()[:21] for p in ck.parent.glob("checkpoints.db.replaced-*") if not p.name.endswith(
+            ("-wal", "-shm"))] == [b"not a checkpoint file"]  # fmt: skip
+    assert not [f for f in json.loads(kinv_in_process(env, "doctor", "--json").stdout) if f["status"] == "bad"]
+    r = kinv_in_process(env, "resume", "11a")  # at the step it stopped at, never from the start
+    assert r.returncode == 0 and "resuming #11a at pick" in r.stdout, r.stdout[-2000:] + r.stderr
+    assert _status(env) == "closed" and "T1" in {e["variant"] for e in json.loads(
+        kinv_in_process(env, "experiments", "11a", "--json").stdout)}  # fmt: skip
+
+
+def test_checkpoints_lost_while_no_run_holds_them_are_named_by_kinv_doctor_with_the_way_on(tmp_path, plan):
+    env = replay_env(tmp_path, tmp_path / "state")
+    r = kinv_in_process(env, "run", str(plan), "--backend", "command", "--approval", "ask")
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr
+    (tmp_path / "state" / "checkpoints.db").unlink()
     r = kinv_in_process(env, "doctor", "--json")
     found = {f["check"]: f for f in json.loads(r.stdout)}
     assert r.returncode == 1 and found["checkpoints"]["status"] == "bad", found
-    assert "--new-version" in found["checkpoints"]["fix"] and "kinv.db" in found["checkpoints"]["detail"]
-    r = kinv_in_process(env, "resume", "11a")  # the way doctor names: one line too, not a fresh start
+    assert f"kinv run {plan} --new-version" in found["checkpoints"]["fix"]
+    assert "kinv.db and the journal keep every decision" in found["checkpoints"]["detail"]
+    r = kinv_in_process(env, "resume", "11a")  # the way doctor names: one line too, never a silent fresh start
     assert r.returncode == 1 and "--new-version" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
