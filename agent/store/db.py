@@ -23,12 +23,14 @@ from kinv.agent.store.state import (
     LIVE_DIR,
     _db_error,
     _write_json,
+    connect_read_only,
     earlier_runs,
     live_markers,
     live_patch_line,
     lock_path,
     now,
     state_dir,
+    writable,
 )
 from kinv.kernels.errors import BadInput
 
@@ -79,7 +81,10 @@ class Store(ExperimentRows, CampaignRows, ScreenedRows, RegressRows):
         self._db = None
         self._locks: dict = {}
         try:
-            self.conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
+            if create or writable(self.dir, self.path):
+                self.conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
+            else:  # a state dir this process may only read: the reading commands still read it
+                self.conn = connect_read_only(self.path)
             self.conn.execute("PRAGMA busy_timeout = 30000")
             if existed:
                 self._check_records()  # before anything writes to it

@@ -3,6 +3,7 @@ and record, the node recorder that writes kinv.db's history, and LangGraph's SQL
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ class Context:
     progress: object = None  # callable(kind, **info) for the CLI's progress display
     version: int = 1  # the plan version of the workstream (kinv run --new-version)
     _backend: base.Backend | None = field(default=None, repr=False)
+    checkpoints: CheckpointWatch | None = field(default=None, repr=False)  # checked at every node
 
     @property
     def backend(self) -> base.Backend:
@@ -317,6 +319,8 @@ def recorded(name: str, fn):
         ctx = runtime.context
         t0 = time.time()
         ctx.store.check_intact()  # kinv.db deleted under the run: stop loudly, never close out into nowhere
+        if ctx.checkpoints is not None:  # and the graph's checkpoints, or the run could never resume
+            ctx.checkpoints.check()
         try:
             out = fn(state, runtime)
         except GraphInterrupt:
@@ -340,6 +344,82 @@ def _waiting(ctx: Context) -> str:
     return f"waiting for approval {pending[-1]['id']}" if pending else "interrupted"
 
 
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+@dataclass
+class CheckpointWatch:
+    """The checkpoint file a run opened.  Deleted, replaced or overwritten under the run, it is noticed at the next
+    graph step: the checkpointer's connection still holds the database it opened, so its checkpoints are copied out
+    (SQLite's backup) and put back in place once the run has stopped and closed that connection; the run stops
+    resumable.  Without that copy, kinv doctor names the way on (a new version; kinv.db keeps every decision)."""
+
+    path: Path
+    identity: tuple[int, int]
+    saver: object = None  # the SqliteSaver: its connection and its lock
+    ws: str = ""
+    plan_path: str = "PLAN"
+    rescued: Path | None = None
+
+    @classmethod
+    def of(cls, store: Store, saver, ws: str, plan_path: str = "PLAN") -> CheckpointWatch:
+        st = store.checkpoints_path.stat()
+        return cls(store.checkpoints_path, (st.st_dev, st.st_ino), saver, ws, plan_path)
+
+    def check(self) -> None:
+        from kinv.agent.errors import StateDamaged
+
+        try:
+            st = self.path.stat()
+            with open(self.path, "rb") as f:
+                head = f.read(len(SQLITE_HEADER))
+            why = ("was replaced" if (st.st_dev, st.st_ino) != self.identity else
+                   "was overwritten (no SQLite header)" if st.st_size and head != SQLITE_HEADER else "")  # fmt: skip
+        except OSError:
+            why = "was deleted"
+        if not why:
+            return
+        if why != "was overwritten (no SQLite header)" and self._rescue():
+            raise StateDamaged(f"{self.path} {why} during the run: the run stops here, its kernel files restored, and "
+                               f"its checkpoints are put back from the run's open copy: continue with kinv resume "
+                               f"{self.ws.lstrip('#')}")  # fmt: skip
+        raise StateDamaged(f"{self.path} {why} during the run: the run stops here, its kernel files restored; kinv.db "
+                           "and the journal keep every decision and sample so far; kinv doctor names the way on "
+                           f"(kinv run {self.plan_path} --new-version)")  # fmt: skip
+
+    def _rescue(self) -> bool:
+        """Copy what the run's open connection holds to a file beside the lost one (put in place by ``settle``)."""
+        import sqlite3
+
+        out = self.path.with_name(f"{self.path.name}.rescued-{os.getpid()}")
+        try:
+            dest = sqlite3.connect(str(out))
+            try:
+                with self.saver.lock:
+                    self.saver.conn.backup(dest)
+            finally:
+                dest.close()
+        except (sqlite3.Error, OSError, AttributeError):
+            out.unlink(missing_ok=True)
+            return False
+        self.rescued = out
+        return True
+
+    def settle(self, store: Store) -> None:
+        """Once the run has stopped: close the checkpointer's connection (it writes into the lost file, and its
+        WAL goes with it), move whatever now stands at the path aside (never deleted) and put the copy there."""
+        if self.rescued is None or not self.rescued.is_file():
+            return
+        self.saver.conn.close()
+        for suffix in ("", "-wal", "-shm"):
+            part = Path(f"{self.path}{suffix}")
+            if part.exists():
+                part.rename(f"{self.path}.replaced-{int(time.time())}{suffix}")
+        os.replace(self.rescued, self.path)
+        store.event(None, "checkpoints.restored", f"{self.path} was lost during the run; put back from its open copy")
+        self.rescued = None
 
 
 def open_checkpointer(store: Store, plan_path: str = "PLAN", move_damaged: bool = False):

@@ -31,7 +31,7 @@ from kinv.agent.errors import (
 from kinv.agent.plan_file import load_plan
 from kinv.agent.store.db import Store
 from kinv.agent.store.state import state_dir as state_path
-from kinv.agent.workstream.context import Context, open_checkpointer, run_config
+from kinv.agent.workstream.context import CheckpointWatch, Context, open_checkpointer, run_config
 from kinv.agent.workstream.graph import APPROVAL_POLICIES, build_graph
 from kinv.kernels.errors import BadInput, KinvError
 
@@ -150,6 +150,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         store.release_lock(kernel_lock, os.getpid())
         store.release_lock(ws, os.getpid())
         raise
+    ctx = None
     try:
         for d in configs.recover(store):
             if d["action"].startswith("restored over a hand edit"):
@@ -197,7 +198,9 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
                       + (f" (plan version {version})" if version > 1 else ""))  # fmt: skip
         _ = ctx.backend  # resolves auto and says which, loudly
         store.update_workstream(ws, backend=ctx.backend.name)  # what a resume continues on
-        graph = build_graph(ctx, open_checkpointer(store, str(plan_path), move_damaged=new_version))
+        saver = open_checkpointer(store, str(plan_path), move_damaged=new_version)
+        graph = build_graph(ctx, saver)
+        ctx.checkpoints = CheckpointWatch.of(store, saver, ws, str(plan_path))
         cfg = run_config(ws, version)
         snap = graph.get_state(cfg)
         t0 = time.time()
@@ -209,7 +212,9 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
                 return _paused(store, aid, console, state_dir, ws)
             resume = Command(resume={"approved": appr.get("status") == "approved"})
             result = graph.invoke(resume, cfg, context=ctx, durability="sync")
-        elif snap.values.get("report"):
+        elif snap.values.get("report"):  # a stop after the close-out was written left it marked interrupted
+            store.update_workstream(ws, status="closed", report_path=snap.values["report"],
+                                    closed=(row or {}).get("closed") or time.time())  # fmt: skip
             return RunOutcome("closed", f"{ws} is already closed out: {snap.values['report']}", ws)
         elif snap.metadata is not None:  # a checkpoint exists: resume it, never begin again
             # next is empty when a kill fell between a task's saved writes and its step's checkpoint
@@ -251,6 +256,8 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
     finally:
         restore_signals()
         configs.recover(store)  # never leave a kernel file patched, whatever happened
+        if ctx is not None and ctx.checkpoints is not None:
+            ctx.checkpoints.settle(store)  # checkpoints lost under the run: put back from its open copy
         if hasattr(be, "servers"):  # a command plan's servers stop with the run
             be.servers.close()
         file_lock.__exit__(None, None, None)
