@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from tests.utils import kinv_in_process, replay_env
 
 ROOT = Path(__file__).resolve().parents[2]

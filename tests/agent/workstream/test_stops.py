@@ -11,7 +11,7 @@ import os
 import pytest
 import yaml
 
-from kinv.agent.store import Store
+from kinv.agent.store.db import Store
 from kinv.agent.workstream import graph
 from tests.agent.test_one_process import quick_plan
 from tests.utils import kinv_in_process, replay_env
