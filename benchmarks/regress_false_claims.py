@@ -74,7 +74,7 @@ def main() -> int:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("KINV_FORCE_NO_GPU", "1")
     from kinv.agent.store.db import Store
-    from kinv.agent.tools.measure import bench, regress
+    from kinv.agent.tools.runners import bench, regress
     from kinv.kernels.launch_config import describe
 
     configs = recorded_configs()

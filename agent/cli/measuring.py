@@ -83,7 +83,7 @@ def noise(
     raise Exit(EXIT_OK, noise_command(plan, rounds, backend.value, state_dir, as_json, _console(), arms_n=workers))
 
 
-#: how a comparison ended (agent/tools/measure/regress.py's outcome) -> the exit code kinv regress ends with
+#: how a comparison ended (agent/tools/runners/regress.py's outcome) -> the exit code kinv regress ends with
 EXIT_OF_REGRESS = {"ok": EXIT_OK, "regressed": EXIT_REGRESSED, "undecided": EXIT_UNDECIDED, "failed": EXIT_FAIL}
 
 
@@ -156,7 +156,7 @@ def regress(
     """
     from kinv.agent.report import regress as report
     from kinv.agent.tools.files import revisions
-    from kinv.agent.tools.measure import regress as tool
+    from kinv.agent.tools.runners import regress as tool
 
     if history is not None:
         if base is not None or head is not None:
@@ -174,7 +174,7 @@ def regress(
     import sys
     import tempfile
 
-    from kinv.agent.tools.measure import bench
+    from kinv.agent.tools.runners import bench
 
     _state_dir(state_dir)
     root = revisions.repo_root(repo)
@@ -248,6 +248,7 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
     """
     from kinv.agent.ids import shown
     from kinv.agent.plan import load_plan
+    from kinv.agent.tools.backends.environ import proc_environ
     from kinv.agent.tools.measure import envcheck
 
     said = ""
@@ -270,7 +271,7 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
         diff = "; ".join(f"{m.var}: expected {m.expected!r}, this shell has {shown(m.seen) if m.seen else 'it unset'}"
                          for m in mism)  # fmt: skip
         raise Exit(EXIT_FAIL if mism else EXIT_OK, (diff or f"this shell matches {p.environment}") + said)
-    seen = envcheck.proc_environ(pid)  # a bad pid is refused before the store is opened
+    seen = proc_environ(pid)  # a bad pid is refused before the store is opened
     store = _store(state_dir, create=True)
     envcheck.check_pid(store, p.ws, pid, p.environment, seen=seen)
     if as_json:

@@ -160,7 +160,7 @@ def _edit_diff(plan: Plan, adapter, v: Variant, cfg: dict) -> str:
 
 
 def _resources(plan: Plan, adapter, base_cfg: dict, cfg: dict) -> dict:
-    from kinv.agent.tools.measure import resources
+    from kinv.agent.tools.runners import resources
 
     if adapter.name == "command":
         return {}  # a whole command has no launch resources

@@ -15,7 +15,7 @@ from kinv.agent.plan import Plan
 from kinv.agent.store.db import Store
 from kinv.agent.tools.backends import base
 from kinv.agent.tools.files import configs
-from kinv.agent.tools.measure import bench
+from kinv.agent.tools.runners import bench
 from kinv.agent.tools.worker import hashes
 from kinv.agent.words import Approval
 from kinv.agent.workstream import planner

@@ -22,7 +22,8 @@ from kinv.agent.errors import InvestigationError, PatchError
 from kinv.agent.fmt import kv
 from kinv.agent.plan import Plan
 from kinv.agent.tools.files import configs
-from kinv.agent.tools.measure import correctness, envcheck, protocol, reach, resources, sequential
+from kinv.agent.tools.measure import correctness, envcheck, protocol, reach, sequential
+from kinv.agent.tools.runners import resources
 from kinv.agent.tools.worker.hashes import harness_hash, kernel_hash, kernel_reference_hash
 from kinv.agent.words import MEASURED_VERDICTS, Approval
 from kinv.agent.workstream import planner
@@ -486,7 +487,7 @@ def closeout(state: State, runtime: Runtime[Context]) -> dict:
 
 def _profile_step(ctx) -> None:
     """Profile the baseline and the decided config variants (a source patch is reverted by now: it is not)."""
-    from kinv.agent.tools.measure import profile
+    from kinv.agent.tools.backends import profile
 
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
     decided = []

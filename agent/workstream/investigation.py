@@ -103,7 +103,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
 
     from kinv.agent.tools import backends
     from kinv.agent.tools.files import configs
-    from kinv.agent.tools.measure import bench
+    from kinv.agent.tools.runners import bench
     from kinv.kernels.launch_config import load_config
 
     if approval not in APPROVAL_POLICIES:
@@ -307,7 +307,7 @@ def _plan_and_backend(plan_path, backend, as_json: bool = False):
     """The plan and the backend (its banner: :func:`_banner`, once the caller's inputs are valid)."""
     from kinv.agent.plan import load_plan
     from kinv.agent.tools import backends
-    from kinv.agent.tools.measure import bench
+    from kinv.agent.tools.runners import bench
 
     if backend not in backends.BACKENDS:  # bad input (exit 2); get_backend's BackendError would be a failed step
         raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(backends.BACKENDS)}")
@@ -339,7 +339,8 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
 
     from kinv.agent import fmt
     from kinv.agent.errors import ConfigError
-    from kinv.agent.tools.measure import bench, protocol, stats
+    from kinv.agent.tools.measure import protocol, stats
+    from kinv.agent.tools.runners import bench
     from kinv.kernels.launch_config import describe, load_config
     from kinv.kernels.tunables import brief_repr
 
@@ -578,7 +579,7 @@ def profile_command(exp_id, backend, state_dir, as_json, console):
 
     from kinv.agent.report.closeout import _profile_lines
     from kinv.agent.report.views import resolve_experiment
-    from kinv.agent.tools.measure import profile
+    from kinv.agent.tools.backends import profile
 
     store = Store(state_dir)
     row = resolve_experiment(store, exp_id)

@@ -106,10 +106,10 @@ def _environ_of(proc: subprocess.Popen, names: list[str]) -> dict | None:
     """The listed variables of ``proc``'s environment, read from ``/proc``.  ``Popen`` returns only once the child
     has exec'd the command, so this is the measured process's own environment; None when it could not be read
     (it ended first: a reaped process has none)."""
-    from kinv.agent.tools.measure import envcheck
+    from kinv.agent.tools.backends.environ import proc_environ
 
     try:
-        seen = envcheck.proc_environ(proc.pid)
+        seen = proc_environ(proc.pid)
     except Exception:  # noqa: BLE001 - it ended meanwhile: unseen
         return None
     return {k: seen.get(k) for k in names} if seen else None

@@ -5,7 +5,7 @@
 and one row per profiled launch.  :func:`parse_raw` reads that; :func:`summarize` keeps, as the mean over the
 launches, DRAM and memory throughput, achieved and theoretical occupancy, the block limits, waves per SM, issued
 and eligible warps per cycle, the duration, the DRAM bytes moved and the three largest stall reasons.  :func:`run` profiles one config
-at one level (agent/tools/measure/profile_target.py is the process profiled: checked, warmed, L2-rotated) and never
+at one level (agent/tools/worker/profile_target.py is the process profiled: checked, warmed, L2-rotated) and never
 raises: where ncu is missing or fails it returns the one line that says so.
 """
 
@@ -125,7 +125,7 @@ def run(adapter, config: dict, level, env: dict, pythonpath: list[str] | None = 
     cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", f"regex:{pattern}",
            *[a for s in SECTIONS for a in ("--section", s)], "--metrics", ",".join(EXTRA_METRICS),
            "--csv", "--page", "raw",
-           sys.executable, "-m", "kinv.agent.tools.measure.profile_target", job]  # fmt: skip
+           sys.executable, "-m", "kinv.agent.tools.worker.profile_target", job]  # fmt: skip
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=TIMEOUT_S)
