@@ -1,5 +1,9 @@
 """Every exception kinv raises on purpose, and the exit codes (standard library only, importable from every layer).
 
+The kinds a kernel or a plugin raises (``KinvError``, ``BadInput``, ``StepFailed``, ``ConfigError``,
+``UnknownKernelError``) and ``ExitCode`` are defined in :mod:`kinv.kernels.errors`, below ``kinv.agent``; this module
+builds the others on them and imports them, so both paths name the same classes.
+
 A handful of kinds, each carrying the exit code the command line ends with.  The library raises them; only
 the command line (``kinv.agent.cli.app``) turns one into one line on stderr and ``exit_code``:
 
@@ -21,20 +25,17 @@ The subclasses below exist because code catches them by type; every other refusa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import IntEnum
 
-
-class ExitCode(IntEnum):
-    """The exit codes of every kinv command (defined here only)."""
-
-    OK = 0
-    FAIL = 1  # a step failed for a named reason, damaged state, or an internal error (a bug)
-    BAD_INPUT = 2  # one line naming the bad value and what is valid; nothing created or changed
-    PAUSED = 3  # a run waits for a person's approval
-    REGRESSED = 4  # kinv regress: a kernel regressed beyond its margin at some level (or HEAD broke it)
-    UNDECIDED = 5  # kinv regress: nothing regressed, but some level is undecided within the budget (retry)
-    INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP: state restored, resumable
-
+# the kinds a kernel or a plugin raises are defined below kinv.agent, in kinv.kernels.errors (kinv.kernels imports
+# nothing from kinv.agent); imported here, so that every kind is importable from this module as at 0.2.0
+from kinv.kernels.errors import (  # noqa: F401 (ConfigError, UnknownKernelError: importable from here too)
+    BadInput,
+    ConfigError,
+    ExitCode,
+    KinvError,
+    StepFailed,
+    UnknownKernelError,
+)
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = ExitCode.OK, ExitCode.FAIL, ExitCode.BAD_INPUT
 EXIT_PAUSED, EXIT_INTERRUPTED = ExitCode.PAUSED, ExitCode.INTERRUPTED
@@ -42,26 +43,8 @@ EXIT_REGRESSED, EXIT_UNDECIDED = ExitCode.REGRESSED, ExitCode.UNDECIDED
 
 
 # --------------------------------------------------------------------------- #
-# the kinds
+# the kinds (KinvError, BadInput, StepFailed: kinv.kernels.errors)
 # --------------------------------------------------------------------------- #
-class KinvError(Exception):
-    """An error kinv raises on purpose: its message is one line for a person, ``exit_code`` the command's exit."""
-
-    exit_code: int = ExitCode.FAIL
-
-
-class BadInput(KinvError, ValueError):
-    """Input a user gave that kinv cannot use; the message is one line naming the value and what is valid."""
-
-    exit_code = ExitCode.BAD_INPUT
-
-
-class StepFailed(KinvError, RuntimeError):
-    """A step that failed for a reason kinv names; the message is one line saying why and what to do."""
-
-    exit_code = ExitCode.FAIL
-
-
 class StateDamaged(KinvError, RuntimeError):
     """kinv's own state is damaged, empty, missing or unreadable (kinv.db, its journal, checkpoints.db) while the
     state dir shows earlier runs: nothing may start over on it; the message names the way back."""
@@ -86,16 +69,8 @@ class PlanError(BadInput):
     """A plan that cannot be used; the message is one line naming the field."""
 
 
-class ConfigError(BadInput):
-    """A launch config that cannot be used; the message names the field."""
-
-
 class PatchError(BadInput):
     """A patch that cannot be applied; nothing was changed.  One line naming the bad value."""
-
-
-class UnknownKernelError(BadInput):
-    """A kernel name or ``package.module:Class`` that names no adapter; the message lists the known ones."""
 
 
 class NotFound(BadInput):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import signal
 
-from kinv.agent.errors import BadInput
+from kinv.kernels.errors import BadInput
 
 _config: tuple[int, str | None, str | None] | None = None
 _count = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from kinv.agent.errors import BadInput
+from kinv.kernels.errors import BadInput
 
 MAX_ID_CHARS = 64  # the longest id kinv makes is far shorter: '3a-V1-12', '7-adopt', '#12b.REGRW'
 

@@ -14,9 +14,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from kinv.agent.errors import ConfigError, PlanError, TooBig
+from kinv.agent.errors import PlanError, TooBig
 from kinv.agent.ids import norm_ws
 from kinv.agent.words import HarnessReach, Target
+from kinv.kernels.errors import ConfigError
 from kinv.kernels.tunables import brief_repr, one_line, read_text_file
 
 WS_ID = re.compile(r"#?[0-9]{1,6}[a-z]?")

@@ -88,8 +88,8 @@ class Refused(Exception):
 # --------------------------------------------------------------------------- #
 def _configs() -> dict:
     """TARGET_CTAS and both kernels' config files, validated by kinv's own code; Refused (exit 2) naming the value."""
-    from kinv.agent.errors import ConfigError
     from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.errors import ConfigError
     from kinv.kernels.launch_config import load_config
     from kinv.kernels.mla_decode import target_ctas_from_env
 

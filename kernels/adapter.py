@@ -21,8 +21,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kinv.agent.errors import BadInput, UnknownKernelError
 from kinv.kernels.devices import DeviceSpec, roofline
+from kinv.kernels.errors import BadInput, UnknownKernelError
+from kinv.kernels.moved import moved
 from kinv.kernels.tunables import Params, TunableSpec, brief_repr, one_line
 
 KERNELS_DIR = Path(__file__).resolve().parent
@@ -493,3 +494,8 @@ __all__ = [
     "default_plan",
     "registered",
 ]
+
+
+def __getattr__(name: str):
+    # names this module held at 0.2.0 that live elsewhere now: ConfigError
+    return moved(__name__, name)

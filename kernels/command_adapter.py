@@ -28,8 +28,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from kinv.agent.errors import BadInput
 from kinv.kernels.adapter import KernelAdapter, Level, Resources
+from kinv.kernels.errors import BadInput
 from kinv.kernels.tunables import TunableSpec
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from kinv.agent.errors import BadInput
+from kinv.kernels.errors import BadInput
+from kinv.kernels.moved import moved
 
 
 @dataclass(frozen=True)
@@ -109,3 +110,8 @@ def occupancy(device: DeviceSpec, *, num_warps: int, regs_per_thread: int | None
         "limited_by": binding,
         "limits": limits,
     }
+
+
+def __getattr__(name: str):
+    # names this module held at 0.2.0 that live elsewhere now: UnknownDeviceError (now BadInput)
+    return moved(__name__, name)

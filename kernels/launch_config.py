@@ -25,8 +25,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from kinv.agent.errors import ConfigError
 from kinv.kernels.adapter import get_adapter
+from kinv.kernels.errors import ConfigError
+from kinv.kernels.moved import moved
 from kinv.kernels.tunables import Params, TunableSpec, brief_repr, one_line, read_text_file
 
 MAX_CONFIG_BYTES = 256 * 1024
@@ -104,6 +105,13 @@ def effective(adapter, config: dict, level) -> dict:
     return adapter.validate_config({**dict(params), "kernel": adapter.name})
 
 
+def _resolve(config: dict, dims) -> Params:
+    """0.2.0's ``resolve``: the launch parameters of ``config`` at one level (a Level or a mapping of its dimensions);
+    reached through the deprecated ``kinv.kernels.launch_config.resolve`` (kinv.kernels.moved)."""
+    d = dims.to_dict() if hasattr(dims, "to_dict") else dims
+    return spec_of(config.get("kernel") or "").resolve(config, d)
+
+
 def canonical_json(config: dict) -> str:
     """The config as canonical JSON (sorted keys, no description, optional tunables at their default left
     out): what is hashed."""
@@ -134,3 +142,8 @@ def describe(config: dict) -> str:
         except (ImportError, ValueError, KeyError):
             pass
     return "/".join(f"{k}={v}" for k, v in sorted(config.items()) if k not in ("kernel", "description", "overrides"))
+
+
+def __getattr__(name: str):
+    # names this module held at 0.2.0 that live elsewhere now: Restriction, Tunable, MAX_DIM, resolve, BadInput
+    return moved(__name__, name)

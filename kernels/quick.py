@@ -71,9 +71,10 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from kinv.agent.errors import BadInput
 from kinv.kernels.adapter import NAME, KernelAdapter, Level, Resources
 from kinv.kernels.devices import DeviceSpec, occupancy
+from kinv.kernels.errors import BadInput
+from kinv.kernels.moved import moved
 from kinv.kernels.tunables import MAX_DIM, Params, Restriction, Tunable, TunableSpec, brief_repr
 
 CPU_CAP = 64  # the largest integer level dimension the CPU stand-in runs (the Triton interpreter is slow)
@@ -648,7 +649,7 @@ def _build(name: str, module: str, *, tunables: tuple[Tunable, ...], restriction
            launch, reference, bytes_moved=None, flops=None, tolerance=None, dtype=None, kernel_files=None,
            reference_parts=None, throughput_unit=None, throughput=None, stand_in=None, kernels=(),
            override_dims=None, example_plan: str = "", profile_kernels: str = "", autotune=None, cpu_launch=None,
-           output_dtypes=None) -> type[QuickAdapter]:  # fmt: skip
+           output_dtypes=None, fresh_inputs=()) -> type[QuickAdapter]:  # fmt: skip
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise BadInput(f"name {brief_repr(name)} is not a valid kernel name (letters, digits, _; at most 64)")
     names = tuple(t.name for t in tunables)
@@ -687,6 +688,9 @@ def _build(name: str, module: str, *, tunables: tuple[Tunable, ...], restriction
         output_dtypes = [_dtype_name(d) for d in output_dtypes]
     if stand_in is not None and not callable(stand_in) and not isinstance(stand_in, Mapping):
         raise BadInput("stand_in must be a dict of caps on CPU ({'M': 64}) or a function (dims, device) -> dims")
+    if isinstance(fresh_inputs, str) or not all(isinstance(n, str) for n in fresh_inputs):
+        raise BadInput(f"fresh_inputs must be a tuple of input names (the inputs that change from step to step); got "
+                       f"{brief_repr(fresh_inputs)}")  # fmt: skip
     if not isinstance(default, Mapping):
         raise BadInput(f"default must be a dict of tunable values (the config kinv starts from); got "
                          f"{brief_repr(default)}")  # fmt: skip
@@ -723,7 +727,7 @@ def _build(name: str, module: str, *, tunables: tuple[Tunable, ...], restriction
     cls_name = "".join(p.capitalize() for p in name.split("_") if p) + "Adapter"
     attrs = {"__module__": module, "__qualname__": cls_name, "_q": decl, "name": name, "spec": spec, "level_dims": dims,
              "throughput_unit": unit, "kernel_files": tuple(kernel_files), "reference_parts": tuple(reference_parts),
-             "example_plan": example_plan, "profile_kernels": profile_kernels,
+             "example_plan": example_plan, "profile_kernels": profile_kernels, "fresh_inputs": tuple(fresh_inputs),
              "__doc__": f"The {name} kernel, declared with kinv.kernels.quick in {module}."}  # fmt: skip
     return type(cls_name, (QuickAdapter,), attrs)
 
@@ -740,7 +744,8 @@ def kernel(name: str, *, tunables: Mapping, default: Mapping, levels: list, make
     ``bytes_moved(level)``, ``flops(level)``, ``tolerance`` ((atol, rtol), a dict by dtype name, or a function of
     the dtype), ``dtype``, ``kernel_files`` and ``reference_parts`` (relative to the plugin's root),
     ``throughput_unit`` (calls/s, GB/s, TB/s, GFLOP/s, TFLOP/s; or any with ``throughput=(level, us) -> float``),
-    ``stand_in`` (CPU caps by dimension, or ``(dims, device) -> dims``), ``cpu_launch`` (``launch``'s stand-in on CPU
+    ``fresh_inputs`` (the inputs that change from step to step in real use, refreshed before every timed launch;
+    default: the smallest floating-point input), ``stand_in`` (CPU caps by dimension, or ``(dims, device) -> dims``), ``cpu_launch`` (``launch``'s stand-in on CPU
     tensors: the interpreter's gaps, in the module docstring), ``output_dtypes``, ``kernels`` (Triton kernels ``launch``
     reaches without naming them), ``override_dims``, ``example_plan``, ``profile_kernels``; ``abbr`` (labels of
     tunables), ``module`` (whose adapter it is: default the calling module).  Raises BadInput naming the argument.
@@ -811,3 +816,8 @@ def from_autotune(name: str, autotuned, *, levels: list, make_inputs: Callable, 
 
 
 __all__ = ["QuickAdapter", "from_autotune", "kernel", "parse_restriction", "restriction"]
+
+
+def __getattr__(name: str):
+    # names this module held at 0.2.0 that live elsewhere now: QuickError (now BadInput)
+    return moved(__name__, name)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from kinv.agent.errors import ConfigError
+from kinv.kernels.errors import ConfigError
+from kinv.kernels.moved import moved
 
 MAX_DIM = 1 << 30
 
@@ -275,3 +276,8 @@ def read_text_file(path, what: str, limit: int, error: type[Exception]) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise error(f"{what} {path} is not UTF-8 text") from None
+
+
+def __getattr__(name: str):
+    # names this module held at 0.2.0 that live elsewhere now: LaunchParams (now kinv.kernels.launch_config's)
+    return moved(__name__, name)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 def _search_path(own: list[str]) -> list[str]:

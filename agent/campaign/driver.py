@@ -18,10 +18,11 @@ from kinv.agent.campaign.levels import per_level, with_params
 from kinv.agent.campaign.results import FINAL, CampaignOutcome
 from kinv.agent.campaign.screen import Screening
 from kinv.agent.campaign.steps import Confirmation
-from kinv.agent.errors import BackendError, BadInput, CampaignError
+from kinv.agent.errors import BackendError, CampaignError
 from kinv.agent.fmt import kv
 from kinv.agent.plan import Plan, load_plan
 from kinv.agent.store.db import Store
+from kinv.kernels.errors import BadInput
 from kinv.kernels.launch_config import config_hash, describe
 
 

@@ -95,8 +95,8 @@ class Confirmation:
         """Run the step's workstream through the graph (``kinv run``'s); once it is closed, adopt in the campaign
         what it confirmed.  A pause or an interrupt comes back as the workstream said it, whose continue hint
         names the campaign (agent.ids.continue_command)."""
-        from kinv.agent.errors import BadInput, KinvError
         from kinv.agent.workstream.investigation import run_plan
+        from kinv.kernels.errors import BadInput, KinvError
 
         be = self.executor.measuring_backend() if self.executor.name == "ray" else None
         seen = len(be.losses) if be else 0

@@ -20,7 +20,8 @@ import typer
 
 from kinv.agent import faults, logs, signals
 from kinv.agent.cli.common import Exit, app
-from kinv.agent.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, KinvError
+from kinv.agent.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK
+from kinv.kernels.errors import KinvError
 
 for _group in ("running", "measuring", "reading"):  # registers the commands in the order `kinv --help` lists them
     importlib.import_module(f"kinv.agent.cli.{_group}")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-from kinv.agent.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PAUSED, KinvError
+from kinv.agent.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PAUSED
+from kinv.kernels.errors import KinvError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},

@@ -31,9 +31,10 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from kinv.agent.errors import BadInput, NotFound
+from kinv.agent.errors import NotFound
 from kinv.agent.report import views  # the tools' return types: FastMCP reads them from the module's globals
 from kinv.agent.words import Approval, BackendName
+from kinv.kernels.errors import BadInput
 
 # the tools' choices, from the enums (FastMCP reads annotations from the module's globals): a JSON-schema enum
 BackendChoice = Literal[tuple(m.value for m in BackendName)]

@@ -24,10 +24,11 @@ def predicted_lines(resources: dict) -> list[str]:
     if resources.get("note"):
         return [resources["note"]]
     out = []
+    basis = f"; {resources['basis']}" if resources.get("basis") else ""  # registers unknown: shared memory alone
     for level, p in (resources.get("predicted") or {}).items():
         out.append(f"{level}: shared memory {p['smem_base'] / 1024:.1f} -> {p['smem_variant'] / 1024:.1f} KB, CTAs/SM "
                    f"{p['ctas_per_sm_base']} -> {p['ctas_per_sm_variant']}, warps/SM {p['warps_per_sm_base']} -> "
-                   f"{p['warps_per_sm_variant']} (limited by {p['limited_by_base']} -> {p['limited_by_variant']})")  # fmt: skip
+                   f"{p['warps_per_sm_variant']} (limited by {p['limited_by_base']} -> {p['limited_by_variant']}{basis})")  # fmt: skip
     if resources.get("feasible") is False:
         out.append(f"infeasible on {resources.get('device')}: {resources.get('reason')}")
     return out
@@ -48,6 +49,12 @@ def skeleton(outcome) -> str:
         f"- result: {'every arm would run' if ok else 'a gate failed: ' + '; '.join(outcome.failures())}",
         f"- checked in {outcome.seconds:.1f} s",
         "",
+    ]
+    if outcome.plugin_imports:
+        lines += ["## The plugin's imports of kinv", "",
+                  "Public: `kinv.plugin` only (docs/plugin-api.md). Deprecated paths work until the release named.", ""]
+        lines += [f"- {line}" for line in outcome.plugin_imports] + [""]
+    lines += [
         "## Arms",
         "",
     ]
@@ -62,6 +69,8 @@ def skeleton(outcome) -> str:
         if pred:
             lines.append("- predicted resources, baseline -> variant:")
             lines += [f"  - {p}" for p in pred]
+        if arm.premise:
+            lines.append(f"- {arm.premise}")
         if arm.diff:
             lines += ["- the edit its approval would show:", "", "```diff", arm.diff.rstrip("\n"), "```"]
         lines.append("")

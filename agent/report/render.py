@@ -275,6 +275,8 @@ def check(console, outcome) -> None:
         for lv in arm.levels:
             t.add_row(arm.name, lv["label"], lv["runs"])
     console.print(t)
+    for line in outcome.plugin_imports:  # the plugin's imports of kinv outside kinv.plugin
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for arm in outcome.arms:
         console.print(f"{arm.name}: {_gate_line(arm)}", markup=False, highlight=False)
         if arm.diff:
@@ -282,3 +284,5 @@ def check(console, outcome) -> None:
             diff(console, arm.diff.rstrip("\n"))
         for line in predicted_lines(arm.resources):
             console.print(f"  {line}", markup=False, highlight=False)
+        if arm.premise:
+            console.print(f"  {arm.premise}", markup=False, highlight=False)

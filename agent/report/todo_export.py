@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from kinv.agent.errors import BadInput
 from kinv.agent.report.views import TodoView, View, _todo_view
+from kinv.kernels.errors import BadInput
 
 OpencodeStatus = Literal["pending", "in_progress", "completed", "cancelled"]
 OpencodePriority = Literal["high", "medium", "low"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kinv.agent import faults
-from kinv.agent.errors import BadInput, NoState, StateDamaged, StoreError
+from kinv.agent.errors import NoState, StateDamaged, StoreError
 from kinv.agent.store import schema
 from kinv.agent.store.regressions import RegressRows
 from kinv.agent.store.screened import ScreenedRows
@@ -28,6 +28,7 @@ from kinv.agent.store.state import (
     now,
     state_dir,
 )
+from kinv.kernels.errors import BadInput
 
 if TYPE_CHECKING:
     import sqlite_utils

@@ -9,7 +9,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from kinv.agent.errors import BadInput, StateDamaged, StoreError
+from kinv.agent.errors import StateDamaged, StoreError
+from kinv.kernels.errors import BadInput
 
 DB_NAME = "kinv.db"
 CHECKPOINTS_NAME = "checkpoints.db"

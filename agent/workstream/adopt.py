@@ -24,8 +24,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kinv.agent.errors import AdoptError, BadInput, NoGain
+from kinv.agent.errors import AdoptError, NoGain
 from kinv.agent.store.db import Store
+from kinv.kernels.errors import BadInput
 
 
 @dataclass

@@ -28,6 +28,7 @@ from kinv.agent.errors import BackendError, PatchError
 from kinv.agent.plan import Plan, Variant, load_plan
 from kinv.agent.tools.backends.base import Backend, gpu_visible
 from kinv.agent.tools.measure import reach
+from kinv.agent.tools.runners import plugin_imports
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.devices import get_device
 from kinv.kernels.launch_config import describe, effective
@@ -46,6 +47,7 @@ class ArmCheck:
     diff: str = ""  # what its approval would show (variants only)
     resources: dict = field(default_factory=dict)  # {feasible, reason, predicted} or {note}
     skipped: str = ""  # why its gate did not run (a patch that does not apply, an infeasible config)
+    premise: str = ""  # what the check can say of the variant's premise (its targets): on CPU, that it cannot judge it
 
     @property
     def ok(self) -> bool:
@@ -68,6 +70,8 @@ class CheckOutcome:
     seconds: float
     arms: list[ArmCheck]
     report: Path | None = None
+    #: what a plugin imports from kinv outside kinv.plugin: deprecated paths and private modules, one line each
+    plugin_imports: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -171,8 +175,30 @@ def _resources(plan: Plan, adapter, base_cfg: dict, cfg: dict) -> dict:
     levels = plan.levels()
     base_a = resources.assess(adapter, base_cfg, levels, device)
     var_a = resources.assess(adapter, cfg, levels, device)
-    return {"feasible": var_a["feasible"], "reason": var_a["reason"],
-            "predicted": resources.predicted_change(base_a, var_a), "device": plan.device}  # fmt: skip
+    out = {"feasible": var_a["feasible"], "reason": var_a["reason"],
+           "predicted": resources.predicted_change(base_a, var_a), "device": plan.device}  # fmt: skip
+    if any(lv.get("registers") is None for lv in [*base_a["levels"], *var_a["levels"]]):
+        # nothing was compiled: the analytical model knows shared memory, not the registers that often bind first
+        out["basis"] = f"registers unknown {_unknown_where()}: occupancy from shared memory and thread limits only"
+    return out
+
+
+def _unknown_where() -> str:
+    return "on CPU" if not gpu_visible() else "before a compile (kinv check compiles nothing)"
+
+
+def _premise(adapter, v: Variant) -> str:
+    """What the check says of ``v``'s premise: the quantity its targets names is read from a compiled kernel and its
+    profile, which a check has neither of, so it is not judged (empty: the variant names no premise)."""
+    from kinv.agent.tools.measure.premise import premises_of, words
+
+    readings = premises_of(v.targets, adapter)
+    if not readings:
+        return ""
+    said = ", ".join(f"{p.quantity} {p.direction}" for p in readings)
+    where = "on CPU" if not gpu_visible() else "by kinv check"
+    return (f"premise {words(v.targets)} ({said}): not judged {where}; a run reads it from the compiled kernel "
+            "(registers included) and its profile")  # fmt: skip
 
 
 def _patched_copy(adapter, v: Variant, where: Path) -> list[str]:
@@ -209,7 +235,8 @@ def check_plan(plan_path: str, say=None) -> CheckOutcome:
         cfg = plan.variant_config(v)
         env = plan.variant_env(v)
         arms.append(ArmCheck(v.id, v.title, describe(cfg), env, _levels_of(plan, adapter, cfg, env),
-                             diff=_edit_diff(plan, adapter, v, cfg), resources=_resources(plan, adapter, base_cfg, cfg)))  # fmt: skip
+                             diff=_edit_diff(plan, adapter, v, cfg), resources=_resources(plan, adapter, base_cfg, cfg),
+                             premise=_premise(adapter, v)))  # fmt: skip
     where = {"cpu": "on CPU in the Triton interpreter", "cuda": "on this machine's GPU",
              "command": "by running the command"}[device]  # fmt: skip
     try:
@@ -236,7 +263,8 @@ def check_plan(plan_path: str, say=None) -> CheckOutcome:
                 say(f"{arm.name}: " + ("correct" if arm.gate.get("ok") else f"FAILED: {arm.gate.get('reason')}"))
     finally:
         backend.close()
-    return CheckOutcome(str(plan_path), plan.ws, plan.kernel, device, time.time() - t0, arms)
+    return CheckOutcome(str(plan_path), plan.ws, plan.kernel, device, time.time() - t0, arms,
+                        plugin_imports=plugin_imports.scan(adapter))  # fmt: skip
 
 
 def write_report(outcome: CheckOutcome, state_dir: Path) -> Path:

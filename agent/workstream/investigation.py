@@ -21,11 +21,9 @@ from rich.markup import escape
 
 from kinv.agent.errors import (
     BackendError,
-    BadInput,
     EnvMismatch,
     HarnessBroken,
     InvestigationError,
-    KinvError,
     LockedElsewhere,
     RevertError,
     StateDamaged,
@@ -35,6 +33,7 @@ from kinv.agent.store.db import Store
 from kinv.agent.store.state import state_dir as state_path
 from kinv.agent.workstream.context import Context, open_checkpointer, run_config
 from kinv.agent.workstream.graph import APPROVAL_POLICIES, build_graph
+from kinv.kernels.errors import BadInput, KinvError
 
 log = logging.getLogger(__name__)
 
@@ -338,9 +337,9 @@ def bench_command(plan_path, config_path, variant, backend, samples, rounds, sta
     import json
 
     from kinv.agent import fmt
-    from kinv.agent.errors import ConfigError
     from kinv.agent.tools.measure import protocol, stats
     from kinv.agent.tools.runners import bench
+    from kinv.kernels.errors import ConfigError
     from kinv.kernels.launch_config import describe, load_config
     from kinv.kernels.tunables import brief_repr
 
@@ -470,8 +469,8 @@ def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_
 
 def kernels_rows() -> list[dict]:
     """Every registered kernel: its tunables, restrictions, level dimensions, unit and config (kinv kernels --json)."""
-    from kinv.agent.errors import UnknownKernelError
     from kinv.kernels.adapter import get_adapter, registered
+    from kinv.kernels.errors import UnknownKernelError
 
     rows = []
     for name, ref in sorted(registered().items()):

@@ -45,15 +45,21 @@ def _exception_classes():
 
 def test_every_exception_kinv_raises_is_defined_in_one_module_with_its_exit_code():
     """agent/errors.py defines every exception kinv raises on purpose (the command line's own Exit aside), each
-    a kind with its exit code: bad input 2, a failed step 1, damaged state 1, interrupted 130."""
+    a kind with its exit code: bad input 2, a failed step 1, damaged state 1, interrupted 130; the kinds a kernel
+    raises are defined below it, in kernels/errors.py, and agent/errors.py names the same classes."""
     from kinv.agent import errors
-    from kinv.agent.errors import BadInput, Interrupted, KinvError, StateDamaged, StepFailed
+    from kinv.agent.errors import Interrupted, StateDamaged
+    from kinv.kernels import errors as kernel_errors
+    from kinv.kernels.errors import BadInput, KinvError, StepFailed
+    homes = ("kinv.agent.errors", "kinv.kernels.errors")
     elsewhere = [f"{c.__module__}.{c.__qualname__}" for c in _exception_classes()
-                 if c.__module__ != "kinv.agent.errors" and c.__qualname__ != "Exit"]  # fmt: skip
-    assert not elsewhere, f"define these in agent/errors.py: {elsewhere}"
+                 if c.__module__ not in homes and c.__qualname__ != "Exit"]  # fmt: skip
+    assert not elsewhere, f"define these in agent/errors.py (or kernels/errors.py for a kernel's): {elsewhere}"
     assert (BadInput.exit_code, StepFailed.exit_code, StateDamaged.exit_code, Interrupted.exit_code) == (2, 1, 1, 130)
-    for cls in vars(errors).values():
-        if inspect.isclass(cls) and issubclass(cls, Exception) and cls.__module__ == errors.__name__:
+    for name in ("KinvError", "BadInput", "StepFailed", "ConfigError", "UnknownKernelError", "ExitCode"):
+        assert getattr(errors, name) is getattr(kernel_errors, name), name  # one class, two import paths
+    for cls in [*vars(errors).values(), *vars(kernel_errors).values()]:
+        if inspect.isclass(cls) and issubclass(cls, Exception) and cls.__module__ in homes:
             assert issubclass(cls, KinvError), cls
             assert cls.exit_code == (2 if issubclass(cls, BadInput) else 1), cls
     assert errors.NoRecording.exit_code == errors.NoDevice.exit_code == errors.NoState.exit_code == 2  # bad input wins
@@ -84,8 +90,8 @@ def test_run_plan_raises_bad_input_with_exit_2_and_creates_no_state_dir(state_di
     returned code; nothing is created."""
     from rich.console import Console
 
-    from kinv.agent.errors import BadInput, ExitCode
     from kinv.agent.workstream.investigation import run_plan
+    from kinv.kernels.errors import BadInput, ExitCode
 
     with pytest.raises(BadInput) as got:
         run_plan(str(ROOT / plan), backend, approval, str(state_dir), Console(quiet=True))
@@ -100,7 +106,7 @@ def test_only_the_command_line_decides_an_exit_code():
     users = []
     for path in sorted([*ROOT.glob("agent/**/*.py"), *ROOT.glob("kernels/**/*.py")]):
         rel = path.relative_to(ROOT).as_posix()
-        if rel in ("agent/cli/app.py", "agent/errors.py") or rel.startswith("agent/cli/"):
+        if rel in ("agent/cli/app.py", "agent/errors.py", "kernels/errors.py") or rel.startswith("agent/cli/"):
             continue
         tree = ast.parse(path.read_text())
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}

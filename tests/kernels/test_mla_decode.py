@@ -171,7 +171,7 @@ def test_merge_refuses_a_scratch_without_tickets():
 
 
 def test_optional_tunables_left_out_or_at_default_are_the_same_config():
-    from kinv.agent.errors import ConfigError
+    from kinv.kernels.errors import ConfigError
     from kinv.kernels.launch_config import config_hash, describe, validate_config
 
     seed = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
@@ -284,8 +284,8 @@ def test_a_register_cap_launches_stage_one_capped_and_stays_correct():
 
 def test_an_override_can_name_the_model_shape():
     # V3 and V4-Flash want different tiles at batch 96; "shape" is matched by value, first match wins
-    from kinv.agent.errors import ConfigError
     from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.errors import ConfigError
     from kinv.kernels.launch_config import describe, validate_config
 
     cfg = validate_config({"kernel": "mla_decode", "BLOCK_T": 64, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2,

@@ -12,9 +12,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from kinv.agent.errors import BadInput
 from kinv.agent.tools.worker import gate
 from kinv.kernels import quick
+from kinv.kernels.errors import BadInput
 
 interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="a GPU is visible")
 LEVELS = [{"N": 64}, {"N": 100}]

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kinv.agent.errors import BadInput
+from kinv.kernels.errors import BadInput
 from tests.utils import run_kinv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,8 +220,8 @@ NAMES = ("TILE_M", "TILE_N", "num_warps")
 
 
 def test_restriction_strings_are_evaluated_over_the_tunables_without_eval(monkeypatch):
-    from kinv.agent.errors import ConfigError
     from kinv.kernels import quick
+    from kinv.kernels.errors import ConfigError
     from kinv.kernels.tunables import Tunable, TunableSpec
 
     def no_eval(*a, **k):
@@ -360,8 +360,8 @@ def _probe_autotuned():
 def test_from_autotune_maps_the_configs_to_the_space_and_the_key_to_the_levels(example):
     import torch
 
-    from kinv.agent.errors import ConfigError
     from kinv.kernels import quick
+    from kinv.kernels.errors import ConfigError
 
     probe = _probe_autotuned()
 

@@ -338,7 +338,7 @@ class CommandBackend(Backend):
         return arm
 
     def preflight(self, kernel: str, env: dict, levels: list[Level], arms=()) -> None:
-        from kinv.agent.errors import BadInput
+        from kinv.kernels.errors import BadInput
 
         if kernel != "command":
             raise BadInput(f"--backend command measures plans of kernel 'command'; this plan's kernel is {kernel!r}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from kinv.agent.errors import BadInput
+from kinv.kernels.errors import BadInput
 
 EMPTY_RETRIES = 25
 

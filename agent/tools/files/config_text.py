@@ -10,7 +10,8 @@ import os
 import re
 from pathlib import Path
 
-from kinv.agent.errors import ConfigError, PatchError
+from kinv.agent.errors import PatchError
+from kinv.kernels.errors import ConfigError
 from kinv.kernels.launch_config import config_hash, spec_of, validate_config
 
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")

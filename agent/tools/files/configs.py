@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kinv.agent import faults
-from kinv.agent.errors import ConfigError, LockedElsewhere, PatchError, RevertError
+from kinv.agent.errors import LockedElsewhere, PatchError, RevertError
 from kinv.agent.tools.files.config_text import (  # noqa: F401 - kinv.agent.tools.files.configs keeps exporting them
     apply_unified_diff,
     diff_text,
     edit_config_text,
     render_config,
 )
+from kinv.kernels.errors import ConfigError
 from kinv.kernels.launch_config import validate_config
 
 if TYPE_CHECKING:

@@ -214,9 +214,9 @@ def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None,
     """Each registered kernel's live config: a config adopted with ``kinv adopt`` (its latest adoption, and what
     it was measured against), the baseline of a known plan or workstream, or something else.  A workstream whose
     plan measured its own baseline (``baseline_on_disk: false``) ran beside the file, and is named so."""
-    from kinv.agent.errors import ConfigError, UnknownKernelError
     from kinv.agent.tools.files import configs
     from kinv.kernels.adapter import get_adapter, registered
+    from kinv.kernels.errors import ConfigError, UnknownKernelError
     from kinv.kernels.launch_config import config_hash, load_config
 
     exps = {e["id"]: e for e in experiments or []}

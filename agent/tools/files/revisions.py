@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kinv.agent.errors import BadInput, StepFailed
 from kinv.agent.tools.files.snapshot import SKIP_DIRS, materialize
+from kinv.kernels.errors import BadInput, StepFailed
 
 WORKTREE = "the working tree"
 """How ``kinv regress`` names HEAD when none is given: the checkout's files as they are now, uncommitted changes

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kinv.agent.errors import BadInput, EnvMismatch
+from kinv.agent.errors import EnvMismatch
 from kinv.agent.tools.backends.environ import proc_environ
+from kinv.kernels.errors import BadInput
 
 if TYPE_CHECKING:
     from kinv.agent.store.db import Store

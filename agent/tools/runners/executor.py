@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 
-from kinv.agent.errors import BackendError, BadInput, ExecutorError, NoRecording, VariantFailed
+from kinv.agent.errors import BackendError, ExecutorError, NoRecording, VariantFailed
 from kinv.agent.tools.backends.ray import RayBackend, RemoteArm  # noqa: F401 - the ray backend
 from kinv.agent.tools.runners.screening import screen_shard
+from kinv.kernels.errors import BadInput
 
 EXECUTORS = ("local", "ray")
 ENV_FOR_ACTORS = ("KINV_FORCE_NO_GPU", "KINV_RECORDINGS", "KINV_CONFIG_DIR", "TRITON_INTERPRET", "TRITON_CACHE_DIR", "PYTHONPATH",

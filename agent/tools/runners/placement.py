@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kinv.agent.errors import BadInput
+from kinv.kernels.errors import BadInput
 
 
 @dataclass

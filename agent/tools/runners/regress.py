@@ -29,10 +29,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kinv.agent.errors import BadInput, BudgetSpent, KinvError, StepFailed
+from kinv.agent.errors import BudgetSpent
 from kinv.agent.plan import StatsSettings
 from kinv.agent.tools.files import revisions
 from kinv.agent.tools.files.revisions import Revision
+from kinv.kernels.errors import BadInput, KinvError, StepFailed
 
 MARGINS_FILE = "plans/regress/margins.yaml"
 """The committed defaults file: per kernel, the plan it is measured at and its margins (read from BASE)."""

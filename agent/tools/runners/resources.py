@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kinv.agent.errors import BadInput
 from kinv.kernels.adapter import KernelAdapter, Level
 from kinv.kernels.devices import DeviceSpec
+from kinv.kernels.errors import BadInput
 from kinv.kernels.launch_config import config_hash, describe
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from kinv.agent.errors import ConfigError
+from kinv.kernels.errors import ConfigError
 from kinv.kernels.launch_config import config_hash
 
 

@@ -1,9 +1,9 @@
-"""The quick_matmul kernel's whole kinv adapter, declared with kinv.kernels.quick."""
+"""The quick_matmul kernel's whole kinv adapter, declared with kinv.plugin.kernel."""
 
 import torch
 import triton
 
-from kinv.kernels import quick
+from kinv import plugin
 from kinv_quick_matmul.kernel import matmul_kernel
 
 
@@ -31,7 +31,7 @@ def flops(level):
     return 2 * level.M * level.N * level.K
 
 
-QuickMatmul = quick.kernel(
+QuickMatmul = plugin.kernel(
     "quick_matmul",
     tunables={"TILE_M": [32, 64, 128], "TILE_N": [32, 64, 128], "TILE_K": [32, 64], "num_warps": [4, 8],
               "num_stages": [2, 3, 4]},

@@ -1,10 +1,10 @@
-"""The same matmul from its @triton.autotune kernel: kinv.kernels.quick.from_autotune makes the configs the space
+"""The same matmul from its @triton.autotune kernel: kinv.plugin.from_autotune makes the configs the space
 and the autotune key (M, N, K) the level dimensions.  Self-contained: nothing is borrowed from adapter.py."""
 
 import torch
 import triton
 
-from kinv.kernels import quick
+from kinv import plugin
 from kinv_quick_matmul.kernel import matmul_autotuned
 
 
@@ -31,7 +31,7 @@ def flops(level):
     return 2 * level.M * level.N * level.K
 
 
-QuickMatmulAutotune = quick.from_autotune(
+QuickMatmulAutotune = plugin.from_autotune(
     "quick_matmul_autotune", matmul_autotuned,
     levels=[{"M": 512, "N": 512, "K": 512}, {"M": 2048, "N": 2048, "K": 2048}, {"M": 128, "N": 4096, "K": 4096}],
     make_inputs=make_inputs, launch=launch, reference=reference, flops=flops, dtype="float16",

@@ -1,11 +1,11 @@
 """PyTorch's batched outer-product Triton kernel (torch/_native/ops/bmm_outer_product/triton_kernels.py, BSD-3-Clause),
-imported from the installed torch and declared with kinv.kernels.quick: its two block sizes are the tunables."""
+imported from the installed torch and declared with kinv.plugin.kernel: its two block sizes are the tunables."""
 
 import torch
 import triton
 from torch._native.ops.bmm_outer_product.triton_kernels import _bmm_outer_product_kernel
 
-from kinv.kernels import quick
+from kinv import plugin
 
 
 def make_inputs(level, seed, device, dtype):
@@ -28,7 +28,7 @@ def reference(inputs):
     return inputs["a"].float() @ inputs["b"].float()
 
 
-TorchOuterProduct = quick.kernel(
+TorchOuterProduct = plugin.kernel(
     "torch_outer_product",
     tunables={"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [32, 64, 128], "num_warps": [4, 8]},
     default={"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4},  # what torch picks at M > 192, N >= 128

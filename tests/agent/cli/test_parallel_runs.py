@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kinv.agent.errors import BadInput
+from kinv.kernels.errors import BadInput
 from tests.agent.workstream.test_replay_outcomes import PLANS, _pinned, outcome
 from tests.utils import kinv_in_process, replay_env, run_kinv
 

@@ -302,7 +302,8 @@ def test_a_bugs_value_error_is_an_internal_error(box, monkeypatch):
 
 
 def test_bad_input_is_a_type_of_its_own():
-    from kinv.agent.errors import BadInput, ConfigError, NoRecording, PlanError
+    from kinv.agent.errors import NoRecording, PlanError
+    from kinv.kernels.errors import BadInput, ConfigError
 
     for cls in (PlanError, ConfigError, NoRecording):
         assert issubclass(cls, BadInput), cls

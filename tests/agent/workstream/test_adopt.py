@@ -299,8 +299,8 @@ def _mla_level(**dims):
 def test_an_override_tuned_at_one_context_stays_off_at_a_longer_one():
     # On the H200 an override at V3/b96 tuned at context 4096 also applied at 16384, where it cost 2.4%: an
     # override may now say which contexts it is for, and the label says so too.
-    from kinv.agent.errors import ConfigError
     from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.errors import ConfigError
     from kinv.kernels.launch_config import describe
 
     a = get_adapter("mla_decode")

@@ -157,3 +157,32 @@ def test_pytorchs_own_triton_kernel_checks_on_cpu_through_both_short_paths(tmp_p
     out = json.loads(r.stdout[: r.stdout.rindex("}") + 1])
     assert out["ok"] and out["device"] == "cpu" and len(out["arms"]) == 3
     assert all(a["gate"]["ok"] for a in out["arms"])
+
+
+def test_a_check_names_the_public_replacement_of_a_plugins_private_imports(tmp_path, plugin_dir):
+    """The plugin imports kinv.kernels.quick, which is internal: the check names kinv.plugin's kernel instead."""
+    plan, env = _plugin(tmp_path, plugin_dir, variants=[PLAN["variants"][0]])
+    r = kinv_in_process(env, "check", plan, "--json")
+    out = json.loads(r.stdout[: r.stdout.rindex("}") + 1])
+    assert out["plugin_imports"] == ["kinv_doubler/adapter.py:4: private import from kinv.kernels: import kernel, "
+                                     "from_autotune from kinv.plugin"]  # fmt: skip
+
+
+def test_on_cpu_the_resource_lines_say_registers_are_unknown_and_the_premise_is_not_judged(monkeypatch):
+    """#3a's V1 (8 warps): on CPU the model sees shared memory alone (6 CTAs/SM, 24 -> 48 warps/SM), while the
+    compiled kernel on an H100 is register-limited (16 -> 16): each line says what it does not know."""
+    from kinv.agent.plan import load_plan
+    from kinv.agent.report.check import predicted_lines
+    from kinv.agent.workstream import check
+
+    monkeypatch.setattr(check, "gpu_visible", lambda: False)
+    plan, _ = load_plan(str(Path(__file__).resolve().parents[3] / "plans" / "3a-attention-occupancy.yaml"))
+    v1 = plan.variant("V1")
+    base = {**plan.baseline, "kernel": plan.adapter.name}
+    lines = predicted_lines(check._resources(plan, plan.adapter, base, plan.variant_config(v1)))
+    assert lines[-1].endswith("CTAs/SM 6 -> 6, warps/SM 24 -> 48 (limited by shared_memory -> shared_memory; "
+                              "registers unknown on CPU: occupancy from shared memory and thread limits only)")  # fmt: skip
+    assert all("registers unknown on CPU" in ln for ln in lines)
+    assert check._premise(plan.adapter, v1) == ("premise occupancy (warps per SM up, achieved occupancy up): not judged "
+                                                "on CPU; a run reads it from the compiled kernel (registers included) "
+                                                "and its profile")  # fmt: skip

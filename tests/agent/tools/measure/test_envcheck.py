@@ -9,11 +9,12 @@ import sys
 
 import pytest
 
-from kinv.agent.errors import BadInput, EnvMismatch
+from kinv.agent.errors import EnvMismatch
 from kinv.agent.store.db import Store
 from kinv.agent.tools.backends.environ import proc_environ
 from kinv.agent.tools.measure import envcheck
 from kinv.agent.tools.measure.envcheck import Mismatch
+from kinv.kernels.errors import BadInput
 
 WS = "#3a"
 EXPECTED = {"TARGET_CTAS": "512"}
