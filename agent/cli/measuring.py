@@ -83,7 +83,7 @@ def noise(
     raise Exit(EXIT_OK, noise_command(plan, rounds, backend.value, state_dir, as_json, _console(), arms_n=workers))
 
 
-#: how a comparison ended (agent/tools/runners/regress.py's outcome) -> the exit code kinv regress ends with
+#: how a comparison ended (agent/tools/runners/regress_prepare.py's OUTCOMES) -> the exit code kinv regress ends with
 EXIT_OF_REGRESS = {"ok": EXIT_OK, "regressed": EXIT_REGRESSED, "undecided": EXIT_UNDECIDED, "failed": EXIT_FAIL}
 
 
@@ -157,6 +157,7 @@ def regress(
     from kinv.agent.report import regress as report
     from kinv.agent.tools.files import revisions
     from kinv.agent.tools.runners import regress as tool
+    from kinv.agent.tools.runners.regress_prepare import prepare
 
     if history is not None:
         if base is not None or head is not None:
@@ -181,7 +182,7 @@ def regress(
     be = bench.get_backend(backend.value)
     tmp = tempfile.TemporaryDirectory(prefix="kinv-regress-")  # the snapshots until the inputs are found valid
     try:
-        prep = tool.prepare(root, base, head, be, plan, kernels, Path(tmp.name), sources_only)
+        prep = prepare(root, base, head, be, plan, kernels, Path(tmp.name), sources_only)
     except BaseException:
         tmp.cleanup()
         raise
