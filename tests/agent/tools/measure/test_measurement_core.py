@@ -89,7 +89,7 @@ def test_a_reference_rebound_in_memory_fools_a_judge_in_its_process_and_not_the_
 def test_the_driver_judges_on_the_cpu_only_while_it_has_not_imported_the_kernel():
     import subprocess
 
-    code = ("from kinv.agent.tools.measure import correctness; from kinv.agent.tools.measure import judge; from kinv.kernels.adapter import get_adapter; "
+    code = ("from kinv.agent.tools.worker import judge; from kinv.kernels.adapter import get_adapter; "
             "a = get_adapter('mla_decode'); print(judge.kernel_modules(a)); "
             "import kinv.kernels.mla_decode; print(judge.kernel_modules(a))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
