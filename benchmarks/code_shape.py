@@ -38,7 +38,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("worker", ("agent/tools/worker/",)),
     ("files", ("agent/tools/files/",)),
     ("store", ("agent/store/",)),
-    ("plan", ("agent/plan.py",)),
+    ("plan", ("agent/plan.py", "agent/plan_file.py", "agent/plan_sections.py")),
     ("kernel interface", ("kernels/adapter.py", "kernels/launch_config.py", "kernels/tunables.py", "kernels/quick.py",
                           "kernels/command_adapter.py", "kernels/devices.py", "kernels/hashes.py")),
     ("errors, words, ids", ("agent/errors.py", "agent/words.py", "agent/ids.py", "agent/logs.py", "agent/signals.py",

@@ -51,7 +51,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     plan = load_plan(args.plan)[0]
     cfg = {**plan.baseline, "kernel": plan.adapter.name}

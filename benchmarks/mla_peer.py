@@ -196,7 +196,7 @@ def main() -> int:
     for path in args.kinv_config:
         configs[Path(path).stem] = json.loads(Path(path).read_text())
     if args.plan:
-        from kinv.agent.plan import load_plan
+        from kinv.agent.plan_file import load_plan
 
         plan, _ = load_plan(args.plan)
         configs.update({v.id: plan.variant_config(v) for v in plan.variants})

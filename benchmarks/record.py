@@ -45,7 +45,7 @@ from kinv.kernels.launch_config import config_hash, describe  # noqa: E402
 def from_plans(paths: list[str]):
     """(kernel ref, adapter, baseline, {variant title: config}, levels, env) from one or more plans of one
     kernel and baseline (every config-only variant; source patches are measured live, never replayed)."""
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     plans = [load_plan(p)[0] for p in paths]
     first = plans[0]
@@ -197,7 +197,7 @@ def write(out: str, lines: list[dict], resources: list[dict], t0: float) -> int:
 
 def record_sweep(args) -> int:
 
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.tools.runners.space import feasibility, space_configs
 
     plan = load_plan(args.sweep)[0]
@@ -219,7 +219,7 @@ def record_configs(args) -> int:
     and ``kinv bench --variant`` replayable.  Every config is timed at every level, as in ``--sweep``, so
     any two of them form a pair of one recording session.
     """
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.kernels.launch_config import config_hash as chash
     from kinv.kernels.launch_config import effective
 

@@ -71,7 +71,7 @@ def lv_key(kernel: str, dims: dict) -> str:
 
 
 def record_profiles(spec: str) -> dict:
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.tools.backends import profile
 
     path, _, labels = spec.partition("@")

@@ -96,9 +96,12 @@ SPEC = TunableSpec(
                 "0 (the source's 128) or 16, 32, 64, 128 (value columns per merge program)", default=0),
         Tunable("MERGE_BLOCK_S", (0, 8, 16, 32, 64, 128), "mbs",
                 "0 (the source's 32) or 8-128, a power of two (splits per merge load)", default=0),
+        Tunable("PARTIAL_DTYPE", (0, 16), "pdt",  # 16: half the bytes stage 1 writes and the merge reads back
+                "0 (float32 partial outputs) or 16 (partial outputs in the inputs' 16-bit dtype)", default=0),
         Tunable("PERSISTENT", (0, 1, 2, 3, 4), "pers",
                 "0 (one program per split) or 1-4 (that many programs per SM take splits from a work queue)",
                 default=0),
+        Tunable("PDL", (0, 1), "pdl", "0 (plain launches) or 1 (programmatic dependent launches, Hopper)", default=0),
         # Triton's register cap (ptxas .maxnreg) of the split-K program: each value is the largest cap that fits
         # one more CTA per SM by registers at 4 warps (65536 / (cap x 128)): 255 -> 2, 168 -> 3, 128 -> 4, 96 -> 5,
         # 80 -> 6, 72 -> 7, 64 -> 8, 56 -> 9, 48 -> 10, 40 -> 12, 32 -> 16; registers beyond it spill
@@ -163,12 +166,10 @@ def capped_launch(maxnreg: int, merge_block_dv: int = 0, merge_block_s: int = 0)
 
 def mla_params(BLOCK_T: int = 16, BLOCK_H: int = 16, num_warps: int = 4, num_stages: int = 2,
                CTAS_PER_SM: int = 0, TMA: int = 0, MERGE: int = 0, PERSISTENT: int = 0, maxnreg: int = 0,
-               MIN_SPLIT_TILES: int = 0, MERGE_BLOCK_DV: int = 0, MERGE_BLOCK_S: int = 0) -> Params:  # fmt: skip
+               MIN_SPLIT_TILES: int = 0, MERGE_BLOCK_DV: int = 0, MERGE_BLOCK_S: int = 0,
+               PARTIAL_DTYPE: int = 0, PDL: int = 0) -> Params:  # fmt: skip
     """Launch parameters of the MLA kernel (defaults: the seed's baseline BT16/BH16/w4/s2, no register cap)."""
-    values = {"BLOCK_T": BLOCK_T, "BLOCK_H": BLOCK_H, "num_warps": num_warps, "num_stages": num_stages,
-              "CTAS_PER_SM": CTAS_PER_SM, "TMA": TMA, "MERGE": MERGE, "PERSISTENT": PERSISTENT,
-              "maxnreg": maxnreg, "MIN_SPLIT_TILES": MIN_SPLIT_TILES, "MERGE_BLOCK_DV": MERGE_BLOCK_DV,
-              "MERGE_BLOCK_S": MERGE_BLOCK_S}  # fmt: skip
+    values = dict(locals())  # every argument, by its tunable's name
     return SPEC.resolve(SPEC.validate({**values, "kernel": "mla_decode"}), {})
 
 
@@ -250,12 +251,19 @@ def _workload_model():
 
 
 def _merge_programs(f: dict):
-    """The merge kernel's programs per launch (none where the splits merge in stage 1), from the launch figures of an
-    arm that compiled."""
+    """The merge kernel's programs per launch (none where the splits merge in stage 1), from an arm that compiled."""
     why = f.get("why") or {}
     if not f.get("compiled") or "ctas" not in why:
         return None
     return why.get("merge_programs", 0), why.get("merge_blocks", "merged in stage 1")
+
+
+def _partial_bytes(f: dict):
+    """The bytes of split-K partial outputs one launch writes and merges, from an arm that compiled."""
+    why = f.get("why") or {}
+    if not f.get("compiled") or "partial_bytes" not in why:
+        return None
+    return why["partial_bytes"], f"{why['num_splits']} splits x {why['partial_dtype']} partial outputs"
 
 
 class MLADecodeAdapter(KernelAdapter):
@@ -270,7 +278,8 @@ class MLADecodeAdapter(KernelAdapter):
     profile_kernels = "_mla_decode_stage1"  # the split-K grid; the merge is a tenth of the time
     # a variant that targets the merge kernel (its blocks, MERGE_BLOCK_DV / MERGE_BLOCK_S) names this premise: the
     # builtin parallelism counts stage 1's CTAs, which such a variant leaves as they are
-    premises = {"merge_parallelism": Premise("merge programs", "up", _merge_programs)}
+    premises = {"merge_parallelism": Premise("merge programs", "up", _merge_programs),
+                "partial_bytes": Premise("partial-output bytes", "down", _partial_bytes)}
     reference_parts = (
         ("kernels/mla_decode_ref.py", "mla_decode_reference"),
         ("kernels/mla_decode_adapter.py", "MLADecodeAdapter.reference"),
@@ -344,11 +353,14 @@ class MLADecodeAdapter(KernelAdapter):
         mla_decode_launch = capped_launch(params.get("maxnreg", 0), params.get("MERGE_BLOCK_DV", 0),
                                           params.get("MERGE_BLOCK_S", 0))
 
-        if params.get("PERSISTENT", 0) and "PERSISTENT" not in mla_decode._mla_decode_stage1.arg_names:
-            # the tunable is declared before the kernel source has it (a source patch brings it): never run a
-            # config whose persistent programs the kernel would silently ignore
-            raise ValueError(f"PERSISTENT={params.PERSISTENT} needs persistent programs in kernels/mla_decode.py, "
-                             "which this source has not (plans/patches/10a-persistent-stage1.diff adds them)")
+        # a tunable declared before the source has it (a patch brings it): never run a config the kernel would ignore
+        for name, what, patch in (("PERSISTENT", "persistent programs", "10a-persistent-stage1"),
+                                  ("PDL", "programmatic dependent launches", "12e-dependent-launch")):
+            if params.get(name, 0) and name not in mla_decode._mla_decode_stage1.arg_names:
+                raise ValueError(f"{name}={params[name]} needs {what} in kernels/mla_decode.py, "
+                                 f"which this source has not (plans/patches/{patch}.diff adds them)")
+        if scratch is None and params.get("PARTIAL_DTYPE", 0):  # the kernel's own scratch is float32
+            scratch = self.make_scratch(inputs, params, target_ctas)
         return mla_decode_launch(
             inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], params,
             d_v=inputs["d_v"], max_seq_len=inputs["max_seq_len"], out=out, target_ctas=target_ctas,
@@ -364,11 +376,17 @@ class MLADecodeAdapter(KernelAdapter):
         return torch.empty((q.shape[0], q.shape[1], inputs["d_v"]), dtype=q.dtype, device=q.device)
 
     def make_scratch(self, inputs: dict, params: Params, target_ctas=None) -> dict:
+        import torch
+
         from kinv.kernels.mla_decode import mla_decode_scratch
 
-        b, h, _ = inputs["q"].shape
+        q = inputs["q"]
+        b, h, _ = q.shape
         splits = splits_at(params, b, h, inputs["max_seq_len"], target_ctas)
-        return mla_decode_scratch(b, h, splits, inputs["d_v"], inputs["q"].device)
+        scratch = mla_decode_scratch(b, h, splits, inputs["d_v"], q.device)
+        if params.get("PARTIAL_DTYPE", 0) and q.element_size() == 2:  # stage 1's stores cast; lse stays float32
+            scratch["partial_o"] = torch.empty_like(scratch["partial_o"], dtype=q.dtype)
+        return scratch
 
     def reference(self, inputs: dict):
         from kinv.kernels.mla_decode_ref import mla_decode_reference
@@ -465,6 +483,9 @@ class MLADecodeAdapter(KernelAdapter):
             "ctas": level.batch * env["head_tiles"] * splits,
             "waves": round(level.batch * env["head_tiles"] * splits / (device.sms * max(1, res.occupancy["ctas_per_sm"])), 2),
         }
+        pdt = params.get("PARTIAL_DTYPE", 0)
+        res.why.update(partial_dtype="16-bit" if pdt else "float32",
+                       partial_bytes=0 if splits == 1 else level.batch * level.heads * splits * d_v * (ELT if pdt else 4))
         if not params.get("MERGE", 0):  # the second kernel that merges the splits: its programs and blocks
             from kinv.kernels.mla_decode import STAGE2_BLOCK_DV, STAGE2_BLOCK_S
 

@@ -41,7 +41,7 @@ from hypothesis import HealthCheck, reject, settings
 from hypothesis import strategies as st
 
 from kinv.agent.cli.app import main
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from kinv.kernels.adapter import get_adapter
 from kinv.kernels.launch_config import load_config
 from tests.utils import SEED_MLA_CONFIG, write_seed_config

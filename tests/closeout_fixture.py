@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from kinv.agent.store.db import Store
 from kinv.agent.tools.backends.base import Backend
 

@@ -244,7 +244,7 @@ def _copy(source, tmp_path, state_dir) -> str:
     import os
     import shutil
 
-    from kinv.agent.tools.files.configs import record_path
+    from kinv.agent.tools.files.record import record_path
 
     shutil.copytree(source / "state", state_dir, symlinks=True)
     shutil.copytree(source / "configs", tmp_path / "configs", dirs_exist_ok=True)

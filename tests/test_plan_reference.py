@@ -78,7 +78,7 @@ def test_bounds_is_a_list_of_allowed_values_as_the_reference_says(tmp_path, monk
     import yaml
 
     from kinv.agent.errors import PlanError
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     monkeypatch.chdir(ROOT)
     plan = yaml.safe_load((ROOT / "plans" / "3a-attention-occupancy.yaml").read_text())
@@ -103,7 +103,7 @@ def test_allowed_takes_values_or_a_range_and_bounds_is_its_old_spelling(tmp_path
     import pytest
 
     from kinv.agent.errors import PlanError
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     monkeypatch.chdir(ROOT)
     old = load_plan(_plan_with(tmp_path))[0]  # the shipped plan, written with bounds: still valid, same meaning

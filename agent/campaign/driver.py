@@ -20,7 +20,8 @@ from kinv.agent.campaign.screen import Screening
 from kinv.agent.campaign.steps import Confirmation
 from kinv.agent.errors import BackendError, CampaignError
 from kinv.agent.fmt import kv
-from kinv.agent.plan import Plan, load_plan
+from kinv.agent.plan import Plan
+from kinv.agent.plan_file import load_plan
 from kinv.agent.store.db import Store
 from kinv.kernels.errors import BadInput
 from kinv.kernels.launch_config import config_hash, describe

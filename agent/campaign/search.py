@@ -13,6 +13,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from kinv.agent import faults
+from kinv.agent.errors import StateDamaged
+
 
 @contextlib.contextmanager
 def quiet_experimental():
@@ -69,7 +72,13 @@ class Search:
         return min(self.first_batch if first else self.later_batch, self.budget - self.finished())
 
     def ask(self):
-        return self.study.ask(self.dists)
+        """A new trial and its point: created first (a kill there leaves it with none of its parameters), then
+        given each parameter, as ``Study.ask(distributions)`` does."""
+        t = self.study.ask()
+        faults.point("search.trial-created")
+        for name, dist in self.dists.items():
+            t.suggest_categorical(name, dist.choices)
+        return t
 
     def tell(self, trial, values: list[float]) -> None:
         self.study.tell(trial, values)
@@ -90,16 +99,37 @@ class Search:
         return any(t.number == number and t.state != TrialState.RUNNING for t in self.study.get_trials(deepcopy=False))
 
     def requeue_running(self) -> None:
-        """A killed screening left trials asked and never told: ask them again (their points are not lost)."""
+        """A killed screening left trials asked and never told: ask them again (their points are not lost).  A
+        trial cut before all its parameters were set is completed from its grid point when the grid had chosen
+        one, else dropped (the sampler asks a fresh point in its place); a queued trial whose parameters are
+        incomplete (an earlier start's) is dropped the same way.  No dropped trial uses up the budget."""
         from optuna.trial import TrialState
 
         self.requeued = int(self.study.user_attrs.get("requeued", 0))
-        for t in self.study.trials:
-            if t.state == TrialState.RUNNING:
-                self.study.enqueue_trial(dict(t.params))
-                self.study.tell(t.number, state=TrialState.FAIL)
-                self.requeued += 1
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+            point = self._point(t)
+            if t.state == TrialState.WAITING:
+                if point is None:  # an earlier start queued a point that cannot be asked: never pop it
+                    self.study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+                    self.requeued += 1
+                continue
+            if point is not None:
+                self.study.enqueue_trial(point)
+            self.study.tell(t.number, state=TrialState.FAIL)
+            self.requeued += 1
         self.study.set_user_attr("requeued", self.requeued)
+
+    def _point(self, t) -> dict | None:
+        """The whole point a trial was asked at (its parameters, or those it was queued with, or its grid point),
+        or None when the kill came before it had one."""
+        params = {**(t.system_attrs.get("fixed_params") or {}), **t.params}
+        if set(self.dists) <= set(params):
+            return {k: params[k] for k in self.dists}
+        grid = self.study.sampler
+        gid = t.system_attrs.get("grid_id")
+        if self.exhaustive and gid is not None and t.system_attrs.get("search_space") == grid._search_space:
+            return dict(zip(grid._param_names, grid._all_grids[gid]))
+        return None
 
 
 def open_search(db: Path, name: str, space: dict[str, list], trials: int, seed: int, n_objectives: int) -> Search:
@@ -116,9 +146,20 @@ def open_search(db: Path, name: str, space: dict[str, list], trials: int, seed: 
         sampler = (_grid_sampler(space, seed) if exhaustive else
                    optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
                                               n_startup_trials=startup))  # fmt: skip
-    study = optuna.create_study(study_name=name, storage=f"sqlite:///{db}", directions=["maximize"] * n_objectives,
-                                sampler=sampler, load_if_exists=True)  # fmt: skip
-    s = Search(study, {k: CategoricalDistribution(v) for k, v in space.items()}, exhaustive, size,
-               first_batch=startup, later_batch=max(2, trials // 4), trials=trials)  # fmt: skip
-    s.requeue_running()
+    try:
+        study = optuna.create_study(study_name=name, storage=f"sqlite:///{db}", sampler=sampler, load_if_exists=True,
+                                    directions=["maximize"] * n_objectives)  # fmt: skip
+        s = Search(study, {k: CategoricalDistribution(v) for k, v in space.items()}, exhaustive, size,
+                   first_batch=startup, later_batch=max(2, trials // 4), trials=trials)  # fmt: skip
+        s.requeue_running()
+    except Exception as exc:  # noqa: BLE001 - any failure to load the sampler's memory is the same damage
+        raise StateDamaged(study_damaged(db, name, exc)) from None
     return s
+
+
+def study_damaged(db: Path, name: str, exc: BaseException | str) -> str:
+    """One line: the study cannot be loaded, why, and the way back (kinv.db keeps every measured candidate)."""
+    why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    return (f"the campaign's search {name} in {db} cannot be loaded ({why}): move it aside (mv {db} {db}.damaged) "
+            "and run the campaign again; kinv.db keeps what every screened candidate measured, so none is timed "
+            "again")

@@ -10,7 +10,7 @@ from pathlib import Path
 from kinv.agent.campaign.levels import compose, patch_of, per_level
 from kinv.agent.campaign.results import FINAL, CampaignEnd, best_accepted, read_workstream
 from kinv.agent.fmt import interval, kv, signed
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from kinv.kernels.launch_config import config_hash, describe
 
 

@@ -158,10 +158,15 @@ def _os_failure(e: BaseException) -> str | None:
     file a user named is refused as bad input where it is read)."""
     import errno
 
-    if not isinstance(e, OSError) or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
+    if not isinstance(e, OSError) or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO,
+                                                     errno.EACCES, errno.EPERM):  # fmt: skip
         return None
     where = f" {e.filename}" if e.filename else ""
-    return f"cannot write{where}: {e.strerror or e}; free space there (or make it writable) and run again"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):  # the cause is permissions, not space
+        return (f"cannot write{where}: {e.strerror or e}; make it writable for this user (or name another state dir "
+                "with --state-dir) and run again")  # fmt: skip
+    fix = "free space there" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "check the disk"
+    return f"cannot write{where}: {e.strerror or e}; {fix} and run again"
 
 
 def _db_failure(e: BaseException) -> str | None:
@@ -175,6 +180,9 @@ def _db_failure(e: BaseException) -> str | None:
 
     where = state_dir(_state_dir_arg())
     msg = str(e)
+    if "readonly" in msg:
+        return (f"cannot write the kinv state in {where}: permission denied or a read-only file system ({msg}); make "
+                "it writable for this user (or name another state dir with --state-dir) and run again")  # fmt: skip
     if "full" in msg or "disk I/O" in msg:
         return (f"cannot write the kinv state in {where}: the disk is full or failing ({msg}); free space there and "
                 "run again (what was recorded before is kept)")  # fmt: skip

@@ -248,7 +248,7 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
     Example: kinv env --pid 12345 --plan plans/3a-attention-occupancy.yaml
     """
     from kinv.agent.ids import shown
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.tools.backends.environ import proc_environ
     from kinv.agent.tools.measure import envcheck
 

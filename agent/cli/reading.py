@@ -94,7 +94,7 @@ def export(ws: str = typer.Argument(..., help="workstream id"), csv: bool = type
     """
     import json
 
-    from kinv.agent.report import views
+    from kinv.agent.report import view_models, views
 
     if csv and as_json:
         raise Exit(EXIT_BAD_INPUT, "--csv and --json exclude each other: pick one (JSON is the default)")
@@ -105,7 +105,7 @@ def export(ws: str = typer.Argument(..., help="workstream id"), csv: bool = type
         return
     import csv as csvmod
 
-    w = csvmod.DictWriter(sys.stdout, fieldnames=list(views.EffectRow.model_fields), lineterminator="\n")
+    w = csvmod.DictWriter(sys.stdout, fieldnames=list(view_models.EffectRow.model_fields), lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
 

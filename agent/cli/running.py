@@ -45,7 +45,7 @@ def run(
     Example: kinv run plans/3a-attention-occupancy.yaml --backend replay --approval auto
     Exit codes: 0 closed out, 3 paused for an approval, 2 bad input, 1 failed.
     """
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     sd = _state_dir(state_dir)
     loaded = [(str(p), load_plan(str(p))[0]) for p in plans]  # a bad plan is refused in one line, nothing runs

@@ -161,7 +161,7 @@ def show(console, v) -> None:
                       f" expected {c.get('expected')} seen {c.get('seen')}", markup=False)  # fmt: skip
     compiled = (v.resources or {}).get("compiled")
     if compiled:
-        from kinv.agent.report.closeout import compiled_table
+        from kinv.agent.report.resources import compiled_table
 
         for line in compiled_table(compiled)[1:]:
             console.print(line, markup=False)

@@ -8,7 +8,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from kinv.agent.report.views import TodoView, View, _todo_view
+from kinv.agent.report.view_models import TodoView, View
+from kinv.agent.report.views import _todo_view
 from kinv.kernels.errors import BadInput
 
 OpencodeStatus = Literal["pending", "in_progress", "completed", "cancelled"]

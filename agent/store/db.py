@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from kinv.agent import faults
 from kinv.agent.errors import NoState, StateDamaged, StoreError
 from kinv.agent.store import schema
+from kinv.agent.store.campaigns import CampaignRows
+from kinv.agent.store.experiments import ExperimentRows
 from kinv.agent.store.regressions import RegressRows
 from kinv.agent.store.screened import ScreenedRows
 from kinv.agent.store.state import (
@@ -21,12 +23,14 @@ from kinv.agent.store.state import (
     LIVE_DIR,
     _db_error,
     _write_json,
+    connect_read_only,
     earlier_runs,
     live_markers,
     live_patch_line,
     lock_path,
     now,
     state_dir,
+    writable,
 )
 from kinv.kernels.errors import BadInput
 
@@ -49,7 +53,7 @@ def _while_locked(fn, seconds: float = 30.0):
             time.sleep(0.05)
 
 
-class Store(ScreenedRows, RegressRows):
+class Store(ExperimentRows, CampaignRows, ScreenedRows, RegressRows):
     """All reads and writes of kinv.db."""
 
     def __init__(self, directory: str | os.PathLike | None = None, *, create: bool = True):
@@ -77,7 +81,10 @@ class Store(ScreenedRows, RegressRows):
         self._db = None
         self._locks: dict = {}
         try:
-            self.conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
+            if create or writable(self.dir, self.path):
+                self.conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
+            else:  # a state dir this process may only read: the reading commands still read it
+                self.conn = connect_read_only(self.path)
             self.conn.execute("PRAGMA busy_timeout = 30000")
             if existed:
                 self._check_records()  # before anything writes to it
@@ -251,144 +258,6 @@ class Store(ScreenedRows, RegressRows):
     def todo(self, todo_id: str) -> dict | None:
         return self._one("todos", todo_id)
 
-    # ---- devices, experiments, samples -----------------------------------------
-    def device(self, fingerprint: dict) -> str:
-        import hashlib
-
-        stable = {k: fingerprint.get(k) for k in ("gpu", "arch", "sms", "driver", "torch", "triton", "cuda")}
-        dev_id = hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:12]
-        if self._one("devices", dev_id) is None:
-            faults.point("store.insert.devices.before")
-            self.db["devices"].insert(
-                {"id": dev_id, "gpu": fingerprint.get("gpu", "?"), "fingerprint": json.dumps(fingerprint),
-                 "first_seen": now()}, replace=True)  # fmt: skip
-            faults.point("store.insert.devices.after")
-        return dev_id
-
-    def new_experiment(self, **row) -> int:
-        row.setdefault("status", "running")
-        row.setdefault("started", now())
-        for k in ("resources", "correctness"):
-            if isinstance(row.get(k), dict | list):
-                row[k] = json.dumps(row[k])
-        return self._insert("experiments", row)
-
-    def update_experiment(self, exp_id: int, **values) -> None:
-        for k in ("resources", "correctness"):
-            if isinstance(values.get(k), dict | list):
-                values[k] = json.dumps(values[k])
-        self._update("experiments", exp_id, values)
-
-    def merge_resources(self, exp_id: int, **parts) -> None:
-        """Add keys to an experiment's resources (the compiled figures its arms reported, what its timing read)."""
-        row = self._one("experiments", exp_id) or {}
-        res = json.loads(row.get("resources") or "{}")
-        res.update(parts)
-        self._update("experiments", exp_id, {"resources": json.dumps(res)})
-
-    def running_experiment(self, ws_id: str, todo: str, kind: str) -> dict | None:
-        """The newest experiment of a todo still 'running' (a node killed mid-way resumes it)."""
-        rows = self._rows("experiments", "workstream = ? and todo = ? and kind = ? and status = 'running'",
-                          [ws_id, todo, kind], order_by="id desc")  # fmt: skip
-        return rows[0] if rows else None
-
-    def done_experiment(self, ws_id: str, todo: str, kind: str, version: int) -> dict | None:
-        """The newest finished experiment of a todo in this plan version: a node re-run after a kill between its
-        commit and the graph's checkpoint reuses it instead of measuring again."""
-        rows = self._rows("experiments", "workstream = ? and todo = ? and kind = ? and status = 'done' and "
-                          "coalesce(version, 1) = ?", [ws_id, todo, kind, version], order_by="id desc")  # fmt: skip
-        return rows[0] if rows else None
-
-    def discard_experiment(self, exp_id: int) -> None:
-        """Delete an experiment that measured nothing usable (a refused confirming A/B): its samples and
-        verdicts with it, in one transaction."""
-        with self.db.conn:
-            for table, col in (("samples", "experiment"), ("verdicts", "experiment"), ("experiments", "id")):
-                self.db.execute(f"delete from {table} where {col} = ?", [exp_id])
-
-    def device_fingerprint(self, dev_id: str | None) -> dict:
-        """The fingerprint recorded for a device id ({} when unknown)."""
-        row = self._one("devices", dev_id) if dev_id else None
-        return json.loads(row["fingerprint"]) if row and row.get("fingerprint") else {}
-
-    def experiment(self, exp_id: int) -> dict | None:
-        return self._one("experiments", exp_id)
-
-    def experiments(self, ws_id: str | None = None) -> list[dict]:
-        if ws_id is None:
-            return self._rows("experiments", order_by="id")
-        return self._rows("experiments", "workstream = ?", [ws_id], order_by="id")
-
-    def add_samples(self, rows: list[dict]) -> None:
-        """Insert samples in one transaction (all or none)."""
-        rows = [{**r, "env": json.dumps(r["env"]) if isinstance(r.get("env"), dict) else r.get("env")} for r in rows]
-        faults.point("store.samples.before")
-        with self.db.conn:
-            self.db["samples"].insert_all(rows)
-        faults.point("store.samples.after")
-
-    def places(self, exp_ids: list[int]) -> dict[str, list[str]]:
-        """Which place (a Ray actor's GPU) timed which levels of these experiments: place -> levels, in the
-        order first timed.  Empty when every sample was timed in one process."""
-        if not exp_ids:
-            return {}
-        marks = ",".join("?" * len(exp_ids))
-        rows = self._query(f"select place, level, min(id) as first from samples where experiment in ({marks}) "
-                           "and place is not null group by place, level order by first", list(exp_ids))  # fmt: skip
-        out: dict[str, list[str]] = {}
-        for r in rows:
-            out.setdefault(r["place"], []).append(r["level"])
-        return out
-
-    def samples(self, exp_id: int) -> list[dict]:
-        return self._rows("samples", "experiment = ?", [exp_id], order_by="id")
-
-    def sample_count(self, exp_id: int | None = None) -> int:
-        if exp_id is None:
-            return self.conn.execute("select count(*) from samples").fetchone()[0]
-        return self.conn.execute("select count(*) from samples where experiment = ?", [exp_id]).fetchone()[0]
-
-    def add_verdicts(self, exp_id: int, rows: list[dict]) -> None:
-        faults.point("store.verdicts.before")
-        with self.db.conn:
-            self.db.execute("delete from verdicts where experiment = ?", [exp_id])
-            self.db["verdicts"].insert_all([{**r, "experiment": exp_id, "t": now()} for r in rows])
-        faults.point("store.verdicts.after")
-
-    def add_profile(self, ws_id: str | None, exp_id: int, arm: str, config_hash: str, level: str, figures: dict,
-                    source: str, seconds: float) -> None:  # fmt: skip
-        with self.db.conn:
-            self.db.execute("delete from profiles where experiment = ? and arm = ? and level = ?", [exp_id, arm, level])
-            self.db["profiles"].insert({"workstream": ws_id, "experiment": exp_id, "arm": arm, "config_hash": config_hash,
-                                        "level": level, "figures": json.dumps(figures), "source": source,
-                                        "seconds": seconds, "t": now()})  # fmt: skip
-
-    def profiles(self, ws_id: str | None = None, exp_id: int | None = None) -> list[dict]:
-        rows = self._filtered("profiles", "id", workstream=ws_id, experiment=exp_id)
-        return [{**r, "figures": json.loads(r["figures"] or "{}")} for r in rows]
-
-    def verdicts(self, exp_id: int) -> list[dict]:
-        return self._rows("verdicts", "experiment = ?", [exp_id], order_by="id")
-
-    def add_noise(self, exp_id: int, ws_id: str | None, rows: list[dict]) -> None:
-        faults.point("store.noise.before")
-        with self.db.conn:
-            self.db.execute("delete from noise where experiment = ?", [exp_id])
-            self.db["noise"].insert_all([{**r, "experiment": exp_id, "workstream": ws_id, "t": now()} for r in rows])
-        faults.point("store.noise.after")
-
-    def noise(self, ws_id: str | None = None, exp_id: int | None = None) -> list[dict]:
-        return self._filtered("noise", "id", experiment=exp_id, workstream=None if exp_id is not None else ws_id)
-
-    def add_measurements(self, exp_id: int, rows: list[dict]) -> None:
-        faults.point("store.measurements.before")
-        with self.db.conn:
-            self.db["measurements"].insert_all([{**r, "experiment": exp_id, "t": now()} for r in rows])
-        faults.point("store.measurements.after")
-
-    def measurements(self, exp_id: int) -> list[dict]:
-        return self._rows("measurements", "experiment = ?", [exp_id], order_by="id")
-
     # ---- backups and the patch journal ------------------------------------------
     def add_backup(self, path: str, backup_path: str, sha: str, ws_id: str | None) -> int:
         return self._insert("backups", {"path": path, "backup_path": backup_path, "sha": sha, "workstream": ws_id,
@@ -445,59 +314,6 @@ class Store(ScreenedRows, RegressRows):
 
     def node_runs(self, ws_id: str, version: int | None = None) -> list[dict]:
         return self._filtered("node_runs", "id", workstream=ws_id, version=version)
-
-    # ---- campaigns ----------------------------------------------------------------
-    _CAMPAIGN_JSON = ("start_config", "incumbent", "steps", "summary")
-
-    def upsert_campaign(self, row: dict) -> None:
-        row = {k: json.dumps(v) if k in self._CAMPAIGN_JSON and not isinstance(v, str) else v for k, v in row.items()}
-        row["updated"] = now()
-        if self._one("campaigns", row["id"]) is None:
-            self._insert("campaigns", {"created": now(), **row})
-        else:
-            self._update("campaigns", row["id"], row)
-
-    def campaign(self, campaign_id: str) -> dict | None:
-        row = self._one("campaigns", campaign_id)
-        if row is None:
-            return None
-        return {k: json.loads(v) if k in self._CAMPAIGN_JSON and v else v for k, v in row.items()}
-
-    def campaigns(self) -> list[dict]:
-        return [self.campaign(r["id"]) for r in self._rows("campaigns", order_by="created")]
-
-    def ledger_sums(self, experiments: list[int], workstreams: list[str]) -> tuple[float, int, float, int]:
-        """kinv.db's side of the GPU-second ledger (agent.tools.protocol.Ledger) of these experiments, or of every
-        experiment of these workstreams (screening included): the stored samples' GPU s and count, and the GPU s
-        and count of the lost samples' events (a level of a round that lost a sample: nothing of it is stored)."""
-        if not experiments and not workstreams:
-            return 0.0, 0, 0.0, 0
-        marks = ",".join("?" * (len(experiments) or len(workstreams)))
-        which = (f"e.id in ({marks})" if experiments else f"e.workstream in ({marks})")
-        args = experiments or workstreams
-        if experiments:  # summed here in the order stored, as each experiment's own ledger always was
-            got = [r[0] for r in self.conn.execute(f"select gpu_s from samples where experiment in ({marks}) order by "
-                                                   "experiment, id", args)]  # fmt: skip
-            kept = (sum(g or 0.0 for g in got), len(got))
-        else:
-            kept = self.conn.execute(f"select coalesce(sum(s.gpu_s), 0), count(*) from samples s join experiments e "
-                                     f"on s.experiment = e.id where {which}", args).fetchone()  # fmt: skip
-        lost = self.conn.execute(f"select coalesce(sum(json_extract(v.data, '$.gpu_s')), 0), count(*) from events v "
-                                 f"join experiments e on json_extract(v.data, '$.experiment') = e.id where "
-                                 f"v.kind = 'sample.lost' and {which}", args).fetchone()  # fmt: skip
-        return float(kept[0]), int(kept[1]), float(lost[0]), int(lost[1])
-
-    def campaign_wall_s(self, ws_ids: list[str]) -> float:
-        """Wall seconds these workstreams spent running: their screenings (a running one until now) and their graph
-        nodes (node_runs, which end where a node pauses for a person), never the time paused between them."""
-        if not ws_ids:
-            return 0.0
-        marks = ",".join("?" * len(ws_ids))
-        nodes = self.conn.execute(f"select coalesce(sum(finished - started), 0) from node_runs where workstream in "
-                                  f"({marks})", ws_ids).fetchone()[0]  # fmt: skip
-        screens = self.conn.execute(f"select coalesce(sum(coalesce(finished, ?) - started), 0) from experiments where "
-                                    f"kind = 'screen' and workstream in ({marks})", [now(), *ws_ids]).fetchone()[0]  # fmt: skip
-        return float(nodes) + float(screens)
 
     # ---- env checks, approvals, events -------------------------------------------
     def add_env_check(self, **row) -> int:

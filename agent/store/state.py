@@ -48,7 +48,7 @@ def checkpoint_threads(directory: str | os.PathLike) -> set[str] | None:
     if not ck.is_file() or ck.stat().st_size == 0:
         return None
     try:
-        conn = sqlite3.connect(f"file:{ck}?mode=ro", uri=True, timeout=5)
+        conn = connect_read_only(ck, timeout=5)
         try:
             return {r[0] for r in conn.execute("select distinct thread_id from checkpoints")}
         finally:
@@ -115,8 +115,33 @@ def lock_held(directory: str | os.PathLike, name: str) -> bool:
     return False
 
 
+def writable(directory: Path, path: Path) -> bool:
+    """Whether this process may write the state dir and kinv.db (permissions and a read-only mount both count)."""
+    return os.access(directory, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
+
+
+def connect_read_only(path: Path, timeout: float = 30) -> sqlite3.Connection:
+    """A database of the state dir opened only to read (SQLite's ``mode=ro``).  In a state dir this process cannot
+    write, with no ``-wal`` left by a writer, also ``immutable=1``: a WAL reader would otherwise need to create the
+    ``-shm`` file, and nothing is created or changed there."""
+    from urllib.parse import quote
+
+    immutable = not writable(path.parent, path) and not path.with_name(path.name + "-wal").exists()
+    return sqlite3.connect(f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if immutable else ""), uri=True,
+                           timeout=timeout, check_same_thread=False)  # fmt: skip
+
+
+def not_writable(path: Path, why: str) -> StoreError:
+    """One line for a state dir kinv cannot write (permissions or a read-only mount), not a full disk."""
+    return StoreError(f"cannot write the kinv state in {path.parent}: {why}; make it writable for this user (or "
+                      "name another state dir with --state-dir or KINV_STATE_DIR) and run again; reading "
+                      "commands (status, todos, report, ...) work without write access")  # fmt: skip
+
+
 def _db_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError | StateDamaged:
     msg = str(exc)
+    if "readonly" in msg or ("unable to open" in msg and not writable(path.parent, path)):
+        return not_writable(path, f"permission denied or a read-only file system ({msg})")
     if "full" in msg or "disk I/O" in msg:
         return StoreError(f"cannot write the kinv state in {path.parent}: the disk is full or failing ({msg}); free "
                           "space there and run again (what was recorded before is kept)")  # fmt: skip

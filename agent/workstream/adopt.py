@@ -112,7 +112,7 @@ def prepare(store: Store, ws: str, vid: str, backend: str | None = None, progres
     variant was measured against another baseline than the live file, it runs (or re-reads) the confirming
     A/B against the live file on ``backend``."""
     from kinv.agent.errors import PlanError
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.tools.files import configs
     from kinv.kernels.launch_config import config_hash, describe
 
@@ -336,7 +336,7 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
 def apply(store: Store, a: Adoption) -> dict:
     """Write the adoption through the journal (the caller holds the run locks) and mark it final.  On the cuda
     backend the adopted config's samples are saved as a replay recording too."""
-    from kinv.agent.tools.files import configs
+    from kinv.agent.tools.files import configs, record
     from kinv.kernels.launch_config import describe, load_config
 
     if a.live_sha and a.kind != "source" and configs.sha(a.path) != a.live_sha:
@@ -348,7 +348,7 @@ def apply(store: Store, a: Adoption) -> dict:
     else:
         row = configs.patch_config(store, a.path, a.new_config, a.ws, exp_id)
     store.journal_set(row["id"], "adopted")
-    configs.keep_record(a.path)  # an adoption's bytes are the file of record the way back restores
+    record.keep_record(a.path)  # an adoption's bytes are the file of record the way back restores
     msg = store.dir / "adoptions" / f"{a.ws.lstrip('#')}-{a.variant}.txt"
     msg.parent.mkdir(parents=True, exist_ok=True)
     msg.write_text(a.message)

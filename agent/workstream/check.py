@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kinv.agent.errors import BackendError, PatchError
-from kinv.agent.plan import Plan, Variant, load_plan
+from kinv.agent.plan import Plan
+from kinv.agent.plan_file import load_plan
+from kinv.agent.plan_sections import Variant
 from kinv.agent.tools.backends.base import Backend, gpu_visible
 from kinv.agent.tools.measure import reach
 from kinv.agent.tools.runners import plugin_imports
@@ -190,7 +192,7 @@ def _unknown_where() -> str:
 def _premise(adapter, v: Variant) -> str:
     """What the check says of ``v``'s premise: the quantity its targets names is read from a compiled kernel and its
     profile, which a check has neither of, so it is not judged (empty: the variant names no premise)."""
-    from kinv.agent.tools.measure.premise import premises_of, words
+    from kinv.agent.tools.runners.premise import premises_of, words
 
     readings = premises_of(v.targets, adapter)
     if not readings:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from kinv.agent.report import closeout as report
-from kinv.agent.report import summary
+from kinv.agent.report import figure, summary
 from kinv.agent.store.db import Store
 from kinv.agent.tools.runners import premise
 from kinv.agent.words import MEASURED_VERDICTS
@@ -289,7 +289,7 @@ def write_closeout(store: Store, plan, state: dict, ctx, out_dir: Path | None = 
     if cd.ranked:
         top = cd.ranked[0]
         store.update_workstream(plan.ws, recommendation=f"{top['id']}: {top['title']}")
-    png = report.plot(cd.data, out_dir / f"{stem}.png", cd.adapter, cd.levels,
+    png = figure.plot(cd.data, out_dir / f"{stem}.png", cd.adapter, cd.levels,
                       title=f"{plan.ws} {plan.workstream.title} [{cd.backend.mark}]", baseline=cd.baseline)  # fmt: skip
     if png:
         md += f"\n![throughput by level]({png.name})\n"

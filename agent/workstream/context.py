@@ -3,6 +3,7 @@ and record, the node recorder that writes kinv.db's history, and LangGraph's SQL
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from kinv.agent.tools.backends import base
 from kinv.agent.tools.files import configs
 from kinv.agent.tools.runners import bench
 from kinv.agent.tools.worker import hashes
-from kinv.agent.words import Approval
+from kinv.agent.words import MEASURED_VERDICTS, Approval
 from kinv.agent.workstream import planner
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.launch_config import config_hash, describe, load_config
@@ -38,6 +39,7 @@ class Context:
     progress: object = None  # callable(kind, **info) for the CLI's progress display
     version: int = 1  # the plan version of the workstream (kinv run --new-version)
     _backend: base.Backend | None = field(default=None, repr=False)
+    checkpoints: CheckpointWatch | None = field(default=None, repr=False)  # checked at every node
 
     @property
     def backend(self) -> base.Backend:
@@ -263,6 +265,48 @@ def _corr_device(ctx: Context) -> str:
 
 
 
+def sequential_plan(plan: Plan):
+    """The plan's statistics settings as the sequential A/B runs them (agent.tools.protocol.sequential_plan)."""
+    from kinv.agent.tools.measure import protocol
+
+    return protocol.sequential_plan(plan.stats)
+
+
+def _compiled_for_approval(ctx, cfg: dict, source: bool, levels, env: dict | None = None) -> dict:
+    """What the person approving sees of the compiler: the baseline and the variant compiled (no timing) by the
+    backend where it has a compiler (a GPU) or a record of one (replay); else a note that the figures shown are the
+    analytical model's.  A source patch is compiled once it is applied, not before it is approved."""
+    if source:
+        return {"compiled_note": "a source patch is compiled when it is applied"}
+    base = ctx.backend.compiled(ctx.plan.kernel, _baseline_config(ctx), ctx.plan.environment, levels)
+    var = ctx.backend.compiled(ctx.plan.kernel, cfg, env or ctx.plan.environment, levels)
+    if not base or not var:
+        return {"compiled_note": f"no compiler on the {ctx.backend.name} backend"}
+    compiled = {lv.key: {"base": base.get(lv.key), "variant": var.get(lv.key)} for lv in levels}
+    return {"compiled": compiled, "compiled_on": ctx.backend.name}
+
+
+def _profile_step(ctx) -> None:
+    """Profile the baseline and the decided config variants (a source patch is reverted by now: it is not)."""
+    from kinv.agent.tools.runners import profiling
+
+    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
+    decided = []
+    for e in store.experiments(ws):
+        if e["kind"] != "ab" or e["verdict"] not in MEASURED_VERDICTS or int(e.get("version") or 1) != ctx.version:
+            continue
+        v = plan.variant(e["variant"]) if e["variant"] in {x.id for x in plan.variants} else None
+        if v is None or v.source_patch:
+            continue
+        decided.append((e["id"], v.id, plan.variant_config(v), plan.variant_env(v)))
+    notes = profiling.step(store, ws, ctx.backend, ctx.adapter, plan.environment, _baseline_config(ctx), decided,
+                         ctx.levels())  # fmt: skip
+    for line in notes:
+        store.event(ws, "profile.skipped", line, {})
+        ctx.say("profile", message=line)
+
+
+
 def recorded(name: str, fn):
     """``fn`` as a graph node whose every run is written to kinv.db's history (node, decision, outcome):
     ``kinv history`` reads that, never LangGraph's private checkpoint tables."""
@@ -275,6 +319,8 @@ def recorded(name: str, fn):
         ctx = runtime.context
         t0 = time.time()
         ctx.store.check_intact()  # kinv.db deleted under the run: stop loudly, never close out into nowhere
+        if ctx.checkpoints is not None:  # and the graph's checkpoints, or the run could never resume
+            ctx.checkpoints.check()
         try:
             out = fn(state, runtime)
         except GraphInterrupt:
@@ -298,6 +344,82 @@ def _waiting(ctx: Context) -> str:
     return f"waiting for approval {pending[-1]['id']}" if pending else "interrupted"
 
 
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+@dataclass
+class CheckpointWatch:
+    """The checkpoint file a run opened.  Deleted, replaced or overwritten under the run, it is noticed at the next
+    graph step: the checkpointer's connection still holds the database it opened, so its checkpoints are copied out
+    (SQLite's backup) and put back in place once the run has stopped and closed that connection; the run stops
+    resumable.  Without that copy, kinv doctor names the way on (a new version; kinv.db keeps every decision)."""
+
+    path: Path
+    identity: tuple[int, int]
+    saver: object = None  # the SqliteSaver: its connection and its lock
+    ws: str = ""
+    plan_path: str = "PLAN"
+    rescued: Path | None = None
+
+    @classmethod
+    def of(cls, store: Store, saver, ws: str, plan_path: str = "PLAN") -> CheckpointWatch:
+        st = store.checkpoints_path.stat()
+        return cls(store.checkpoints_path, (st.st_dev, st.st_ino), saver, ws, plan_path)
+
+    def check(self) -> None:
+        from kinv.agent.errors import StateDamaged
+
+        try:
+            st = self.path.stat()
+            with open(self.path, "rb") as f:
+                head = f.read(len(SQLITE_HEADER))
+            why = ("was replaced" if (st.st_dev, st.st_ino) != self.identity else
+                   "was overwritten (no SQLite header)" if st.st_size and head != SQLITE_HEADER else "")  # fmt: skip
+        except OSError:
+            why = "was deleted"
+        if not why:
+            return
+        if why != "was overwritten (no SQLite header)" and self._rescue():
+            raise StateDamaged(f"{self.path} {why} during the run: the run stops here, its kernel files restored, and "
+                               f"its checkpoints are put back from the run's open copy: continue with kinv resume "
+                               f"{self.ws.lstrip('#')}")  # fmt: skip
+        raise StateDamaged(f"{self.path} {why} during the run: the run stops here, its kernel files restored; kinv.db "
+                           "and the journal keep every decision and sample so far; kinv doctor names the way on "
+                           f"(kinv run {self.plan_path} --new-version)")  # fmt: skip
+
+    def _rescue(self) -> bool:
+        """Copy what the run's open connection holds to a file beside the lost one (put in place by ``settle``)."""
+        import sqlite3
+
+        out = self.path.with_name(f"{self.path.name}.rescued-{os.getpid()}")
+        try:
+            dest = sqlite3.connect(str(out))
+            try:
+                with self.saver.lock:
+                    self.saver.conn.backup(dest)
+            finally:
+                dest.close()
+        except (sqlite3.Error, OSError, AttributeError):
+            out.unlink(missing_ok=True)
+            return False
+        self.rescued = out
+        return True
+
+    def settle(self, store: Store) -> None:
+        """Once the run has stopped: close the checkpointer's connection (it writes into the lost file, and its
+        WAL goes with it), move whatever now stands at the path aside (never deleted) and put the copy there."""
+        if self.rescued is None or not self.rescued.is_file():
+            return
+        self.saver.conn.close()
+        for suffix in ("", "-wal", "-shm"):
+            part = Path(f"{self.path}{suffix}")
+            if part.exists():
+                part.rename(f"{self.path}.replaced-{int(time.time())}{suffix}")
+        os.replace(self.rescued, self.path)
+        store.event(None, "checkpoints.restored", f"{self.path} was lost during the run; put back from its open copy")
+        self.rescued = None
 
 
 def open_checkpointer(store: Store, plan_path: str = "PLAN", move_damaged: bool = False):

@@ -20,17 +20,17 @@ from langgraph.types import Command, interrupt
 from kinv.agent import faults
 from kinv.agent.errors import InvestigationError, PatchError
 from kinv.agent.fmt import kv
-from kinv.agent.plan import Plan
 from kinv.agent.tools.files import configs
 from kinv.agent.tools.measure import correctness, envcheck, protocol, reach, sequential
 from kinv.agent.tools.runners import resources
 from kinv.agent.tools.worker.hashes import harness_hash, kernel_hash, kernel_reference_hash
-from kinv.agent.words import MEASURED_VERDICTS, Approval
+from kinv.agent.words import Approval
 from kinv.agent.workstream import planner
 from kinv.agent.workstream.context import (
     Context,
     _baseline_config,
     _baseline_note,
+    _compiled_for_approval,
     _config_edit,
     _corr_device,
     _edit_sha,
@@ -39,12 +39,14 @@ from kinv.agent.workstream.context import (
     _failed,
     _failure_kind,
     _needs_approval,
+    _profile_step,
     _revert_all,
     _seed,
     _snapshot,
     _source_patch,
     _thresholds,
     recorded,
+    sequential_plan,
     todo_reason,
 )
 from kinv.kernels.devices import get_device
@@ -77,22 +79,6 @@ class State(TypedDict, total=False):
     budget_exhausted: bool
     report: str | None
     baseline_hashes: dict  # harness, reference, kernel source, snapshot dir: fixed at setup
-
-
-# --------------------------------------------------------------------------- #
-# the statistics the nodes share (the rest of their helpers: agent/workstream/context.py)
-# --------------------------------------------------------------------------- #
-
-def sequential_plan(plan: Plan):
-    """The plan's statistics settings as the sequential A/B runs them (agent.tools.protocol.sequential_plan)."""
-    from kinv.agent.tools.measure import protocol
-
-    return protocol.sequential_plan(plan.stats)
-
-
-def look_conf(plan: Plan) -> float:
-    """Per-look confidence of the plan's intervals (Bonferroni over looks, levels and variants)."""
-    return protocol.look_conf(plan)
 
 
 # --------------------------------------------------------------------------- #
@@ -151,7 +137,7 @@ def baseline(state: State, runtime: Runtime[Context]) -> dict:
     assessment = resources.assess(ctx.adapter, _baseline_config(ctx), levels, get_device(plan.device))
     resources.record(store, ws, exp, assessment)
     ctx.backend.warm(plan.kernel, plan.environment, plan.stats.aa_arms)  # the A/A's workers start meanwhile
-    from kinv.agent.report.closeout import prefetch_plotting
+    from kinv.agent.report.figure import prefetch_plotting
 
     prefetch_plotting()  # and the close-out's plotting library loads (no sample is being timed yet)
     ctx.backend.experiment = exp
@@ -241,20 +227,6 @@ def pick(state: State, runtime: Runtime[Context]) -> Command[Literal["design", "
         return Command(goto="closeout", update={"cancelled": cancelled, "decision": "all variants decided"})
     return Command(goto="design", update={"current": vid, "cancelled": cancelled, "exp_id": None,
                                           "approval_id": None, "decision": f"next: {vid}"})
-
-
-def _compiled_for_approval(ctx, cfg: dict, source: bool, levels, env: dict | None = None) -> dict:
-    """What the person approving sees of the compiler: the baseline and the variant compiled (no timing) by the
-    backend where it has a compiler (a GPU) or a record of one (replay); else a note that the figures shown are the
-    analytical model's.  A source patch is compiled once it is applied, not before it is approved."""
-    if source:
-        return {"compiled_note": "a source patch is compiled when it is applied"}
-    base = ctx.backend.compiled(ctx.plan.kernel, _baseline_config(ctx), ctx.plan.environment, levels)
-    var = ctx.backend.compiled(ctx.plan.kernel, cfg, env or ctx.plan.environment, levels)
-    if not base or not var:
-        return {"compiled_note": f"no compiler on the {ctx.backend.name} backend"}
-    compiled = {lv.key: {"base": base.get(lv.key), "variant": var.get(lv.key)} for lv in levels}
-    return {"compiled": compiled, "compiled_on": ctx.backend.name}
 
 
 def design(state: State, runtime: Runtime[Context]) -> Command[Literal["approval", "apply", "decide"]]:
@@ -483,26 +455,6 @@ def closeout(state: State, runtime: Runtime[Context]) -> dict:
     planner.finish(store, ws, "closeout", "completed", f"close-out at {path}")
     ctx.say("closeout", message=f"close-out written to {path}")
     return {"report": str(path), "decision": "closed out"}
-
-
-def _profile_step(ctx) -> None:
-    """Profile the baseline and the decided config variants (a source patch is reverted by now: it is not)."""
-    from kinv.agent.tools.backends import profile
-
-    store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
-    decided = []
-    for e in store.experiments(ws):
-        if e["kind"] != "ab" or e["verdict"] not in MEASURED_VERDICTS or int(e.get("version") or 1) != ctx.version:
-            continue
-        v = plan.variant(e["variant"]) if e["variant"] in {x.id for x in plan.variants} else None
-        if v is None or v.source_patch:
-            continue
-        decided.append((e["id"], v.id, plan.variant_config(v), plan.variant_env(v)))
-    notes = profile.step(store, ws, ctx.backend, ctx.adapter, plan.environment, _baseline_config(ctx), decided,
-                         ctx.levels())  # fmt: skip
-    for line in notes:
-        store.event(ws, "profile.skipped", line, {})
-        ctx.say("profile", message=line)
 
 
 NODES = {

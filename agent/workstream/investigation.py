@@ -28,10 +28,10 @@ from kinv.agent.errors import (
     RevertError,
     StateDamaged,
 )
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from kinv.agent.store.db import Store
 from kinv.agent.store.state import state_dir as state_path
-from kinv.agent.workstream.context import Context, open_checkpointer, run_config
+from kinv.agent.workstream.context import CheckpointWatch, Context, open_checkpointer, run_config
 from kinv.agent.workstream.graph import APPROVAL_POLICIES, build_graph
 from kinv.kernels.errors import BadInput, KinvError
 
@@ -150,6 +150,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         store.release_lock(kernel_lock, os.getpid())
         store.release_lock(ws, os.getpid())
         raise
+    ctx = None
     try:
         for d in configs.recover(store):
             if d["action"].startswith("restored over a hand edit"):
@@ -197,7 +198,9 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
                       + (f" (plan version {version})" if version > 1 else ""))  # fmt: skip
         _ = ctx.backend  # resolves auto and says which, loudly
         store.update_workstream(ws, backend=ctx.backend.name)  # what a resume continues on
-        graph = build_graph(ctx, open_checkpointer(store, str(plan_path), move_damaged=new_version))
+        saver = open_checkpointer(store, str(plan_path), move_damaged=new_version)
+        graph = build_graph(ctx, saver)
+        ctx.checkpoints = CheckpointWatch.of(store, saver, ws, str(plan_path))
         cfg = run_config(ws, version)
         snap = graph.get_state(cfg)
         t0 = time.time()
@@ -209,7 +212,9 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
                 return _paused(store, aid, console, state_dir, ws)
             resume = Command(resume={"approved": appr.get("status") == "approved"})
             result = graph.invoke(resume, cfg, context=ctx, durability="sync")
-        elif snap.values.get("report"):
+        elif snap.values.get("report"):  # a stop after the close-out was written left it marked interrupted
+            store.update_workstream(ws, status="closed", report_path=snap.values["report"],
+                                    closed=(row or {}).get("closed") or time.time())  # fmt: skip
             return RunOutcome("closed", f"{ws} is already closed out: {snap.values['report']}", ws)
         elif snap.metadata is not None:  # a checkpoint exists: resume it, never begin again
             # next is empty when a kill fell between a task's saved writes and its step's checkpoint
@@ -251,6 +256,8 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
     finally:
         restore_signals()
         configs.recover(store)  # never leave a kernel file patched, whatever happened
+        if ctx is not None and ctx.checkpoints is not None:
+            ctx.checkpoints.settle(store)  # checkpoints lost under the run: put back from its open copy
         if hasattr(be, "servers"):  # a command plan's servers stop with the run
             be.servers.close()
         file_lock.__exit__(None, None, None)
@@ -304,7 +311,7 @@ def _paused(store: Store, aid: str, console, state_dir, ws: str) -> RunOutcome:
 # --------------------------------------------------------------------------- #
 def _plan_and_backend(plan_path, backend, as_json: bool = False):
     """The plan and the backend (its banner: :func:`_banner`, once the caller's inputs are valid)."""
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.tools import backends
     from kinv.agent.tools.runners import bench
 
@@ -537,7 +544,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
     record, the shipped bytes (git HEAD when the checkout tracks it, else the copy kinv kept before its first
     write); ``--to-plan-baseline`` (``baseline`` True): the plan's measurement baseline written into the live
     file, asked for by name.  Needs no state dir and creates none; the config lock records ``state_dir``."""
-    from kinv.agent.tools.files import config_text, configs
+    from kinv.agent.tools.files import config_text, configs, record
     from kinv.kernels.launch_config import config_hash, describe, load_config
 
     plan, _ = load_plan(plan_path)  # PlanError -> exit 2 in main
@@ -545,7 +552,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
     with configs.ConfigFileLock(path, state_dir):  # refused while any run edits it
         if not baseline:
             try:
-                action, rec = configs.restore_file_of_record(path)
+                action, rec = record.restore_file_of_record(path)
             except RevertError as exc:
                 raise RevertError(f"{exc}. To write {plan.ws}'s measurement baseline "
                                           f"({describe(plan.baseline)}) instead: kinv revert --to-plan-baseline "
@@ -560,7 +567,7 @@ def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
         before = path.read_bytes() if path.exists() else None
         if before is not None:
             new = config_text.edit_config_text(before.decode("utf-8", errors="replace"), base, plan.adapter.name).encode()
-            configs.note_kinv_write(path, before, new)  # the shipped bytes stay the file of record
+            record.note_kinv_write(path, before, new)  # the shipped bytes stay the file of record
         configs.write_config(path, base)
         got = load_config(path, plan.adapter.name)
         if config_hash(got) != config_hash(base):
@@ -576,9 +583,9 @@ def profile_command(exp_id, backend, state_dir, as_json, console):
     the verdict."""
     import json
 
-    from kinv.agent.report.closeout import _profile_lines
+    from kinv.agent.report.resources import _profile_lines
     from kinv.agent.report.views import resolve_experiment
-    from kinv.agent.tools.backends import profile
+    from kinv.agent.tools.runners import profiling
 
     store = Store(state_dir)
     row = resolve_experiment(store, exp_id)
@@ -592,7 +599,7 @@ def profile_command(exp_id, backend, state_dir, as_json, console):
         raise BadInput(f"experiment {row['id']} ({row['variant']}) is not a config variant of {wsrow.get('plan_path')}; "
                        "kinv profile takes config variants (a source patch is reverted once it is decided)")  # fmt: skip
     _banner(be, as_json, said)
-    notes = profile.step(store, plan.ws, be, plan.adapter, plan.environment, {**plan.baseline, "kernel": plan.adapter.name},
+    notes = profiling.step(store, plan.ws, be, plan.adapter, plan.environment, {**plan.baseline, "kernel": plan.adapter.name},
                          [(row["id"], v.id, plan.variant_config(v), plan.variant_env(v))], plan.levels())  # fmt: skip
     profs = store.profiles(exp_id=row["id"])
     if as_json:

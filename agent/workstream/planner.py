@@ -21,7 +21,8 @@ Rules
 from __future__ import annotations
 
 from kinv.agent.errors import StateDamaged
-from kinv.agent.plan import Plan, Variant
+from kinv.agent.plan import Plan
+from kinv.agent.plan_sections import Variant
 from kinv.agent.store.db import Store
 from kinv.agent.words import LevelVerdict, Verdict
 

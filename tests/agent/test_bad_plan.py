@@ -15,7 +15,7 @@ import yaml
 from hypothesis import given, reject
 from hypothesis import strategies as st
 
-from kinv.agent.plan import MAX_PLAN_BYTES, load_plan
+from kinv.agent.plan_file import MAX_PLAN_BYTES, load_plan
 from kinv.kernels.launch_config import load_config
 from tests.bad_input_cases import (
     ALL_PATHS,

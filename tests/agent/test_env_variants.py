@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from tests.utils import kinv_in_process, replay_env, run_kinv
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -49,7 +49,7 @@ def _plan(src: Path, env: dict, name: str = "plan-env.yaml") -> Path:
 
 def test_a_plugin_plan_expecting_a_value_its_adapter_refuses_is_bad_input_naming_the_rule(plugin):
     from kinv.agent.errors import PlanError
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     with pytest.raises(PlanError) as err:
         load_plan(_plan(plugin, {"MATMUL_SPLITS": "3"}))
@@ -62,7 +62,7 @@ def test_a_plugin_plan_expecting_a_value_its_adapter_refuses_is_bad_input_naming
 def test_another_kernels_rule_does_not_apply_to_a_plugin(plugin):
     """TARGET_CTAS is MLA's variable: a plugin's plan may expect any value of it, an MLA plan may not."""
     from kinv.agent.errors import PlanError
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     plan, _ = load_plan(_plan(plugin, {"TARGET_CTAS": "abc"}))
     assert plan.environment == {"TARGET_CTAS": "abc"}
@@ -94,7 +94,7 @@ def test_kinv_env_applies_the_plugins_rule_to_the_shell(plugin, tmp_path):
 
 
 def test_a_replay_close_out_names_the_gpu_its_recordings_name(tmp_path, monkeypatch):
-    from kinv.agent.report import closeout as report
+    from kinv.agent.report import figure
     from kinv.agent.workstream import collect as closeout
     from tests.closeout_fixture import FakeReplay, build
 
@@ -102,7 +102,7 @@ def test_a_replay_close_out_names_the_gpu_its_recordings_name(tmp_path, monkeypa
     measured = {"V1": ("reject", {"b1": ("regressed", -0.3, -0.32, -0.28)})}
     store, plan, state, ctx = build(tmp_path, measured=measured, backend=be)
     titles = []
-    monkeypatch.setattr(report, "plot", lambda data, path, adapter, levels, title="", **kw: titles.append(title))
+    monkeypatch.setattr(figure, "plot", lambda data, path, adapter, levels, title="", **kw: titles.append(title))
     text = closeout.write_closeout(store, plan, state, ctx, out_dir=tmp_path / "reports").read_text()
     where = text.split("## Where this was measured")[1].split("##")[0]
     assert "NVIDIA B200 recordings" in where, where

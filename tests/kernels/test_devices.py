@@ -21,7 +21,7 @@ def test_with_one_figure_the_other_bound_is_not_guessed():
 
 
 def test_an_adapter_asks_the_same_rule():
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.kernels.adapter import project_root
 
     plan, _ = load_plan(project_root() / "plans" / "3a-attention-occupancy.yaml")

@@ -249,6 +249,32 @@ def test_the_merge_kernels_blocks_come_from_the_config_and_stay_correct():
     assert_verbose_allclose(out, mla_decode_reference(q, kv, bt, seq, d_v=d_v), 2e-3, 2e-3)
 
 
+@pytest.mark.parametrize("merge", [0, 1])
+def test_sixteen_bit_partial_outputs_halve_the_scratch_and_stay_correct(merge):
+    """PARTIAL_DTYPE 16: stage 1 stores its partial outputs in the inputs' 16-bit dtype (the merge, in stage 2 or in
+    stage 1's last split, still sums in float32); float32 inputs keep float32 partials; 0 is the seed's config."""
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.launch_config import config_hash, describe, validate_config
+
+    seed = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
+    assert config_hash(validate_config({**seed, "PARTIAL_DTYPE": 0})) == "a5991bb8b0f6"
+    assert describe({**seed, "PARTIAL_DTYPE": 16}) == "BT16/BH16/w4/s2/pdt16"
+    adapter = get_adapter("mla_decode")
+    params = mla_params(BLOCK_T=16, MERGE=merge, PARTIAL_DTYPE=16)
+    q, kv, bt, seq, d_v = make([200, 7], 16, "v3", 16, torch.float16, seed=5)
+    inputs = {"q": q, "kv_cache": kv, "block_table": bt, "seq_lens": seq, "max_seq_len": 200, "d_v": d_v}
+    scratch = adapter.make_scratch(inputs, params)
+    assert scratch["partial_o"].dtype == torch.float16 and scratch["partial_lse"].dtype == torch.float32
+    assert scratch["partial_o"].shape[2] == 13  # 13 splits of one 16-token tile: every merge path has work
+    ref = mla_decode_reference(q, kv, bt, seq, d_v=d_v)
+    for out, _ in (adapter.launch(inputs, params, scratch=scratch), adapter.launch(inputs, params)):
+        assert out.dtype == torch.float16
+        assert_verbose_allclose(out, ref, 1e-2, 1e-2)
+        assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-3
+    wide = {**inputs, "q": q.float(), "kv_cache": kv.float()}
+    assert adapter.make_scratch(wide, params)["partial_o"].dtype == torch.float32
+
+
 def test_a_register_cap_launches_stage_one_capped_and_stays_correct():
     """maxnreg reaches stage 1's launch as Triton's ``maxnreg`` (the interpreter takes and ignores it), through
     the kernel's own launch code; no other launch in the process is capped, and no cap is the function itself."""
@@ -394,3 +420,45 @@ def test_a_variant_of_the_merge_kernels_blocks_moves_its_own_premise_not_stage_o
     assert read(figures[1]) == (512, "16 value columns x 64 splits a load")  # 64 splits: one load of all of them
     merged = {"compiled": {"ctas_per_sm": 2}, "why": adapter.resources(mla_params(MERGE=1), level, get_device("sm_90")).why}
     assert read(merged) == (0, "merged in stage 1") and read({"compiled": None, "why": figures[0]["why"]}) is None
+
+
+def test_sixteen_bit_partial_outputs_move_the_partial_bytes_premise_down():
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.devices import get_device
+
+    adapter = get_adapter("mla_decode")
+    level = adapter.level({"shape": "v3", "heads": 16, "page_size": 64, "context": 4096, "batch": 8})
+    read = adapter.premises["partial_bytes"].read
+    assert adapter.premises["partial_bytes"].direction == "down"
+    wide, narrow = (mla_params(BLOCK_T=64, CTAS_PER_SM=2, PARTIAL_DTYPE=p) for p in (0, 16))
+    figures = [{"compiled": {"ctas_per_sm": 2}, "why": adapter.resources(p, level, get_device("sm_90")).why}
+               for p in (wide, narrow)]  # fmt: skip
+    # 8 requests x 16 heads x 32 splits x 512 values: 8 MiB of float32, half of it in bf16
+    assert read(figures[0]) == (8 * 16 * 32 * 512 * 4, "32 splits x float32 partial outputs")
+    assert read(figures[1]) == (8 * 16 * 32 * 512 * 2, "32 splits x 16-bit partial outputs")
+    assert read({"compiled": None, "why": figures[0]["why"]}) is None  # an arm that did not compile shows nothing
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["v3", "v4flash"])
+@pytest.mark.parametrize("merge,tma", [(0, 0), (0, 1), (1, 0)])
+def test_gpu_bf16_partial_outputs_stay_within_the_gate(shape, merge, tma):
+    """bf16 partial outputs on the GPU: within the adapter's own error bound at context 4096, every split count."""
+    from kinv.kernels.adapter import get_adapter
+    from kinv.kernels.mla_decode import mla_decode_scratch
+
+    adapter = get_adapter("mla_decode")
+    params = mla_params(BLOCK_T=64, CTAS_PER_SM=2, TMA=tma, MERGE=merge, PARTIAL_DTYPE=16)
+    q, kv, bt, seq, d_v = make([4096, 77, 2049], 16, shape, 64, torch.bfloat16, seed=9)
+    inputs = {"q": q, "kv_cache": kv, "block_table": bt, "seq_lens": seq, "max_seq_len": 4096, "d_v": d_v}
+    ref = mla_decode_reference(q, kv, bt, seq, d_v=d_v)
+    level = adapter.level({"shape": shape, "heads": 16, "page_size": 64, "context": 4096, "batch": 3})
+    norm = adapter.tolerance_at(torch.bfloat16, level, ref)[2]
+    for splits in (None, 1, 8, 64):
+        scratch = adapter.make_scratch(inputs, params)  # the adapter's split count, or a forced one below
+        if splits is not None:
+            scratch = mla_decode_scratch(3, 16, splits, d_v, q.device)
+            scratch["partial_o"] = scratch["partial_o"].to(torch.bfloat16)
+        out = mla_decode(q, kv, bt, seq, params, d_v=d_v, max_seq_len=4096, num_splits=scratch["partial_o"].shape[2],
+                         scratch=scratch)  # fmt: skip
+        assert ((out.float() - ref).norm() / ref.norm()).item() < norm

@@ -82,7 +82,7 @@ def test_the_shipped_source_refuses_persistent_programs_instead_of_ignoring_them
 
 
 def test_the_persistent_plan_loads_and_measures_the_patch_alone_first():
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     plan, _ = load_plan(ROOT / "plans" / "10a-decode-persistent.yaml")
     first = plan.variants[0]

@@ -517,7 +517,7 @@ def test_the_installed_example_is_listed_by_its_entry_points(installed):
 
 HASHES = textwrap.dedent("""
     import json, sys
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.tools.runners import bench
     from kinv.agent.tools.worker.hashes import harness_hash, kernel_hash
     from kinv.agent.tools.worker.hashes import kernel_reference_hash as reference_hash

@@ -56,7 +56,7 @@ def _code(line: str) -> str:
 def test_the_shipped_config_and_source_are_what_kinv_accepted_on_the_h200(tmp_path):
     # the chain: #8a S3 (source) and #8b V1 (config), then #9a S1 (source), #9b V1 (config: MERGE from batch 64)
     # and #9c V1 (mixed: adopted where it won, V3 at batch 96), each `kinv adopt`ed from a live H200 run
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.workstream import planner
 
     assert _verdicts(tmp_path, "#8b") == {"V1": "accept"}
@@ -105,7 +105,7 @@ def test_the_shipped_config_and_source_are_what_kinv_accepted_on_the_h200(tmp_pa
 
 
 def test_adopt_refuses_a_mixed_source_patch_and_shows_the_accepted_one(tmp_path):
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     env, _ = _h200_state(tmp_path)
     cfg = Path(env["KINV_CONFIG_DIR"]) / "mla_decode.json"

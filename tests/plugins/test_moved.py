@@ -63,7 +63,7 @@ def test_the_warning_points_at_the_plugins_import_line(tmp_path, monkeypatch):
 
 
 def test_the_deprecated_resolve_gives_what_the_adapter_resolves():
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     plan, _ = load_plan(str(Path(__file__).resolve().parents[2] / "plans" / "3a-attention-occupancy.yaml"))
     a, level = plan.adapter, plan.levels()[-1]

@@ -102,17 +102,37 @@ def metric_of(text: str, metric: dict) -> float | None:
         return None
 
 
+ENV_READ_S = 2.0  # how long the env check keeps trying to read a run's environment while the run is alive
+ENV_TRIES = 5  # runs of the command the env check may start before it says it could not see one
+
+
 def _environ_of(proc: subprocess.Popen, names: list[str]) -> dict | None:
-    """The listed variables of ``proc``'s environment, read from ``/proc``.  ``Popen`` returns only once the child
-    has exec'd the command, so this is the measured process's own environment; None when it could not be read
-    (it ended first: a reaped process has none)."""
+    """The listed variables of ``proc``'s environment, read from ``/proc/<pid>/environ`` while it runs: the
+    measured process's own environment.  Just after ``Popen`` returns, the file reads empty while the exec is
+    completing, and a short command can end a few milliseconds later (a zombie's reads empty for good): it is read
+    again every fraction of a millisecond, not every 20 ms, until it has the environment or the process ended.
+    None when it ended first (unseen, which is not unset)."""
     from kinv.agent.tools.backends.environ import proc_environ
 
-    try:
-        seen = proc_environ(proc.pid)
-    except Exception:  # noqa: BLE001 - it ended meanwhile: unseen
-        return None
-    return {k: seen.get(k) for k in names} if seen else None
+    deadline = time.perf_counter() + ENV_READ_S
+    while True:
+        try:
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                raw = f.read()
+        except OSError:
+            raw = b""
+        if raw:
+            seen = {}
+            for item in raw.split(b"\0"):
+                key, eq, value = item.partition(b"=")
+                if eq:
+                    seen[os.fsdecode(key)] = os.fsdecode(value)
+            return {k: seen.get(k) for k in names}
+        if proc.poll() is not None or time.perf_counter() > deadline:
+            if not os.path.isdir("/proc/self"):
+                proc_environ(proc.pid)  # no /proc here: its one line (bad input), as a pid check says
+            return None
+        time.sleep(0.0002)
 
 
 def _free_port() -> int:
@@ -333,8 +353,14 @@ class CommandBackend(Backend):
         arm.fingerprint = {"gpu": f"command on {platform.node()}", "arch": platform.machine(),
                            "cpus": os.cpu_count(), "python": platform.python_version()}  # fmt: skip
         if self.first_levels:  # the env check reads the environment of a real run of the command
-            _, _, seen = arm.run(self.first_levels[0], "env", watch_env=True)
-            arm.env_seen = seen if seen is not None else {k: None for k in env}
+            for _ in range(ENV_TRIES):  # a run that ended before its environment could be read is run again
+                _, _, seen = arm.run(self.first_levels[0], "env", watch_env=True)
+                if seen is not None:
+                    break
+            else:
+                raise VariantFailed(f"{name}: the env check could not read the environment of the command: each of "
+                                    f"{ENV_TRIES} runs ended before /proc/<pid>/environ could be read")  # fmt: skip
+            arm.env_seen = seen
         return arm
 
     def preflight(self, kernel: str, env: dict, levels: list[Level], arms=()) -> None:

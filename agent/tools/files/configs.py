@@ -8,7 +8,7 @@ patch follows the same order, so that a crash at any instant is recoverable:
 3. write the journal intent (``patches`` row, state ``intent``) naming the
    backup and the file's hash before;
 4. write the new bytes atomically (temp file in the same dir, fsync,
-   ``os.replace``): the file is always either the old or the new bytes;
+   ``os.replace``; :mod:`kinv.agent.tools.files.durable`): the file is always either the old or the new bytes;
 5. mark the journal row ``applied``.
 
 :func:`recover` (called at every start) restores every ``intent`` or
@@ -22,26 +22,25 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kinv.agent import faults
 from kinv.agent.errors import LockedElsewhere, PatchError, RevertError
-from kinv.agent.tools.files.config_text import (  # noqa: F401 - kinv.agent.tools.files.configs keeps exporting them
+from kinv.agent.tools.files.config_text import (
     apply_unified_diff,
     diff_text,
     edit_config_text,
     render_config,
 )
+from kinv.agent.tools.files.durable import TMP_MARK, atomic_write, sha_bytes
+from kinv.agent.tools.files.record import note_kinv_write
 from kinv.kernels.errors import ConfigError
 from kinv.kernels.launch_config import validate_config
 
 if TYPE_CHECKING:
     from kinv.agent.store.db import Store
-
-TMP_MARK = ".kinv-tmp-"
 
 
 # --------------------------------------------------------------------------- #
@@ -112,11 +111,8 @@ def last_editor(config_path: str | os.PathLike) -> dict:
 
 def sha(path: str | os.PathLike) -> str:
     """sha256 of a file's bytes, first 16 hex digits."""
-    return _sha_bytes(Path(path).read_bytes())
+    return sha_bytes(Path(path).read_bytes())
 
-
-def _sha_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]
 
 
 class ConfigEdit:
@@ -132,11 +128,11 @@ class ConfigEdit:
 
     @property
     def sha_before(self) -> str:
-        return _sha_bytes(self.old)
+        return sha_bytes(self.old)
 
     @property
     def sha_after(self) -> str:
-        return _sha_bytes(self.new)
+        return sha_bytes(self.new)
 
 
 def plan_config_edit(path: str | os.PathLike, new_config: dict, kernel: str | None = None) -> ConfigEdit:
@@ -171,42 +167,14 @@ def write_config(path: str | os.PathLike, config: dict) -> None:
     (:func:`edit_config_text`), a new file rendered by :func:`render_config` when it does not."""
     path = Path(path)
     if path.is_file():
-        _atomic_write(path, edit_config_text(path.read_bytes().decode("utf-8", errors="replace"), config).encode())
+        atomic_write(path, edit_config_text(path.read_bytes().decode("utf-8", errors="replace"), config).encode())
     else:
-        _atomic_write(path, render_config(config).encode())
+        atomic_write(path, render_config(config).encode())
 
 
 # --------------------------------------------------------------------------- #
-# atomic writes and backups
+# backups (atomic writes: kinv.agent.tools.files.durable; the file of record: kinv.agent.tools.files.record)
 # --------------------------------------------------------------------------- #
-def _atomic_write(path: Path, data: bytes, fault: str = "write") -> None:
-    """Write ``data`` to ``path`` so that ``path`` is always either the old or the new bytes."""
-    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        with contextlib.suppress(OSError):
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        faults.point(f"{fault}.tmp-written")  # the temp file is complete, the target untouched
-        os.replace(tmp, path)
-        faults.point(f"{fault}.replaced")  # the target holds the new bytes
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _ws_dir(ws_id: str | None) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", (ws_id or "none").lstrip("#")) or "none"
 
@@ -218,11 +186,11 @@ def backup(store: Store, path: str | os.PathLike, ws_id: str | None) -> dict:
         data = path.read_bytes()
     except FileNotFoundError:
         raise PatchError(f"{path} does not exist; only existing kernel files can be patched") from None
-    digest = _sha_bytes(data)
+    digest = sha_bytes(data)
     dest = store.dir / "backups" / _ws_dir(ws_id) / f"{path.name}.{digest}"
-    if not (dest.is_file() and _sha_bytes(dest.read_bytes()) == digest):
+    if not (dest.is_file() and sha_bytes(dest.read_bytes()) == digest):
         dest.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(dest, data, fault="backup")
+        atomic_write(dest, data, fault="backup")
     for row in store.backups():
         if (row["path"], row["backup_path"], row["sha"], row["workstream"]) == (str(path), str(dest), digest, ws_id):
             return row
@@ -241,124 +209,6 @@ def _patch_row(store: Store, patch_id: int) -> dict:
     return row
 
 
-# --------------------------------------------------------------------------- #
-# the file of record: what the way back restores
-# --------------------------------------------------------------------------- #
-class FileOfRecord:
-    """The bytes a config file is restored to by ``kinv revert --to-plan``, and where they come from."""
-
-    def __init__(self, data: bytes, source: str):
-        self.data, self.source = data, source
-
-    @property
-    def sha(self) -> str:
-        return _sha_bytes(self.data)
-
-
-def _git(path: Path, *args: str) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(["git", "-C", str(path.parent), *args], capture_output=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _git_head_bytes(path: Path) -> tuple[bytes, str] | None:
-    """The file's bytes at git HEAD of its checkout and HEAD's short commit id, or None (untracked, no git)."""
-    shown = _git(path, "show", f"HEAD:./{path.name}")
-    if shown is None or shown.returncode != 0:
-        return None
-    head = _git(path, "rev-parse", "--short", "HEAD")
-    return shown.stdout, (head.stdout.decode().strip() if head is not None and head.returncode == 0 else "HEAD")
-
-
-def record_path(path: str | os.PathLike) -> Path:
-    """kinv's kept copy of an untracked config file's bytes of record, outside the checkout and outside any
-    state dir (it must outlive a lost one): ``$XDG_STATE_HOME/kinv/records/<name>-<hash of its path>.json``
-    (``~/.local/state`` when XDG_STATE_HOME is unset); nothing appears beside the file."""
-    path = Path(path).resolve()
-    home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    key = hashlib.sha256(str(path).encode()).hexdigest()[:16]
-    return Path(home) / "kinv" / "records" / f"{path.stem}-{key}.json"
-
-
-def _read_record(path: Path) -> dict | None:
-    try:
-        rec = json.loads(record_path(path).read_text())
-        data = rec["text"].encode("utf-8", errors="surrogateescape")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    if _sha_bytes(data) != rec.get("sha"):
-        return None
-    return {**rec, "data": data, "patched": list(rec.get("patched") or [])}
-
-
-def _write_record(path: Path, data: bytes, patched: list[str], taken: float | None = None) -> None:
-    rec = {"path": str(path), "sha": _sha_bytes(data), "taken": taken or time.time(),
-           "text": data.decode("utf-8", errors="surrogateescape"),
-           "patched": list(dict.fromkeys(patched))[-64:]}  # fmt: skip
-    dest = record_path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    for stale in dest.parent.glob(f".{dest.name}{TMP_MARK}*"):  # a write killed half-way
-        with contextlib.suppress(OSError):
-            stale.unlink()
-    _atomic_write(dest, (json.dumps(rec, indent=2) + "\n").encode(), fault="record")
-
-
-def note_kinv_write(path: str | os.PathLike, before: bytes, after: bytes) -> None:
-    """Called before kinv writes ``after`` over ``before`` (a patch, or a plan's baseline restored by name):
-    keeps the file of record of an untracked file.  ``before`` becomes the file of record unless it is itself
-    a kinv write (a patch a lost state dir left live is never taken for the shipped file); ``after`` is
-    remembered as a kinv write.  A file git tracks needs no copy: its record is git HEAD."""
-    path = Path(path).resolve()
-    if _git_head_bytes(path) is not None:
-        return
-    rec = _read_record(path)
-    sha_before = _sha_bytes(before)
-    if rec is None or (sha_before != rec["sha"] and sha_before not in rec["patched"]):
-        _write_record(path, before, [_sha_bytes(after)])
-    elif _sha_bytes(after) not in rec["patched"] and _sha_bytes(after) != rec["sha"]:
-        _write_record(path, rec["data"], rec["patched"] + [_sha_bytes(after)], rec.get("taken"))
-
-
-def keep_record(path: str | os.PathLike) -> None:
-    """The file's current bytes are its new file of record (an adoption just wrote them)."""
-    path = Path(path).resolve()
-    if _git_head_bytes(path) is None and path.is_file():
-        data = path.read_bytes()
-        rec = _read_record(path)
-        _write_record(path, data, [s for s in (rec or {}).get("patched", []) if s != _sha_bytes(data)])
-
-
-def file_of_record(path: str | os.PathLike) -> FileOfRecord | None:
-    """What ``kinv revert --to-plan`` restores: the bytes of git HEAD when the checkout tracks the file, else
-    kinv's kept copy taken before kinv's first write to it; None when neither is known."""
-    path = Path(path).resolve()
-    head = _git_head_bytes(path)
-    if head is not None:
-        return FileOfRecord(head[0], f"the shipped bytes of git HEAD ({head[1]})")
-    rec = _read_record(path)
-    if rec is not None:
-        when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(rec["taken"]))
-        return FileOfRecord(rec["data"], f"the bytes kinv kept before its first write to it ({when}, "
-                                         f"{record_path(path)})")  # fmt: skip
-    return None
-
-
-def restore_file_of_record(path: str | os.PathLike) -> tuple[str, FileOfRecord]:
-    """Write the file of record back over ``path`` (atomic, verified by hash); returns ('restored' or
-    'unchanged', the record).  RevertError when no file of record is known."""
-    path = Path(path).resolve()
-    rec = file_of_record(path)
-    if rec is None:
-        raise RevertError(f"{path} is not tracked by git and kinv kept no copy of its bytes (kinv never wrote it): "
-                          "there is no file of record to restore")  # fmt: skip
-    if path.is_file() and _sha_bytes(path.read_bytes()) == rec.sha:
-        return "unchanged", rec
-    _atomic_write(path, rec.data, fault="restore")
-    if sha(path) != rec.sha:
-        raise RevertError(f"{path} has sha {sha(path)} after the restore, expected {rec.sha}")
-    return "restored", rec
-
 
 # --------------------------------------------------------------------------- #
 # patching
@@ -372,15 +222,15 @@ def _apply_journaled(store: Store, path: Path, old: bytes, new: bytes, kind: str
                 f"{path} already has un-reverted patch #{row['id']} (state {row['state']}); revert it or recover first"
             )
     bak = backup(store, path, ws_id)
-    if bak["sha"] != _sha_bytes(old):
+    if bak["sha"] != sha_bytes(old):
         raise PatchError(f"{path} changed while it was being patched (sha {bak['sha']}); try again")
     if kind == "config":
         note_kinv_write(path, old, new)  # the file of record is kept before the file changes
     patch_id = store.journal_intent(workstream=ws_id, experiment=experiment, path=str(path), kind=kind,
                                     sha_before=bak["sha"], diff=diff, backup=bak["id"])  # fmt: skip
     try:
-        _atomic_write(path, new, fault="patch")
-        store.journal_set(patch_id, "applied", sha_after=_sha_bytes(new))
+        atomic_write(path, new, fault="patch")
+        store.journal_set(patch_id, "applied", sha_after=sha_bytes(new))
     except BaseException as exc:
         with contextlib.suppress(Exception):  # recover() at the next start covers a failed rollback
             _restore(store, _patch_row(store, patch_id))
@@ -430,14 +280,14 @@ def patch_source(store: Store, path: str | os.PathLike, unified_diff: str, ws_id
 def _restore(store: Store, patch: dict) -> str:
     """Put the backup bytes of ``patch`` back if the file differs; returns 'restored' or 'unchanged'."""
     path = Path(patch["path"])
-    current = _sha_bytes(path.read_bytes()) if path.is_file() else None
+    current = sha_bytes(path.read_bytes()) if path.is_file() else None
     action = "unchanged"
     if current != patch["sha_before"]:
         if current is not None and current != patch.get("sha_after") and patch["state"] == "applied":
             # edited by hand while kinv's patch was live: keep that edit beside the backups, and say so
             keep = store.dir / "backups" / _ws_dir(patch["workstream"]) / f"{path.name}.hand-edit.{current}"
             keep.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_write(keep, path.read_bytes(), fault="hand-edit")
+            atomic_write(keep, path.read_bytes(), fault="hand-edit")
             action = f"restored over a hand edit (sha {current}, kinv had written {patch.get('sha_after')}; the " \
                      f"edited file is kept at {keep})"
             store.event(patch["workstream"], "patch.hand_edit", f"{path.name} was edited by hand while patch "
@@ -448,9 +298,9 @@ def _restore(store: Store, patch: dict) -> str:
             raise RevertError(f"cannot revert patch #{patch['id']} of {path}: its backup is missing (backups/ "
                               "deleted?); restore the file of record: kinv revert --to-plan PLAN")  # fmt: skip
         data = Path(bak["backup_path"]).read_bytes()
-        if _sha_bytes(data) != patch["sha_before"]:
-            raise RevertError(f"backup of {path} has sha {_sha_bytes(data)}, expected {patch['sha_before']}")
-        _atomic_write(path, data, fault="restore")
+        if sha_bytes(data) != patch["sha_before"]:
+            raise RevertError(f"backup of {path} has sha {sha_bytes(data)}, expected {patch['sha_before']}")
+        atomic_write(path, data, fault="restore")
         action = action if action.startswith("restored over") else "restored"
     after = sha(path)
     if after != patch["sha_before"]:
@@ -500,17 +350,12 @@ def recover(store: Store) -> list[dict]:
 
 
 __all__ = [
-    "apply_unified_diff",
     "backup",
     "edit_diff",
-    "file_of_record",
-    "keep_record",
-    "note_kinv_write",
     "patch_config",
     "patch_source",
     "plan_config_edit",
     "recover",
-    "restore_file_of_record",
     "revert",
     "sha",
 ]

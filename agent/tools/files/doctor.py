@@ -14,6 +14,10 @@ import sqlite3
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kinv.agent.store.state import connect_read_only
+
+KEPT = " (kinv.db and the journal keep every decision and sample so far)"
+
 
 @dataclass
 class Finding:
@@ -24,7 +28,7 @@ class Finding:
 
 
 def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
-    from kinv.agent.store.state import CHECKPOINTS_NAME, DB_NAME, earlier_runs, live_markers, lock_held
+    from kinv.agent.store.state import CHECKPOINTS_NAME, DB_NAME, earlier_runs, live_markers, lock_held, writable
 
     out: list[Finding] = []
     db = state / DB_NAME
@@ -35,6 +39,10 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
         return [Finding("state dir", "warn", f"{state} is empty (nothing has run here)",
                         "kinv run plans/3a-attention-occupancy.yaml")]  # fmt: skip
     rows: dict[str, list] = {}
+    if not writable(state, db):
+        out.append(Finding("state dir", "warn", f"{state} is not writable by this user (its permissions, or a read-only "
+                           "mount): reading commands work, runs and decisions cannot", "make it writable for this "
+                           "user, or run with another --state-dir"))  # fmt: skip
     markers = live_markers(state)
     way_back = _way_back(markers)
     aside = f"move it aside (mv {db} {db}.damaged) and restore the kernel file: {way_back}; then start again"
@@ -49,7 +57,7 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
             f" although {earlier_runs(state)}: its records are lost" if earlier_runs(state) else ""), aside))  # fmt: skip
     else:
         try:
-            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+            conn = connect_read_only(db, timeout=5)
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise sqlite3.DatabaseError(check)
@@ -59,7 +67,9 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
                 rows[table] = [dict(zip(cols, r)) for r in cur.fetchall()]
             known = {w["id"] for w in rows["workstreams"]}
             if conn.execute("select 1 from sqlite_master where type = 'table' and name = 'campaigns'").fetchone():
-                known |= {r[0] for r in conn.execute("select id from campaigns")}  # a campaign's graph has a thread
+                camps = conn.execute("select id, plan_path from campaigns").fetchall()
+                known |= {r[0] for r in camps}  # a campaign's graph has a thread
+                rows["campaign_plans"] = sorted({r[1] for r in camps if r[1]})
             conn.close()
             seen = earlier_runs(state, known)
             ids = {p["id"] for p in rows["patches"]}
@@ -123,10 +133,10 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
 
     if open_ws and not ck.is_file():
         out.append(Finding("checkpoints", "bad", f"{ck} is missing; {', '.join(open_ws)} cannot resume where "
-                           "they stopped", new_version(open_ws)))  # fmt: skip
+                           f"they stopped{KEPT}", new_version(open_ws)))  # fmt: skip
     elif ck.is_file():
         try:
-            c = sqlite3.connect(f"file:{ck}?mode=ro", uri=True, timeout=5)
+            c = connect_read_only(ck, timeout=5)
             check = c.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise sqlite3.DatabaseError(check)
@@ -134,15 +144,17 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
             c.close()
             lost = [w for w in open_ws if w not in threads and not any(t.startswith(w + "@") for t in threads)]
             if lost:
-                out.append(Finding("checkpoints", "bad", f"no checkpoint for {', '.join(lost)}", new_version(lost)))
+                out.append(Finding("checkpoints", "bad", f"no checkpoint for {', '.join(lost)}{KEPT}",
+                                   new_version(lost)))  # fmt: skip
             else:
                 out.append(Finding("checkpoints", "ok", f"{len(threads)} graph thread(s)"))
         except sqlite3.DatabaseError as exc:
             if "no such table" in str(exc):
                 out.append(Finding("checkpoints", "ok", "no graph has checkpointed yet"))
             else:
-                out.append(Finding("checkpoints", "bad", f"{ck} is damaged: {exc}", new_version(open_ws) +
+                out.append(Finding("checkpoints", "bad", f"{ck} is damaged: {exc}{KEPT}", new_version(open_ws) +
                                    "; it moves the damaged file aside"))  # fmt: skip
+    out += _study(state, rows.get("campaign_plans") or ["PLAN"])
     # ---- stale locks --------------------------------------------------------------------------
     stale = [row for row in rows.get("locks", []) if not _alive(row["pid"])]
     if stale:
@@ -152,6 +164,30 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
     out += configs_against_baselines(rows.get("workstreams", []), plans_dir, rows.get("patches", []),
                                      rows.get("experiments"))  # fmt: skip
     return out
+
+
+def _study(state: Path, plans: list[str]) -> list[Finding]:
+    """The campaigns' search studies (``optuna.db``, the sampler's memory): readable, or the way back."""
+    db = state / "optuna.db"
+    if not db.is_file():
+        return []
+    try:
+        c = connect_read_only(db, timeout=5)
+        try:
+            check = c.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(check)
+            cut = c.execute("select count(*) from trials where state = 'RUNNING'").fetchone()[0]
+        finally:
+            c.close()
+    except sqlite3.DatabaseError as exc:
+        if "no such table" in str(exc):  # created, killed before its tables: the next start creates them
+            return [Finding("search study", "ok", f"{db} holds no study yet")]
+        again = " ; ".join(f"kinv campaign {p}" for p in plans)
+        return [Finding("search study", "bad", f"{db} is damaged: {exc}", f"mv {db} {db}.damaged ; {again} "
+                        "(kinv.db keeps what every screened candidate measured: none is timed again)")]  # fmt: skip
+    return [Finding("search study", "ok", f"{db} reads" + (f"; {cut} trial(s) asked and not told (a screening "
+                    "running, or one killed: the next kinv campaign asks them again)" if cut else ""))]  # fmt: skip
 
 
 def _variant(rows: dict, patch: dict) -> str:
@@ -232,7 +268,7 @@ def configs_against_baselines(workstreams: list[dict], plans_dir: Path | None,
             adopted[Path(p["path"]).resolve()] = p
     for p in sorted((plans_dir or Path("plans")).glob("*.yaml")):
         try:
-            from kinv.agent.plan import load_plan
+            from kinv.agent.plan_file import load_plan
 
             plan, _ = load_plan(p)
         except Exception:  # noqa: BLE001 - a broken plan is not the doctor's finding

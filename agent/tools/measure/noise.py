@@ -25,15 +25,8 @@ import numpy as np
 from scipy import stats
 
 from kinv.agent.errors import HarnessBroken
-from kinv.agent.tools.measure.stats import (
-    DEFAULT_THRESHOLD,
-    _as_times,
-    _pct,
-    _t_quantile,
-    _z_quantile,
-    robust_scale,
-    t_interval,
-)
+from kinv.agent.tools.measure.intervals import _as_times, _pct, _t_quantile, _z_quantile, robust_scale, t_interval
+from kinv.agent.tools.measure.stats import DEFAULT_THRESHOLD
 
 RECORDINGS_DIR = Path(__file__).resolve().parents[1] / "kernels" / "recordings"
 

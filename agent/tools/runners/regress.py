@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kinv.agent.errors import BudgetSpent
-from kinv.agent.plan import StatsSettings
+from kinv.agent.plan_sections import StatsSettings
 from kinv.agent.tools.runners.regress_prepare import Comparison, KernelResult, LevelResult, Prepared, _Job
 from kinv.kernels.errors import BadInput, KinvError, StepFailed
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kinv.agent.plan import StatsSettings
+from kinv.agent.plan_sections import StatsSettings
 from kinv.agent.tools.files import revisions
 from kinv.agent.tools.files.revisions import Revision
 from kinv.kernels.errors import BadInput, KinvError, StepFailed
@@ -153,7 +153,7 @@ def read_margins(repo: Path, base: Revision, path: str = MARGINS_FILE) -> tuple[
     neither has one."""
     import yaml
 
-    from kinv.agent.plan import _BoundedLoader
+    from kinv.agent.plan_file import _BoundedLoader
 
     text, where = None, ""
     try:
@@ -182,14 +182,14 @@ def read_margins(repo: Path, base: Revision, path: str = MARGINS_FILE) -> tuple[
 def setting_for(kernel: str, repo: Path, plan_path: Path | None, margins: Margins | None, margins_where: str,
                 adapter) -> Setting:  # fmt: skip
     """What ``kernel`` is judged at (BadInput naming what is missing)."""
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     if plan_path is not None:
         plan, _ = load_plan(plan_path)
         return Setting(kernel, plan, plan.stats, f"--plan {plan_path}", str(plan_path))
     entry = margins.kernels.get(kernel) if margins else None
     if entry is not None:
-        from kinv.agent.plan import safe_relative_path
+        from kinv.agent.plan_sections import safe_relative_path
 
         try:
             p = repo / safe_relative_path(entry.plan)
@@ -317,7 +317,7 @@ def prepare(repo: Path, base_name: str, head_name: str | None, backend, plan_pat
     base = revisions.resolve(repo, base_name)
     head = revisions.resolve(repo, head_name)
     if plan_path is not None:
-        from kinv.agent.plan import load_plan
+        from kinv.agent.plan_file import load_plan
 
         plan = load_plan(plan_path)[0]
         if not plan.adapter.kernel_files:  # a plan's own command: each revision runs it from its own checkout
@@ -325,7 +325,7 @@ def prepare(repo: Path, base_name: str, head_name: str | None, backend, plan_pat
     found, unchanged, absent = candidates(repo, base, head, kernels, sources_only)
     margins, where = (None, "") if plan_path is not None else read_margins(repo, base)
     if plan_path is not None:
-        from kinv.agent.plan import load_plan
+        from kinv.agent.plan_file import load_plan
 
         pk = load_plan(plan_path)[0].adapter.name
         if kernels is None:  # --plan names the kernel to judge: the others are not judged by its margins

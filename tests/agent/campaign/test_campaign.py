@@ -150,7 +150,7 @@ def test_the_chosen_config_matches_the_exhaustive_sweep_within_3_percent_on_a_qu
 @pytest.mark.slow  # the whole campaign #7 (one, shared); tests/agent/campaign/test_campaign_small.py is its fast lane
 def test_each_workstream_is_a_plan_a_person_could_have_written(closed_7, tmp_path, state_dir):
     env = replay_env(tmp_path, state_dir, seed_config=False)
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     summary = closed_7
     ran = [w for w in summary["workstreams"] if w["ws"] and w["phase"] == "done" and w["verdicts"]]

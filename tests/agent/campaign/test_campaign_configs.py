@@ -1,7 +1,7 @@
 """A campaign's per-level configs: composed into one level-conditional config that resolves as chosen."""
 
 from kinv.agent.campaign.levels import compose, per_level, with_params
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from kinv.agent.tools.runners.space import feasibility, space_configs
 from kinv.kernels.launch_config import config_hash
 

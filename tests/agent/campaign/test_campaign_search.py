@@ -87,3 +87,85 @@ def test_a_workstreams_result_is_read_from_its_verdicts(state_dir, final):
         assert res.winners == {"b1": "V1", "b8": "V2"}
         assert res.levels["b1"].effect == pytest.approx(math.expm1(0.04))
         assert res.levels_json()["b8"]["by"] == "V2"
+
+
+def _cut_trial(db, name, fixed=None):
+    """A trial as a kill inside ``ask`` leaves it: created (RUNNING), none of its parameters set."""
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
+    if fixed is not None:  # a requeued trial popped from the queue, cut before its parameters were suggested
+        study.enqueue_trial(fixed)
+        return study._storage.get_trial(study._pop_waiting_trial_id()).number
+    return study._storage.get_trial(study._storage.create_new_trial(study._study_id)).number
+
+
+@pytest.mark.parametrize("space_trials", [8, 6], ids=["grid", "tpe"])
+def test_a_trial_cut_before_its_parameters_were_set_does_not_wedge_the_search(tmp_path, space_trials):
+    import optuna
+
+    db = tmp_path / "optuna.db"
+    s = open_search(db, "#7-#7a", SPACE, trials=space_trials, seed=7, n_objectives=1)
+    for t in [s.ask() for _ in range(3)]:
+        s.tell(t, [0.01])
+    _cut_trial(db, "#7-#7a")
+    _cut_trial(db, "#7-#7a", fixed={})  # an empty requeue left by an earlier start: it must not wedge either
+    optuna.load_study(study_name="#7-#7a", storage=f"sqlite:///{db}").enqueue_trial({})  # nor one still queued
+    again = open_search(db, "#7-#7a", SPACE, trials=space_trials, seed=7, n_objectives=1)
+    asked = [again.ask() for _ in range(again.batch(first=False))]  # raised before: "All parameters must be ..."
+    assert asked and all(set(t.params) == set(SPACE) for t in asked)
+    assert again.budget - again.finished() == space_trials - 3  # no cut or queued trial used up the budget
+    third = open_search(db, "#7-#7a", SPACE, trials=space_trials, seed=7, n_objectives=1)  # and a kill again
+    assert all(set(t.params) == set(SPACE) for t in [third.ask()])
+
+
+def test_a_grid_trial_cut_after_its_grid_point_was_chosen_is_asked_again_at_that_point(tmp_path):
+    import itertools
+
+    import optuna
+
+    db = tmp_path / "optuna.db"
+    s = open_search(db, "#7-#7a", SPACE, trials=8, seed=7, n_objectives=1)
+    seven = [s.ask() for _ in range(7)]
+    for t in seven:
+        s.tell(t, [0.01])
+    study = optuna.load_study(study_name="#7-#7a", storage=f"sqlite:///{db}")
+    done = [study._storage.get_trial(t._trial_id).system_attrs for t in seven]
+    # the eighth point was chosen (its grid id written) and the kill came before its parameters were
+    tid = study._storage.create_new_trial(study._study_id)
+    study._storage.set_trial_system_attr(tid, "grid_id", (set(range(8)) - {a["grid_id"] for a in done}).pop())
+    study._storage.set_trial_system_attr(tid, "search_space", done[0]["search_space"])
+    left = {tuple(sorted(zip(SPACE, p))) for p in itertools.product(*SPACE.values())}
+    left -= {tuple(sorted(t.params.items())) for t in seven}
+    again = open_search(db, "#7-#7a", SPACE, trials=8, seed=7, n_objectives=1)
+    assert again.budget - again.finished() == 1
+    assert {tuple(sorted(again.ask().params.items()))} == left  # completed from the grid, not a random point
+
+
+def test_a_study_that_cannot_be_loaded_is_one_line_naming_the_way_back(tmp_path):
+    from kinv.agent.errors import StateDamaged
+
+    db = tmp_path / "optuna.db"
+    db.write_bytes(b"not a database at all" * 100)
+    with pytest.raises(StateDamaged) as e:
+        open_search(db, "#7-#7a", SPACE, trials=8, seed=7, n_objectives=1)
+    msg = str(e.value)
+    assert "\n" not in msg and str(db) in msg and "kinv.db" in msg and "mv " in msg
+
+
+def test_kinv_doctor_names_the_way_back_for_a_damaged_study(tmp_path, state_dir):
+    import json
+    import os
+
+    from tests.utils import kinv_in_process
+
+    store = _store(state_dir)
+    store.conn.execute("insert into campaigns (id, plan_path, status) values ('#7', 'plans/7-decode-ceiling.yaml', "
+                       "'running')")  # fmt: skip
+    store.conn.commit()
+    (state_dir / "optuna.db").write_bytes(b"not a database at all" * 100)
+    r = kinv_in_process(dict(os.environ), "doctor", "--json")
+    found = {f["check"]: f for f in json.loads(r.stdout)}
+    assert r.returncode == 1 and found["search study"]["status"] == "bad"
+    assert found["search study"]["fix"].startswith(f"mv {state_dir / 'optuna.db'} ")
+    assert "kinv campaign plans/7-decode-ceiling.yaml" in found["search study"]["fix"]

@@ -24,7 +24,7 @@ def _campaign(state_dir, steps, approval="auto", created=None):
     from rich.console import Console
 
     from kinv.agent.campaign import driver as camp
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.store.db import Store
 
     plan, plan_hash = load_plan(str(PLAN))
@@ -48,7 +48,7 @@ def _final(start, **extra):
 
 
 def test_the_summary_says_not_measured_for_levels_the_final_ab_never_measured(state_dir):
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     plan = load_plan(str(PLAN))[0]
     levels = plan.levels()
@@ -163,7 +163,7 @@ def test_sigterm_during_screening_restores_marks_the_campaign_interrupted_and_ex
 def test_a_roofline_goal_is_met_against_the_bound_the_kernels_adapter_names(state_dir, monkeypatch):
     """``roofline_fraction``: the incumbent against the fewest seconds the adapter allows at each goal level (here
     a compute bound it names), not copy bandwidth; said in the stop reason."""
-    from kinv.agent.plan import CampaignGoal
+    from kinv.agent.plan_sections import CampaignGoal
 
     c, store, plan, start = _campaign(state_dir, [])
     labels = ["b32", "b64", "b96"]
@@ -182,7 +182,7 @@ def test_a_roofline_goal_is_met_against_the_bound_the_kernels_adapter_names(stat
 def test_a_campaign_goal_names_one_bound():
     from pydantic import ValidationError
 
-    from kinv.agent.plan import CampaignGoal
+    from kinv.agent.plan_sections import CampaignGoal
 
     with pytest.raises(ValidationError, match="copy_fraction or roofline_fraction"):
         CampaignGoal(copy_fraction=0.8, roofline_fraction=0.8)

@@ -213,3 +213,27 @@ def test_approve_is_exposed_only_when_a_person_starts_the_server_so(tmp_path):
     for client in ("claude", "opencode"):
         r = run_kinv(env, "mcp", "--print-config", client)
         assert r.returncode == 0 and "kinv" in json.loads(r.stdout)[("mcpServers" if client == "claude" else "mcp")]
+
+
+def test_the_server_registers_every_tool_and_resource_and_approve_only_when_a_person_allows_it(tmp_path):
+    """In process, no subprocess: each tool and resource is registered with the description an agent reads; approve
+    and reject exist only with --allow-approve."""
+    from kinv.agent.cli.mcp_server import build
+
+    read = {"status", "todos", "experiments", "show", "history", "pending", "report", "kernels"}
+    act = {"run", "resume", "campaign", "bench", "noise", "propose_plan"}
+
+    async def listed(allow: bool):
+        server = build(str(tmp_path / "state"), str(tmp_path), allow_approve=allow)
+        tools = {t.name: t for t in await server.list_tools()}
+        templates = {t.uriTemplate for t in await server.list_resource_templates()}
+        return tools, templates
+
+    tools, templates = asyncio.run(listed(False))
+    assert set(tools) == read | act
+    assert all(t.description and t.description.strip() for t in tools.values())
+    assert tools["todos"].inputSchema["properties"]["format"]["enum"] == ["kinv", "opencode", "claude"]
+    assert templates == {"kinv://closeout/{ws}", "kinv://closeout/{ws}/png", "kinv://plan/{name}"}
+    tools, _ = asyncio.run(listed(True))
+    assert set(tools) == read | act | {"approve", "reject"}
+    assert "reason" in tools["reject"].inputSchema["properties"]

@@ -67,7 +67,7 @@ def refused(box: Path, argv, *needles, code: int = 2) -> str:
 def refused_at_load(box: Path, f: Path, *needles) -> str:
     """The plan is refused by load_plan itself (never run), and `kinv run` says so in one line."""
     from kinv.agent.errors import PlanError
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     with pytest.raises(PlanError):
         load_plan(f)

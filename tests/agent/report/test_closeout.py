@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from kinv.agent.report import closeout as report
+from kinv.agent.report import figure
 from kinv.agent.workstream import collect as closeout
 from tests.closeout_fixture import build, outcome
 
@@ -178,7 +179,7 @@ def test_a_replay_close_out_names_where_its_recordings_come_from(tmp_path, monke
     store, plan, state, ctx = build(tmp_path, measured={"V1": ("reject", _levels("regressed", -0.3, -0.32, -0.28))},
                                     backend=be)  # fmt: skip
     titles = []
-    monkeypatch.setattr(report, "plot", lambda data, path, adapter, levels, title="", **kw: titles.append(title))
+    monkeypatch.setattr(figure, "plot", lambda data, path, adapter, levels, title="", **kw: titles.append(title))
     path = closeout.write_closeout(store, plan, state, ctx, out_dir=tmp_path / "reports")
     assert titles and "H200" not in titles[0] and "synthetic" in titles[0], titles
     assert "H200" not in path.read_text()
@@ -212,7 +213,7 @@ def test_an_archived_plan_version_keeps_its_own_close_out_which_the_next_version
 
 
 # ---- the renderer renders what it is handed -------------------------------------------------------------------
-RENDERERS = ("agent/report/closeout.py", "agent/report/summary.py", "agent/report/render.py", "agent/fmt.py")
+RENDERERS = ("agent/report/closeout.py", "agent/report/figure.py", "agent/report/resources.py", "agent/report/summary.py", "agent/report/render.py", "agent/fmt.py")
 COLLECTORS = ("kinv.agent.store", "kinv.agent.tools", "kinv.agent.workstream.planner", "kinv.agent.workstream.collect", "kinv.agent.report.views",
               "kinv.agent.workstream.graph", "kinv.agent.workstream.investigation", "sqlite3", "subprocess", "torch")  # fmt: skip
 

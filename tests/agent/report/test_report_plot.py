@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from kinv.agent.plan import load_plan
-from kinv.agent.report.closeout import figure
+from kinv.agent.plan_file import load_plan
+from kinv.agent.report.figure import figure
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -73,7 +73,7 @@ def test_plotting_loaded_ahead_of_the_close_out_is_the_headless_backend():
     import subprocess
     import sys
 
-    code = ("import threading, sys\nfrom kinv.agent.report.closeout import prefetch_plotting\nprefetch_plotting()\n"
+    code = ("import threading, sys\nfrom kinv.agent.report.figure import prefetch_plotting\nprefetch_plotting()\n"
             "[t.join() for t in threading.enumerate() if t.name == 'kinv-prefetch-matplotlib']\n"
             "import matplotlib\nprint('matplotlib.pyplot' in sys.modules, matplotlib.get_backend().lower())")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

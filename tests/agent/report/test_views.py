@@ -18,7 +18,7 @@ import pytest
 from benchmarks.demo_store import LEVELS, V1_DIFF, populate_demo
 from kinv.agent.errors import NotFound
 from kinv.agent.report import todo_export, views
-from kinv.agent.report.views import StatusView
+from kinv.agent.report.view_models import ShowView, StatusView, TodoView
 from kinv.agent.store.db import Store
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -68,7 +68,7 @@ def test_status_json_round_trip(store, demo):
     assert StatusView.model_validate_json(text) == view
     data = json.loads(views.dump_json(view))
     assert set(data) == {"state_dir", "campaigns", "workstreams", "adhoc"}
-    assert set(data["workstreams"][0]["todos"][0]) == set(views.TodoView.model_fields)
+    assert set(data["workstreams"][0]["todos"][0]) == set(TodoView.model_fields)
 
 
 def test_latest_verdict_is_the_newest_experiment(store):
@@ -166,7 +166,7 @@ def test_show_summarizes_samples_per_level_and_arm(store, demo):
     assert view.env_checks[0]["ok"] is True and view.env_checks[0]["seen"] == {"TARGET_CTAS": "512"}
     assert view.ledger.samples == 100 and view.ledger.rounds == 10
     assert view.ledger.gpu_s == pytest.approx(0.2)
-    assert views.ShowView.model_validate_json(view.model_dump_json()) == view
+    assert ShowView.model_validate_json(view.model_dump_json()) == view
 
 
 def test_show_noise_experiment(store, demo):

@@ -50,7 +50,7 @@ def test_adopt_refuses_what_was_not_a_win_and_names_what_was_measured(tmp_path, 
 
 
 def test_a_level_conditional_proposal_covers_neighbouring_winning_levels_with_one_range():
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.workstream import planner
     from kinv.kernels.launch_config import describe
 
@@ -70,7 +70,7 @@ def test_a_mixed_variant_whose_change_is_an_override_is_adopted_only_where_it_wo
     # #9c on the H200: V1 adds {shape: v3, batch_min: 96, ...}; improved at b96, regressed at b128. Adopting it
     # where it won must put the b96 change first (the first matching override wins) and only for V3, the shape
     # it was measured on; it used to find "no per-level overrides" because the base tunables were unchanged.
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.workstream import planner
     from kinv.kernels.launch_config import describe
 
@@ -162,7 +162,7 @@ def test_adopt_refuses_a_variant_the_confirming_ab_shows_slower_than_the_live_fi
 
 
 def test_adopt_writes_the_variant_only_where_it_beat_the_live_file_and_drops_nothing(after_3b):
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.kernels.launch_config import validate_config
 
     env, cfg = after_3b
@@ -255,7 +255,7 @@ def test_a_campaigns_adoption_is_confirmed_against_the_live_file_and_keeps_what_
     # (its joint item alone: it searches the whole space, and its chosen config is what the adoption writes)
     import yaml
 
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.kernels.launch_config import validate_config
 
     data = yaml.safe_load((Path(__file__).resolve().parents[3] / "plans" / "7-decode-ceiling.yaml").read_text())

@@ -171,7 +171,7 @@ def test_a_check_names_the_public_replacement_of_a_plugins_private_imports(tmp_p
 def test_on_cpu_the_resource_lines_say_registers_are_unknown_and_the_premise_is_not_judged(monkeypatch):
     """#3a's V1 (8 warps): on CPU the model sees shared memory alone (6 CTAs/SM, 24 -> 48 warps/SM), while the
     compiled kernel on an H100 is register-limited (16 -> 16): each line says what it does not know."""
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.report.check import predicted_lines
     from kinv.agent.workstream import check
 

@@ -46,7 +46,7 @@ def test_a_one_value_patch_changes_one_line_and_keeps_the_files_own_order_indent
 
 
 def test_a_variant_measured_against_another_baseline_is_written_as_the_minimal_edit_of_the_live_file(tmp_path):
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.tools.files import config_text, configs
     from kinv.kernels.launch_config import config_hash, load_config
 
@@ -111,7 +111,8 @@ def test_an_approval_shows_the_diff_from_the_live_bytes_to_exactly_the_bytes_wri
     r = run_kinv(env, "run", plan, "--backend", "replay", "--approval", "ask")
     assert r.returncode == 3, r.stdout + r.stderr
     item = json.loads(run_kinv(env, "pending", "--json").stdout)[0]
-    from kinv.agent.tools.files import config_text, configs
+    from kinv.agent.tools.files import config_text
+    from kinv.agent.tools.files.durable import sha_bytes
 
     note = [ln for ln in item["diff"].splitlines() if ln.startswith("note:")]
     assert len(note) == 1 and "BT16/BH16/w4/s2" in note[0] and "BT64/BH16/w4/s2/cps2" in note[0], item["diff"]
@@ -137,13 +138,13 @@ def test_an_approval_shows_the_diff_from_the_live_bytes_to_exactly_the_bytes_wri
     from kinv.agent.store.db import Store
 
     row = next(p for p in Store(state_dir).patches("#3a") if p["kind"] == "config")
-    assert row["sha_after"] == configs._sha_bytes(written) and row["diff"] in item["diff"]
+    assert row["sha_after"] == sha_bytes(written) and row["diff"] in item["diff"]
     assert live.read_bytes() == SHIPPED  # byte-identical after the run
 
 
 def _leave_variant_live(cfg: Path, tmp_path) -> None:
     """What a killed run whose kinv.db was then lost leaves behind: kinv's V1 patch (#3a's measured V1)."""
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     plan, _ = load_plan(ROOT / "plans" / "3a-attention-occupancy.yaml")
     leave_kinv_patch_live(cfg, plan.variant_config(plan.variant("V1")))
@@ -182,9 +183,9 @@ def test_revert_to_plan_restores_git_heads_bytes_of_a_tracked_config(tmp_path, s
     r = kinv_in_process(env, "revert", "--to-plan", "plans/3a-attention-occupancy.yaml")
     assert r.returncode == 0 and "git HEAD" in r.stdout, r.stdout + r.stderr
     assert cfg.read_bytes() == SHIPPED
-    from kinv.agent.tools.files import configs
+    from kinv.agent.tools.files.record import record_path
 
-    assert not configs.record_path(cfg).exists()  # a tracked file needs no kept copy: git HEAD is its record
+    assert not record_path(cfg).exists()  # a tracked file needs no kept copy: git HEAD is its record
 
 
 def test_revert_to_plan_with_no_file_of_record_says_so_and_names_the_baseline_by_name(tmp_path, state_dir):

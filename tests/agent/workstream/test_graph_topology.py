@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from kinv.agent.store.db import Store
 from kinv.agent.workstream.context import Context
 from kinv.agent.workstream.graph import build_graph, make_nodes

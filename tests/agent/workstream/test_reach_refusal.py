@@ -71,7 +71,7 @@ def test_kinv_check_lets_an_allowed_construct_through_and_says_so(tmp_path, stat
 
 
 def test_the_closeout_names_each_construct_the_plan_allowed():
-    from kinv.agent.plan import Variant
+    from kinv.agent.plan_sections import Variant
     from kinv.agent.report.closeout import _reach_lines
 
     line = "kernels/mla_decode.py:5: gc reaches for the harness (import gc: ...); allowed by the plan (...)"

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kinv.agent.errors import VariantFailed
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from kinv.agent.tools.backends import get_backend
 from kinv.agent.tools.backends.command import metric_of
 from tests.utils import kinv_in_process, replay_env
@@ -317,3 +317,40 @@ def test_a_campaign_searches_a_command_argument_as_it_searches_the_environment(t
     argv = get_adapter("command").argv(level, env={"KINV_ARG_seconds": "0.6"})
     assert argv[-4:] == ["--n", "128", "--seconds", "0.6"]  # a candidate's value reaches its runs' command line
     assert get_adapter("command").argv(level, env={})[-1] == "0.3"  # the incumbent's, from workload.args
+
+
+def test_the_env_check_sees_a_command_that_ends_at_once_every_time(tmp_path):
+    """A run of a few milliseconds (Python without site, as a tiny tool is): its environment reads empty while its
+    exec completes and is gone once it ends; the check reads it in between, every time, and never reports a
+    variable it could not see as unset."""
+    quick = ["{python}", "-I", "-S", "-c", "print('{{\"gflops\": 1.0}}')  # {n}"]
+    plan, _ = load_plan(_plan_with(tmp_path, command=quick))
+    be = get_backend("command")
+    be.log_dir = tmp_path / "commands"
+    be.preflight("command", plan.environment, plan.levels())
+    seen = [be.open(f"T{i}", "command", {"kernel": "command"}, {"OMP_NUM_THREADS": str(i)}).env_seen
+            for i in range(1, 21)]  # fmt: skip
+    assert seen == [{"OMP_NUM_THREADS": str(i)} for i in range(1, 21)]
+
+
+def test_a_run_that_ended_before_its_environment_was_read_is_run_again_never_called_unset(tmp_path, monkeypatch):
+    from kinv.agent.errors import VariantFailed
+    from kinv.agent.tools.backends import command
+
+    plan, _ = load_plan(_plan_with(tmp_path, command=["{python}", "-c", "print('{{\"gflops\": 1.0}}')  # {n}"]))
+    be = get_backend("command")
+    be.log_dir = tmp_path / "commands"
+    be.preflight("command", plan.environment, plan.levels())
+    real, calls = command._environ_of, []
+
+    def first_unseen(proc, names):
+        calls.append(proc.pid)
+        return None if len(calls) == 1 else real(proc, names)
+
+    monkeypatch.setattr(command, "_environ_of", first_unseen)
+    assert be.open("T3", "command", {"kernel": "command"}, {"OMP_NUM_THREADS": "3"}).env_seen == {"OMP_NUM_THREADS": "3"}
+    assert len(calls) == 2 and len(list((tmp_path / "commands").glob("T3-*-env*.log"))) == 2  # both runs kept
+    monkeypatch.setattr(command, "_environ_of", lambda proc, names: None)
+    with pytest.raises(VariantFailed) as e:
+        be.open("T4", "command", {"kernel": "command"}, {"OMP_NUM_THREADS": "4"})
+    assert "could not read the environment" in str(e.value) and "unset" not in str(e.value)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kinv.agent.report.closeout import bound_of, explain, next_step
+from kinv.agent.report.resources import bound_of, explain, next_step
 from kinv.agent.tools.backends import profile
 
 DATA = Path(__file__).resolve().parents[3] / "data" / "ncu"

@@ -231,7 +231,7 @@ def test_bench_variant_refuses_an_incorrect_candidate_before_timing(planted, sta
 @pytest.mark.slow
 def test_an_adoptions_confirming_ab_voids_an_implausible_win_and_refuses_an_incorrect_one(planted, state_dir):
     from kinv.agent.errors import AdoptError
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
     from kinv.agent.store.db import Store
     from kinv.agent.workstream.adopt import confirm_against_live
 

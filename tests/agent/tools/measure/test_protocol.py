@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kinv.agent.errors import BackendError, NoRecording
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from kinv.agent.tools.backends import base, replay
 from kinv.agent.tools.measure import protocol
 from kinv.agent.tools.runners import bench

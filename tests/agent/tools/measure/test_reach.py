@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from kinv.agent.errors import PlanError
-from kinv.agent.plan import Variant, load_plan
+from kinv.agent.plan_file import load_plan
+from kinv.agent.plan_sections import Variant
 from kinv.agent.tools.measure.reach import refusal, screen_patch, screen_source, screen_variant
 from kinv.agent.words import HarnessReach
 from kinv.kernels.adapter import get_adapter

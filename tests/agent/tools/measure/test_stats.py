@@ -33,6 +33,7 @@ import pytest
 from scipy import stats
 
 from kinv.agent.errors import HarnessBroken
+from kinv.agent.tools.measure.intervals import HL_MIN_ROUNDS, robust_scale
 from kinv.agent.tools.measure.noise import (
     OFFSET_ALPHA,
     RECORDINGS_DIR,
@@ -43,7 +44,6 @@ from kinv.agent.tools.measure.noise import (
 )
 from kinv.agent.tools.measure.stats import (
     DEFAULT_THRESHOLD,
-    HL_MIN_ROUNDS,
     LEVEL_VERDICTS,
     VARIANT_VERDICTS,
     Effect,
@@ -53,7 +53,6 @@ from kinv.agent.tools.measure.stats import (
     classify,
     look_confidence,
     paired_effect,
-    robust_scale,
     run_sequential,
     sequential_decision,
     variant_verdict,

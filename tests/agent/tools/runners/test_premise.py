@@ -98,7 +98,7 @@ def test_a_kernel_may_declare_a_premise_of_its_own():
 
 def test_a_plan_names_only_targets_kinv_or_its_kernel_knows(tmp_path):
     from kinv.agent.errors import PlanError
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     premise_plan = tmp_path / "p.yaml"
     text = (ROOT / "plans" / "occupancy-premise.yaml").read_text()
@@ -119,7 +119,7 @@ def test_a_plan_names_only_targets_kinv_or_its_kernel_knows(tmp_path):
 
 # ---- the planner ------------------------------------------------------------------------------------------------
 def _plan():
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     return load_plan(ROOT / "plans" / "3a-attention-occupancy.yaml")[0]
 

@@ -236,7 +236,7 @@ def test_a_remote_arm_answers_setup_and_sample_like_a_local_one(monkeypatch, clu
     monkeypatch.setenv("KINV_FORCE_NO_GPU", "1")
     seed = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
     env = {"TARGET_CTAS": "512"}
-    from kinv.agent.plan import load_plan
+    from kinv.agent.plan_file import load_plan
 
     level = next(lv for lv in load_plan(str(ROOT / PLAN))[0].levels() if lv.label == "b32")
     local = bench.get_backend("replay").open("A0", "mla_decode", seed, env, replica=0)

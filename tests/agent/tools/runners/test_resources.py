@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kinv.agent.plan import load_plan
+from kinv.agent.plan_file import load_plan
 from kinv.agent.store.db import Store
 from kinv.agent.tools.runners import resources
 from kinv.kernels.adapter import get_adapter
