@@ -37,7 +37,7 @@ def bench(
     Example: kinv bench --plan plans/4a-expert-gemm-tiles.yaml --backend cuda
     Example: kinv bench --variant NAME=VALUE --backend replay   (NAME: a tunable of the plan's kernel)
     """
-    from kinv.agent.workstream.investigation import bench_command
+    from kinv.agent.workstream.commands import bench_command
 
     _state_dir(state_dir)
     raise Exit(EXIT_OK, bench_command(plan, config, variant, backend.value, samples, rounds, state_dir, as_json, _console()))
@@ -56,7 +56,7 @@ def profile(
 
     Example: kinv profile 7 --backend cuda
     """
-    from kinv.agent.workstream.investigation import profile_command
+    from kinv.agent.workstream.commands import profile_command
 
     _state_dir(state_dir)
     raise Exit(EXIT_OK, profile_command(exp_id, backend.value, state_dir, as_json, _console()))
@@ -77,7 +77,7 @@ def noise(
 
     Example: kinv noise --backend replay --rounds 16 --workers 4
     """
-    from kinv.agent.workstream.investigation import noise_command
+    from kinv.agent.workstream.commands import noise_command
 
     _state_dir(state_dir)
     raise Exit(EXIT_OK, noise_command(plan, rounds, backend.value, state_dir, as_json, _console(), arms_n=workers))
@@ -233,7 +233,7 @@ def kernels(as_json: bool = JsonOpt):
 
     Example: kinv kernels --json
     """
-    from kinv.agent.workstream.investigation import kernels_command
+    from kinv.agent.workstream.commands import kernels_command
 
     raise Exit(EXIT_OK, kernels_command(as_json, _console()))
 
@@ -388,10 +388,10 @@ def revert(state_dir: str = StateOpt,
         raise Exit(EXIT_BAD_INPUT, "--to-plan and --to-plan-baseline are two different ways back: give one")
     if to_plan is not None or to_plan_baseline is not None:
         from kinv.agent.store.state import state_dir as resolve
-        from kinv.agent.workstream import investigation
+        from kinv.agent.workstream import commands
 
-        raise Exit(EXIT_OK, investigation.revert_to_plan(to_plan or to_plan_baseline, resolve(state_dir),
-                                                         baseline=to_plan_baseline is not None))  # fmt: skip
+        raise Exit(EXIT_OK, commands.revert_to_plan(to_plan or to_plan_baseline, resolve(state_dir),
+                                                     baseline=to_plan_baseline is not None))  # fmt: skip
     store = _store(state_dir, create=True)
     live = [lk for lk in store.live_locks() if lk["pid"] != os.getpid()]
     if live:

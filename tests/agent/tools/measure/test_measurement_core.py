@@ -193,7 +193,7 @@ def _bench(capsys, variant: str) -> dict:
 
     from rich.console import Console
 
-    from kinv.agent.workstream.investigation import bench_command
+    from kinv.agent.workstream.commands import bench_command
 
     capsys.readouterr()
     bench_command(str(PLANTED / "plan.yaml"), None, variant, "planted", 5, 6, None, True, Console(file=io.StringIO()))
