@@ -40,7 +40,7 @@ def main() -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from kinv.agent.tools.backends import cuda
-    from kinv.agent.tools.measure import judge
+    from kinv.agent.tools.worker import judge
     from kinv.kernels.adapter import get_adapter
 
     be = cuda.CudaBackend()

@@ -32,6 +32,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("campaign", ("agent/campaign/",)),
     ("workstream", ("agent/workstream/",)),
     ("report", ("agent/report/", "agent/plan_reference.py")),
+    ("runners", ("agent/tools/runners/",)),
     ("measure", ("agent/tools/measure/",)),
     ("backends", ("agent/tools/backends/",)),
     ("worker", ("agent/tools/worker/",)),
@@ -63,7 +64,7 @@ def py_files(root: str) -> list[str]:
 
 
 def module_name(path: str) -> str | None:
-    """The dotted name a product file imports as (``agent/tools/measure/bench.py`` -> ``kinv.agent.tools.measure.bench``)."""
+    """The dotted name a product file imports as (``agent/tools/runners/bench.py`` -> ``kinv.agent.tools.runners.bench``)."""
     top = path.split("/", 1)[0]
     if top not in PACKAGES:
         return None

@@ -6,7 +6,7 @@ For every override of the config (resolved at batches 1, 8, 32 and 96), both sha
 V4-Flash 512/512), bf16 and fp16, page sizes 1, 16 and 64, and varied lengths (one request at the full
 context, the others random): the kernel with its own split rule and with one split, each into an output
 filled with NaN first, against the float32 reference under the level's tolerance and error-norm bound
-(agent/tools/correctness.judge).  Exit 1 on any mismatch.  Standard library + torch + triton only (the GPU machine runs it as it is).
+(agent/tools/compare.judge).  Exit 1 on any mismatch.  Standard library + torch + triton only (the GPU machine runs it as it is).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> int:
     import torch
 
-    from kinv.agent.tools.measure import correctness
+    from kinv.agent.tools.worker import compare
     from kinv.kernels.adapter import get_adapter
     from kinv.kernels.launch_config import describe, load_config
 
@@ -45,7 +45,7 @@ def main() -> int:
             out = torch.full_like(ref, float("nan"), dtype=dtype)
             adapter.launch(inputs, params, out=out, target_ctas=1 if split == "one" else None)
             torch.cuda.synchronize()
-            got = correctness.judge(adapter, level, out, ref)  # the level's tolerance and error-norm bound
+            got = compare.judge(adapter, level, out, ref)  # the level's tolerance and error-norm bound
             rows.append({"batch": batch, "shape": shape, "dtype": str(dtype).split(".")[-1], "page_size": page,
                          "splits": split, "params": params.short(), "mismatched": got["mismatched"],
                          "max_abs_err": got["max_abs_err"], "rel_err": got["rel_err"], "norm": got["norm"],

@@ -198,7 +198,7 @@ def write(out: str, lines: list[dict], resources: list[dict], t0: float) -> int:
 def record_sweep(args) -> int:
 
     from kinv.agent.plan_file import load_plan
-    from kinv.agent.tools.measure.space import feasibility, space_configs
+    from kinv.agent.tools.runners.space import feasibility, space_configs
 
     plan = load_plan(args.sweep)[0]
     if plan.campaign is None:
@@ -214,7 +214,7 @@ def record_configs(args) -> int:
     """A sweep of the uniform configs that the given config files run at each level of one plan.
 
     A level-conditional config (one with ``overrides``) is served by the replay backend level by level from
-    the sweep's worker of the config that runs there (agent/tools/measure/bench.py), so recording the per-level
+    the sweep's worker of the config that runs there (agent/tools/runners/bench.py), so recording the per-level
     configs of the shipped file, and of the variants timed against it, makes ``kinv bench``, ``kinv noise``
     and ``kinv bench --variant`` replayable.  Every config is timed at every level, as in ``--sweep``, so
     any two of them form a pair of one recording session.
@@ -245,7 +245,7 @@ def record_configs(args) -> int:
     replicas = dict.fromkeys(configs, args.replicas)
     pruned = []
     if args.space:
-        from kinv.agent.tools.measure.space import feasibility, space_configs
+        from kinv.agent.tools.runners.space import feasibility, space_configs
 
         space_plan = load_plan(args.space)[0]
         for cfg in space_configs(space_plan):

@@ -4,9 +4,9 @@ recorded config at every recorded level, and Nsight Compute profiles of a plan's
     python benchmarks/record_compiled.py --out kernels/recordings/h200 \
         --profile plans/3a-attention-occupancy.yaml@b64
 
-``compiled.json`` is ``{kernel: {config hash: {level key: figures}}}`` (agent/tools/resources.compiled_figures):
+``compiled.json`` is ``{kernel: {config hash: {level key: figures}}}`` (agent/tools/backends/compiled.py's compiled_figures):
 each config is compiled and launched once per level in a worker that sees its recording's environment (no
-timing).  ``profiles.json`` has the same layout and holds :func:`kinv.agent.tools.measure.profile.summarize` of ncu's
+timing).  ``profiles.json`` has the same layout and holds :func:`kinv.agent.tools.backends.profile.summarize` of ncu's
 raw page.  ``--profile PLAN@LABEL[,LABEL]`` profiles the plan's baseline and every config variant at the levels
 with those labels (the levels of the largest effects: a replayed profile step looks up exactly those).  Existing
 files are merged into, so one kernel or one plan can be re-recorded alone.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinv.agent.tools.measure.resources import compiled_figures  # noqa: E402
+from kinv.agent.tools.backends.compiled import compiled_figures  # noqa: E402
 from kinv.agent.tools.worker.client import WorkerProcess  # noqa: E402
 from kinv.kernels.launch_config import config_hash, describe  # noqa: E402
 
@@ -72,7 +72,7 @@ def lv_key(kernel: str, dims: dict) -> str:
 
 def record_profiles(spec: str) -> dict:
     from kinv.agent.plan_file import load_plan
-    from kinv.agent.tools.measure import profile
+    from kinv.agent.tools.backends import profile
 
     path, _, labels = spec.partition("@")
     plan, _ = load_plan(path)

@@ -74,7 +74,7 @@ def main() -> int:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("KINV_FORCE_NO_GPU", "1")
     from kinv.agent.store.db import Store
-    from kinv.agent.tools.measure import bench, regress
+    from kinv.agent.tools.runners import bench, regress, regress_prepare
     from kinv.kernels.launch_config import describe
 
     configs = recorded_configs()
@@ -91,7 +91,7 @@ def main() -> int:
             repo = make_repo(Path(tmp) / f"repo{i}", cfg)
             t0 = time.time()
             try:
-                prep = regress.prepare(repo, "HEAD", "HEAD", be, None, ["mla_decode"], Path(tmp) / f"snap{i}")
+                prep = regress_prepare.prepare(repo, "HEAD", "HEAD", be, None, ["mla_decode"], Path(tmp) / f"snap{i}")
                 comp = regress.run(store, prep, be)
             except Exception as exc:  # noqa: BLE001 - a config replay cannot serve is counted apart, not as a claim
                 rows.append({"config": describe(cfg), "error": f"{type(exc).__name__}: {exc}"})

@@ -27,28 +27,18 @@ def test_no_import_circles(shape):
     assert shape.shape(str(ROOT))["circles"] == []
 
 
-# Lower rooms that still import the measurement core, which sits in measure/ beside its runners until the core
-# moves to a room of its own below the backends. No new climb may appear; when one of these goes, it leaves the list.
-KNOWN_CLIMBS = [
-    "agent/tools/backends/base.py (backends) -> agent/tools/measure/correctness.py (measure)",
-    "agent/tools/backends/base.py (backends) -> agent/tools/measure/judge.py (measure)",
-    "agent/tools/backends/command.py (backends) -> agent/tools/measure/envcheck.py (measure)",
-    "agent/tools/backends/cuda.py (backends) -> agent/tools/measure/judge.py (measure)",
-    "agent/tools/backends/cuda.py (backends) -> agent/tools/measure/profile.py (measure)",
-    "agent/tools/backends/cuda.py (backends) -> agent/tools/measure/resources.py (measure)",
-    "agent/tools/worker/bench_worker.py (worker) -> agent/tools/measure/correctness.py (measure)",
-    "agent/tools/worker/pool.py (worker) -> agent/tools/measure/correctness.py (measure)",
-]
 # Re-exports left: the Ray executor's import that registers the remote arm, and a kernel file whose bytes are
 # hashed into its recordings' identity (editing it would orphan the recorded samples).
 KNOWN_REEXPORTS = [
-    "agent/tools/measure/executor.py re-exports 1 names: RemoteArm",
+    "agent/tools/runners/executor.py re-exports 1 names: RemoteArm",
     "kernels/moe_expert_gemm.py re-exports 1 names: moe_expert_gemm_reference",
 ]
 
 
 def test_no_import_climbs_a_floor(shape):
-    assert shape.shape(str(ROOT))["climbs"] == KNOWN_CLIMBS
+    """The measurement core (agent/tools/measure/) imports nothing of its runners (agent/tools/runners/), and no
+    backend or worker imports the core: a module only imports its own room and the rooms below it."""
+    assert shape.shape(str(ROOT))["climbs"] == []
 
 
 def test_every_name_is_imported_from_where_it_is_defined(shape):
@@ -74,26 +64,29 @@ def test_every_product_module_sits_on_a_floor(shape):
 
 def test_the_measures_see_what_they_look_for(shape, tmp_path):
     """A circle, a climb and a facade planted in a small tree are each found (a lazy import counts; an
-    ``__init__`` with ``__all__`` is a facade all the same; measure/ is one room, so its runners may import its
-    core but a backend may not)."""
+    ``__init__`` with ``__all__`` is a facade all the same; a runner may import the measurement core, but neither
+    the core its runners nor a backend the core)."""
     m = tmp_path / "agent" / "tools" / "measure"
+    r = tmp_path / "agent" / "tools" / "runners"
     b = tmp_path / "agent" / "tools" / "backends"
     s = tmp_path / "agent" / "store"
-    for d in (m, b, s):
+    for d in (m, r, b, s):
         d.mkdir(parents=True)
-    for d in (tmp_path / "agent", tmp_path / "agent" / "tools", m, b):
+    for d in (tmp_path / "agent", tmp_path / "agent" / "tools", m, r, b):
         (d / "__init__.py").write_text("")
     (m / "stats.py").write_text("def f():\n    from kinv.agent.tools.measure import noise\n\nX = 1\n")
     (m / "noise.py").write_text("from kinv.agent.tools.measure.stats import X\n")
     (m / "protocol.py").write_text("from kinv.agent.tools.measure.noise import X\n\nY = X\n")
-    (m / "bench.py").write_text("from kinv.agent.tools.measure import protocol\n")
+    (r / "bench.py").write_text("from kinv.agent.tools.measure import protocol\n\nV = 1\n")
+    (m / "sequential.py").write_text("def f():\n    from kinv.agent.tools.runners.bench import V\n    return V\n")
     (b / "base.py").write_text("def f():\n    from kinv.agent.tools.measure.stats import X\n    return X\n")
     (s / "db.py").write_text("class Store:\n    pass\n")
     (s / "__init__.py").write_text('from kinv.agent.store.db import Store\n\n__all__ = ["Store"]\n')
     (m / "envcheck.py").write_text("from kinv.agent.store import Store\n\nS = Store()\n")
     got = shape.shape(str(tmp_path))
     assert got["circles"] == [["kinv.agent.tools.measure.noise", "kinv.agent.tools.measure.stats"]]
-    assert got["climbs"] == ["agent/tools/backends/base.py (backends) -> agent/tools/measure/stats.py (measure)"]
+    assert got["climbs"] == ["agent/tools/backends/base.py (backends) -> agent/tools/measure/stats.py (measure)",
+                             "agent/tools/measure/sequential.py (measure) -> agent/tools/runners/bench.py (runners)"]
     assert got["facades"] == [
         "agent/store/__init__.py re-exports 1 names: Store",
         "agent/tools/measure/envcheck.py:1 imports Store from agent/store/__init__.py (defined in kinv.agent.store.db)",

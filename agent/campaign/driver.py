@@ -58,14 +58,14 @@ def run(s: Settings) -> CampaignOutcome:
     """Run (or resume) the campaign; returns how its pass ended.  Raises :class:`BadInput` for input it cannot
     use (nothing created) and a :class:`StepFailed` for a campaign that cannot go on."""
     from kinv.agent.tools import backends
-    from kinv.agent.tools.measure import bench
+    from kinv.agent.tools.runners import bench
     from kinv.agent.workstream.graph import APPROVAL_POLICIES
 
     if s.approval not in APPROVAL_POLICIES:
         raise BadInput(f"--approval {s.approval!r} is not valid; use {', '.join(APPROVAL_POLICIES)}")
     if s.backend not in backends.BACKENDS:
         raise BadInput(f"--backend {s.backend!r} is not valid; use {', '.join(backends.BACKENDS)}")
-    from kinv.agent.tools.measure.executor import EXECUTORS
+    from kinv.agent.tools.runners.executor import EXECUTORS
 
     if s.executor not in EXECUTORS:
         raise BadInput(f"--executor {s.executor!r} is not valid; use {', '.join(EXECUTORS)}")
@@ -266,7 +266,7 @@ class Campaign(Screening, Confirmation, Ending):
         """The campaign's backend, made once: a cuda backend measures copy bandwidth once, a replay one reads its
         recordings once (the loop asks for both at every step)."""
         if self._be is None:
-            from kinv.agent.tools.measure import bench
+            from kinv.agent.tools.runners import bench
 
             self._be = bench.get_backend(self.s.backend)
         return self._be
@@ -410,7 +410,7 @@ class Campaign(Screening, Confirmation, Ending):
     @property
     def executor(self):
         if self._ex is None:
-            from kinv.agent.tools.measure.executor import get_executor
+            from kinv.agent.tools.runners.executor import get_executor
 
             self._ex = get_executor(self.s.executor, self.s.backend, self.s.ray_address, self.s.ray_actors)
             if self._ex.name != "local":

@@ -21,7 +21,7 @@ class Screening:
     """The screening step of a Campaign (a mixin: it uses the campaign's store, plan, executor and steps)."""
 
     def screen(self, step: dict) -> None:
-        from kinv.agent.tools.measure.space import feasibility
+        from kinv.agent.tools.runners.space import feasibility
 
         self.losses = []  # this screening's lost actors (its step records them)
         plan, c = self.plan, self.plan.campaign

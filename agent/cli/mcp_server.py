@@ -271,7 +271,7 @@ def _kernels(server, k: Kinv) -> None:
     @server.tool()
     def kernels() -> list[dict[str, Any]]:
         """The kernels kinv can investigate: tunables, level dimensions, throughput unit (kinv kernels --json)."""
-        from kinv.agent.workstream.investigation import kernels_rows
+        from kinv.agent.workstream.commands import kernels_rows
 
         return k.read(kernels_rows)
 

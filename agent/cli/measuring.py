@@ -37,7 +37,7 @@ def bench(
     Example: kinv bench --plan plans/4a-expert-gemm-tiles.yaml --backend cuda
     Example: kinv bench --variant NAME=VALUE --backend replay   (NAME: a tunable of the plan's kernel)
     """
-    from kinv.agent.workstream.investigation import bench_command
+    from kinv.agent.workstream.commands import bench_command
 
     _state_dir(state_dir)
     raise Exit(EXIT_OK, bench_command(plan, config, variant, backend.value, samples, rounds, state_dir, as_json, _console()))
@@ -56,7 +56,7 @@ def profile(
 
     Example: kinv profile 7 --backend cuda
     """
-    from kinv.agent.workstream.investigation import profile_command
+    from kinv.agent.workstream.commands import profile_command
 
     _state_dir(state_dir)
     raise Exit(EXIT_OK, profile_command(exp_id, backend.value, state_dir, as_json, _console()))
@@ -77,13 +77,13 @@ def noise(
 
     Example: kinv noise --backend replay --rounds 16 --workers 4
     """
-    from kinv.agent.workstream.investigation import noise_command
+    from kinv.agent.workstream.commands import noise_command
 
     _state_dir(state_dir)
     raise Exit(EXIT_OK, noise_command(plan, rounds, backend.value, state_dir, as_json, _console(), arms_n=workers))
 
 
-#: how a comparison ended (agent/tools/measure/regress.py's outcome) -> the exit code kinv regress ends with
+#: how a comparison ended (agent/tools/runners/regress_prepare.py's OUTCOMES) -> the exit code kinv regress ends with
 EXIT_OF_REGRESS = {"ok": EXIT_OK, "regressed": EXIT_REGRESSED, "undecided": EXIT_UNDECIDED, "failed": EXIT_FAIL}
 
 
@@ -156,7 +156,8 @@ def regress(
     """
     from kinv.agent.report import regress as report
     from kinv.agent.tools.files import revisions
-    from kinv.agent.tools.measure import regress as tool
+    from kinv.agent.tools.runners import regress as tool
+    from kinv.agent.tools.runners.regress_prepare import prepare
 
     if history is not None:
         if base is not None or head is not None:
@@ -174,14 +175,14 @@ def regress(
     import sys
     import tempfile
 
-    from kinv.agent.tools.measure import bench
+    from kinv.agent.tools.runners import bench
 
     _state_dir(state_dir)
     root = revisions.repo_root(repo)
     be = bench.get_backend(backend.value)
     tmp = tempfile.TemporaryDirectory(prefix="kinv-regress-")  # the snapshots until the inputs are found valid
     try:
-        prep = tool.prepare(root, base, head, be, plan, kernels, Path(tmp.name), sources_only)
+        prep = prepare(root, base, head, be, plan, kernels, Path(tmp.name), sources_only)
     except BaseException:
         tmp.cleanup()
         raise
@@ -232,7 +233,7 @@ def kernels(as_json: bool = JsonOpt):
 
     Example: kinv kernels --json
     """
-    from kinv.agent.workstream.investigation import kernels_command
+    from kinv.agent.workstream.commands import kernels_command
 
     raise Exit(EXIT_OK, kernels_command(as_json, _console()))
 
@@ -248,6 +249,7 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
     """
     from kinv.agent.ids import shown
     from kinv.agent.plan_file import load_plan
+    from kinv.agent.tools.backends.environ import proc_environ
     from kinv.agent.tools.measure import envcheck
 
     said = ""
@@ -270,7 +272,7 @@ def env(pid: int = typer.Option(None, help="check a live process's /proc/PID/env
         diff = "; ".join(f"{m.var}: expected {m.expected!r}, this shell has {shown(m.seen) if m.seen else 'it unset'}"
                          for m in mism)  # fmt: skip
         raise Exit(EXIT_FAIL if mism else EXIT_OK, (diff or f"this shell matches {p.environment}") + said)
-    seen = envcheck.proc_environ(pid)  # a bad pid is refused before the store is opened
+    seen = proc_environ(pid)  # a bad pid is refused before the store is opened
     store = _store(state_dir, create=True)
     envcheck.check_pid(store, p.ws, pid, p.environment, seen=seen)
     if as_json:
@@ -386,10 +388,10 @@ def revert(state_dir: str = StateOpt,
         raise Exit(EXIT_BAD_INPUT, "--to-plan and --to-plan-baseline are two different ways back: give one")
     if to_plan is not None or to_plan_baseline is not None:
         from kinv.agent.store.state import state_dir as resolve
-        from kinv.agent.workstream import investigation
+        from kinv.agent.workstream import commands
 
-        raise Exit(EXIT_OK, investigation.revert_to_plan(to_plan or to_plan_baseline, resolve(state_dir),
-                                                         baseline=to_plan_baseline is not None))  # fmt: skip
+        raise Exit(EXIT_OK, commands.revert_to_plan(to_plan or to_plan_baseline, resolve(state_dir),
+                                                     baseline=to_plan_baseline is not None))  # fmt: skip
     store = _store(state_dir, create=True)
     live = [lk for lk in store.live_locks() if lk["pid"] != os.getpid()]
     if live:

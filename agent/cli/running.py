@@ -58,9 +58,9 @@ def run(
 
 
 def _run_many(loaded: list, backend: str, approval: str, sd: Path, new_version: bool) -> None:
-    """Several plans at once (agent/tools/measure/placement.py); raises the command's Exit."""
+    """Several plans at once (agent/tools/runners/placement.py); raises the command's Exit."""
     from kinv.agent.report import render
-    from kinv.agent.tools.measure import placement
+    from kinv.agent.tools.runners import placement
 
     rows = placement.group(loaded)
     if backend == "cuda":

@@ -57,7 +57,7 @@ class CloseoutData:
     places: dict  # GPU -> the levels measured on it (a Ray backend)
     screened_on: dict  # GPUs the screening spread its candidates over
     gpus_lost: list[str] = field(default_factory=list)
-    premises: dict = field(default_factory=dict)  # variant id -> its premise (kinv.agent.tools.measure.premise.PremiseCheck)
+    premises: dict = field(default_factory=dict)  # variant id -> its premise (kinv.agent.tools.runners.premise.PremiseCheck)
     plan_path: str = ""
     plan_hash: str = ""
     written: float = 0.0  # when the close-out was written (epoch seconds)

@@ -1,6 +1,6 @@
 """What a reviewer and a CI system read of a ``kinv regress`` comparison: the PR comment (Markdown), the JSON, the
 JUnit XML, the full close-out, and the history of a kernel's verdicts.  It renders what the comparison hands it
-(agent/tools/measure/regress.py); it measures and decides nothing."""
+(agent/tools/runners/regress.py and regress_prepare.py); it measures and decides nothing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 from xml.sax.saxutils import escape as xml_escape
 
 from kinv.agent import fmt
-from kinv.agent.tools.measure.regress import Comparison, Drift, KernelResult
+from kinv.agent.tools.runners.regress import Drift
+from kinv.agent.tools.runners.regress_prepare import Comparison, KernelResult
 
 MARK = {"improved": "🟢 improved", "regressed": "🔴 regressed", "equivalent": "⚪ equivalent",
         "undecided": "🟡 undecided", "broken": "🔴 broken", "failed": "⚠️ failed"}  # fmt: skip

@@ -1,5 +1,5 @@
 """kinv.db's screened table: a campaign screening's candidates, one row per config, and :class:`Screened`, the one
-shape a screened candidate has from the shard that timed it (agent/tools/measure/screening.py) through this table to the
+shape a screened candidate has from the shard that timed it (agent/tools/runners/screening.py) through this table to the
 campaign's steps and views."""
 
 from __future__ import annotations

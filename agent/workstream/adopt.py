@@ -267,7 +267,8 @@ def confirm_against_live(store: Store, ws: str, plan, vid: str, cand: dict, live
     very pair on this backend is re-read, never measured twice; an unfinished one resumes from its rounds.
     Without a recording of the pair on replay (or on any backend failure) it refuses, and nothing is kept."""
     from kinv.agent.errors import BackendError
-    from kinv.agent.tools.measure import bench, protocol
+    from kinv.agent.tools.measure import protocol
+    from kinv.agent.tools.runners import bench
     from kinv.kernels.launch_config import config_hash, describe
 
     if backend is None:
@@ -373,7 +374,7 @@ def recordings_dir() -> Path:
 
 def record_replay(store: Store, exp_id: int, arms: dict[str, str], config: dict, directory: Path | None = None) -> Path:
     """Save an A/B's samples of ``config`` as a replay recording (the format of benchmarks/record.py, read by
-    agent/tools/measure/bench.py's Recording): at each level the rounds of the arm (``arms[level]``: "A" the baseline,
+    agent/tools/runners/bench.py's Recording): at each level the rounds of the arm (``arms[level]``: "A" the baseline,
     "B" the variant) that runs what ``config`` runs there, as the variant worker of a pair of its own, so the
     replay backend serves ``config`` to ``kinv bench`` and to any lone arm.  Returns the file written."""
     import gzip

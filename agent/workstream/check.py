@@ -29,7 +29,8 @@ from kinv.agent.plan import Plan
 from kinv.agent.plan_file import load_plan
 from kinv.agent.plan_sections import Variant
 from kinv.agent.tools.backends.base import Backend, gpu_visible
-from kinv.agent.tools.measure import plugin_imports, reach
+from kinv.agent.tools.measure import reach
+from kinv.agent.tools.runners import plugin_imports
 from kinv.kernels.adapter import Level, get_adapter
 from kinv.kernels.devices import get_device
 from kinv.kernels.launch_config import describe, effective
@@ -165,7 +166,7 @@ def _edit_diff(plan: Plan, adapter, v: Variant, cfg: dict) -> str:
 
 
 def _resources(plan: Plan, adapter, base_cfg: dict, cfg: dict) -> dict:
-    from kinv.agent.tools.measure import resources
+    from kinv.agent.tools.runners import resources
 
     if adapter.name == "command":
         return {}  # a whole command has no launch resources
@@ -191,7 +192,7 @@ def _unknown_where() -> str:
 def _premise(adapter, v: Variant) -> str:
     """What the check says of ``v``'s premise: the quantity its targets names is read from a compiled kernel and its
     profile, which a check has neither of, so it is not judged (empty: the variant names no premise)."""
-    from kinv.agent.tools.measure.premise import premises_of, words
+    from kinv.agent.tools.runners.premise import premises_of, words
 
     readings = premises_of(v.targets, adapter)
     if not readings:

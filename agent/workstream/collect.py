@@ -14,7 +14,7 @@ from pathlib import Path
 from kinv.agent.report import closeout as report
 from kinv.agent.report import figure, summary
 from kinv.agent.store.db import Store
-from kinv.agent.tools.measure import premise
+from kinv.agent.tools.runners import premise
 from kinv.agent.words import MEASURED_VERDICTS
 from kinv.agent.workstream import planner
 from kinv.kernels.launch_config import describe
@@ -111,7 +111,7 @@ def figures(adapter, config: dict, lv, compiled: dict | None, why: dict | None, 
 
 
 def premise_checks(plan, data: dict, levels, profiles: dict[int, list[dict]]) -> dict[str, premise.PremiseCheck]:
-    """Each decided variant's premise (:func:`kinv.agent.tools.measure.premise.check`): the quantity its ``targets`` names,
+    """Each decided variant's premise (:func:`kinv.agent.tools.runners.premise.check`): the quantity its ``targets`` names,
     baseline and variant at every level, from the compiled resources its arms reported and the profiles."""
     adapter = plan.adapter
     base_res = json.loads((data.get("baseline") or {}).get("resources") or "{}")

@@ -16,7 +16,7 @@ from kinv.agent.plan import Plan
 from kinv.agent.store.db import Store
 from kinv.agent.tools.backends import base
 from kinv.agent.tools.files import configs
-from kinv.agent.tools.measure import bench
+from kinv.agent.tools.runners import bench
 from kinv.agent.tools.worker import hashes
 from kinv.agent.words import MEASURED_VERDICTS, Approval
 from kinv.agent.workstream import planner
@@ -288,7 +288,7 @@ def _compiled_for_approval(ctx, cfg: dict, source: bool, levels, env: dict | Non
 
 def _profile_step(ctx) -> None:
     """Profile the baseline and the decided config variants (a source patch is reverted by now: it is not)."""
-    from kinv.agent.tools.measure import profile
+    from kinv.agent.tools.runners import profiling
 
     store, plan, ws = ctx.store, ctx.plan, ctx.plan.ws
     decided = []
@@ -299,7 +299,7 @@ def _profile_step(ctx) -> None:
         if v is None or v.source_patch:
             continue
         decided.append((e["id"], v.id, plan.variant_config(v), plan.variant_env(v)))
-    notes = profile.step(store, ws, ctx.backend, ctx.adapter, plan.environment, _baseline_config(ctx), decided,
+    notes = profiling.step(store, ws, ctx.backend, ctx.adapter, plan.environment, _baseline_config(ctx), decided,
                          ctx.levels())  # fmt: skip
     for line in notes:
         store.event(ws, "profile.skipped", line, {})

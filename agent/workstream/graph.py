@@ -21,7 +21,8 @@ from kinv.agent import faults
 from kinv.agent.errors import InvestigationError, PatchError
 from kinv.agent.fmt import kv
 from kinv.agent.tools.files import configs
-from kinv.agent.tools.measure import correctness, envcheck, protocol, reach, resources, sequential
+from kinv.agent.tools.measure import correctness, envcheck, protocol, reach, sequential
+from kinv.agent.tools.runners import resources
 from kinv.agent.tools.worker.hashes import harness_hash, kernel_hash, kernel_reference_hash
 from kinv.agent.words import Approval
 from kinv.agent.workstream import planner

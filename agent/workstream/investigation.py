@@ -1,9 +1,9 @@
-"""Library side of the commands that run things: run a plan, bench, noise.
+"""Library side of ``kinv run``: a plan run through the investigation graph, resumed where it stopped.
 
 Each raises a :class:`KinvError` for bad input and for a step that failed (the CLI maps it to its exit code
 and one line, in ``kinv.agent.cli.app.main``).  ``run_plan`` returns a :class:`RunOutcome` for the ways a run
-ends normally (closed out, already closed, paused for an approval, interrupted and reverted); bench, noise,
-kernels, profile and revert return the line they end with (or nothing).  The exit codes are the command
+ends normally (closed out, already closed, paused for an approval, interrupted and reverted).  bench, noise,
+kernels, profile and revert are agent/workstream/commands.py.  The exit codes are the command
 line's: none is decided here.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,6 @@ from kinv.agent.errors import (
     HarnessBroken,
     InvestigationError,
     LockedElsewhere,
-    RevertError,
     StateDamaged,
 )
 from kinv.agent.plan_file import load_plan
@@ -98,11 +96,9 @@ def _first_line(exc: BaseException) -> str:
 
 def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, new_version: bool,
               backend_obj) -> RunOutcome:  # fmt: skip
-    from langgraph.types import Command
-
     from kinv.agent.tools import backends
     from kinv.agent.tools.files import configs
-    from kinv.agent.tools.measure import bench
+    from kinv.agent.tools.runners import bench
     from kinv.kernels.launch_config import load_config
 
     if approval not in APPROVAL_POLICIES:
@@ -157,26 +153,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
                 console.print("[yellow]warning[/yellow]: " + escape(f"{Path(d['path']).name} {d['action']}"))
         row = store.workstream(ws)
         version = int((row or {}).get("version") or 1)
-        if row and row.get("plan_hash") and (row["plan_hash"] != plan_hash or new_version):
-            if not new_version:
-                raise BadInput(
-                    f"{ws} was run from plan sha {row['plan_hash']} ({row.get('plan_path')}); {plan_path} now hashes "
-                    f"{plan_hash}: run it as a new version with `kinv run {plan_path} --new-version` (history keeps "
-                    "both), or restore the plan")  # fmt: skip
-            if row.get("report_path") and Path(row["report_path"]).is_file():
-                old = Path(row["report_path"])
-                kept = old.with_name(old.name.replace("-closeout", f"-v{version}-closeout"))
-                for f in (old, old.with_suffix(".png")):
-                    if f.is_file():
-                        f.rename(f.with_name(f.name.replace("-closeout", f"-v{version}-closeout")))
-                if kept.is_file():  # its plot link follows the plot's new name, not the next version's plot
-                    png = old.with_suffix(".png").name
-                    kept.write_text(kept.read_text().replace(f"]({png})", f"]({kept.with_suffix('.png').name})"))
-                # history points at the renamed file: the next version's close-out writes the old path
-                store.update_workstream(ws, report_path=str(kept))
-            version = store.archive_version(ws)
-            row = store.workstream(ws)
-            console.print(f"{ws}: plan version {version - 1} kept in history; starting version {version}")
+        row, version = _new_version(store, row, version, plan_path, plan_hash, new_version, console)
         started_on = _run_backend(store, row, version)
         if started_on and backend not in ("auto", started_on):
             raise BadInput(_other_backend(backend, ws, started_on))
@@ -202,42 +179,7 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         graph = build_graph(ctx, saver)
         ctx.checkpoints = CheckpointWatch.of(store, saver, ws, str(plan_path))
         cfg = run_config(ws, version)
-        snap = graph.get_state(cfg)
-        t0 = time.time()
-        # durability="sync": a step's checkpoint is on disk before the next step writes anything
-        if snap.next and "approval" in snap.next:
-            aid = snap.values.get("approval_id")
-            appr = store.approval(aid) or {}
-            if appr.get("status") == "pending":
-                return _paused(store, aid, console, state_dir, ws)
-            resume = Command(resume={"approved": appr.get("status") == "approved"})
-            result = graph.invoke(resume, cfg, context=ctx, durability="sync")
-        elif snap.values.get("report"):  # a stop after the close-out was written left it marked interrupted
-            store.update_workstream(ws, status="closed", report_path=snap.values["report"],
-                                    closed=(row or {}).get("closed") or time.time())  # fmt: skip
-            return RunOutcome("closed", f"{ws} is already closed out: {snap.values['report']}", ws)
-        elif snap.metadata is not None:  # a checkpoint exists: resume it, never begin again
-            # next is empty when a kill fell between a task's saved writes and its step's checkpoint
-            pending = snap.next or tuple(t.name for t in snap.tasks)
-            console.print(f"resuming {ws} at {', '.join(pending) or 'its last checkpoint'}")
-            result = graph.invoke(None, cfg, context=ctx, durability="sync")
-        else:
-            # a campaign's screening runs before the workstream's graph starts: it is not the graph's work
-            ran = [e for e in store.experiments(ws) if int(e.get("version") or 1) == version and e["kind"] != "screen"]
-            if ran and row and row.get("status") == "closed" and row.get("report_path"):
-                return RunOutcome("closed", f"{ws} is already closed out: {row['report_path']}", ws)
-            if ran:  # kinv.db has this version's work, the checkpoints do not: never start over silently
-                raise StateDamaged(f"the graph checkpoints of {ws} are missing from {store.checkpoints_path} although "
-                                   f"kinv.db holds {len(ran)} of its experiments (status {row['status'] if row else '?'}"
-                                   f"): kinv cannot resume where it stopped. Start over as a new version (the old one "
-                                   f"stays in history): kinv run {plan_path} --new-version")  # fmt: skip
-            result = graph.invoke({"ws": ws}, cfg, context=ctx, durability="sync")
-        if "__interrupt__" in result:
-            return _paused(store, result.get("approval_id") or graph.get_state(cfg).values.get("approval_id"),
-                           console, state_dir, ws)  # fmt: skip
-        store.check_intact()  # the close-out's records must be in the kinv.db a person will read
-        console.print(f"closed out in {time.time() - t0:.1f} s")
-        return RunOutcome("closed", f"close-out: {result.get('report')}", ws)
+        return _invoke(graph, cfg, ctx, row, version, plan_path, console, state_dir)
     except (InvestigationError, EnvMismatch, HarnessBroken, BackendError) as exc:
         store.event(ws, "stopped", str(exc))  # raised on, with its exit code (NoRecording, NoDevice: bad input)
         raise
@@ -263,6 +205,79 @@ def _run_plan(plan_path: str, backend: str, approval: str, state_dir, console, n
         file_lock.__exit__(None, None, None)
         store.release_lock(kernel_lock, os.getpid())
         store.release_lock(ws, os.getpid())
+
+
+def _new_version(store: Store, row: dict | None, version: int, plan_path, plan_hash: str, new_version: bool,
+                 console) -> tuple[dict | None, int]:  # fmt: skip
+    """A changed plan under the same workstream id: refused unless ``new_version``, which keeps the old version (and
+    its close-out, renamed) in history and starts the next.  Returns the workstream's row and version to run."""
+    ws = row["id"] if row else None
+    if row and row.get("plan_hash") and (row["plan_hash"] != plan_hash or new_version):
+        if not new_version:
+            raise BadInput(
+                f"{ws} was run from plan sha {row['plan_hash']} ({row.get('plan_path')}); {plan_path} now hashes "
+                f"{plan_hash}: run it as a new version with `kinv run {plan_path} --new-version` (history keeps "
+                "both), or restore the plan")  # fmt: skip
+        if row.get("report_path") and Path(row["report_path"]).is_file():
+            old = Path(row["report_path"])
+            kept = old.with_name(old.name.replace("-closeout", f"-v{version}-closeout"))
+            for f in (old, old.with_suffix(".png")):
+                if f.is_file():
+                    f.rename(f.with_name(f.name.replace("-closeout", f"-v{version}-closeout")))
+            if kept.is_file():  # its plot link follows the plot's new name, not the next version's plot
+                png = old.with_suffix(".png").name
+                kept.write_text(kept.read_text().replace(f"]({png})", f"]({kept.with_suffix('.png').name})"))
+            # history points at the renamed file: the next version's close-out writes the old path
+            store.update_workstream(ws, report_path=str(kept))
+        version = store.archive_version(ws)
+        row = store.workstream(ws)
+        console.print(f"{ws}: plan version {version - 1} kept in history; starting version {version}")
+    return row, version
+
+
+def _invoke(graph, cfg: dict, ctx: Context, row: dict | None, version: int, plan_path, console,
+            state_dir) -> RunOutcome:  # fmt: skip
+    """Run the graph from where its checkpoints stand: an approval answered or still pending, a close-out already
+    written, a checkpoint to resume, or a first start (refused when kinv.db has work its checkpoints lost)."""
+    from langgraph.types import Command
+
+    store, ws = ctx.store, ctx.plan.ws
+    snap = graph.get_state(cfg)
+    t0 = time.time()
+    # durability="sync": a step's checkpoint is on disk before the next step writes anything
+    if snap.next and "approval" in snap.next:
+        aid = snap.values.get("approval_id")
+        appr = store.approval(aid) or {}
+        if appr.get("status") == "pending":
+            return _paused(store, aid, console, state_dir, ws)
+        resume = Command(resume={"approved": appr.get("status") == "approved"})
+        result = graph.invoke(resume, cfg, context=ctx, durability="sync")
+    elif snap.values.get("report"):  # a stop after the close-out was written left it marked interrupted
+        store.update_workstream(ws, status="closed", report_path=snap.values["report"],
+                                closed=(row or {}).get("closed") or time.time())  # fmt: skip
+        return RunOutcome("closed", f"{ws} is already closed out: {snap.values['report']}", ws)
+    elif snap.metadata is not None:  # a checkpoint exists: resume it, never begin again
+        # next is empty when a kill fell between a task's saved writes and its step's checkpoint
+        pending = snap.next or tuple(t.name for t in snap.tasks)
+        console.print(f"resuming {ws} at {', '.join(pending) or 'its last checkpoint'}")
+        result = graph.invoke(None, cfg, context=ctx, durability="sync")
+    else:
+        # a campaign's screening runs before the workstream's graph starts: it is not the graph's work
+        ran = [e for e in store.experiments(ws) if int(e.get("version") or 1) == version and e["kind"] != "screen"]
+        if ran and row and row.get("status") == "closed" and row.get("report_path"):
+            return RunOutcome("closed", f"{ws} is already closed out: {row['report_path']}", ws)
+        if ran:  # kinv.db has this version's work, the checkpoints do not: never start over silently
+            raise StateDamaged(f"the graph checkpoints of {ws} are missing from {store.checkpoints_path} although "
+                               f"kinv.db holds {len(ran)} of its experiments (status {row['status'] if row else '?'}"
+                               f"): kinv cannot resume where it stopped. Start over as a new version (the old one "
+                               f"stays in history): kinv run {plan_path} --new-version")  # fmt: skip
+        result = graph.invoke({"ws": ws}, cfg, context=ctx, durability="sync")
+    if "__interrupt__" in result:
+        return _paused(store, result.get("approval_id") or graph.get_state(cfg).values.get("approval_id"),
+                       console, state_dir, ws)  # fmt: skip
+    store.check_intact()  # the close-out's records must be in the kinv.db a person will read
+    console.print(f"closed out in {time.time() - t0:.1f} s")
+    return RunOutcome("closed", f"close-out: {result.get('report')}", ws)
 
 
 def _other_backend(backend: str, ws: str, started_on: str) -> str:
@@ -306,307 +321,3 @@ def _paused(store: Store, aid: str, console, state_dir, ws: str) -> RunOutcome:
     return RunOutcome("paused", f"waiting for approval {aid}: kinv approve {aid}{sd}  |  kinv reject {aid} "
                       f"--reason ...{sd}; then {continue_command(store, appr.get('workstream') or ws, state_dir)}",
                       ws)  # fmt: skip
-
-
-# --------------------------------------------------------------------------- #
-def _plan_and_backend(plan_path, backend, as_json: bool = False):
-    """The plan and the backend (its banner: :func:`_banner`, once the caller's inputs are valid)."""
-    from kinv.agent.plan_file import load_plan
-    from kinv.agent.tools import backends
-    from kinv.agent.tools.measure import bench
-
-    if backend not in backends.BACKENDS:  # bad input (exit 2); get_backend's BackendError would be a failed step
-        raise BadInput(f"--backend {backend!r} is not valid; use {', '.join(backends.BACKENDS)}")
-    said = ""
-    if plan_path is None:  # no --plan: a registered kernel's example plan, and a phrase saying whose
-        from kinv.kernels.adapter import default_plan
-
-        plan_path, said = default_plan()
-    plan, _ = load_plan(plan_path)
-    be = bench.get_backend(backend, plan.kernel)
-    return plan, be, said
-
-
-def _banner(be, as_json: bool, said: str = "") -> None:
-    """Say which backend measures (and which plan, when none was given); callers print it once their inputs are
-    valid (under --json it goes to stderr, where bad input must leave exactly one line: the refusal)."""
-    import sys
-
-    out = sys.stderr if as_json else sys.stdout
-    if said:
-        print(said, flush=True, file=out)
-    print(be.loud, flush=True, file=out)
-
-
-def bench_command(plan_path, config_path, variant, backend, samples, rounds, state_dir, as_json, console):
-    """``kinv bench``: time one config at the plan's levels, or A/B a variant against it (the sequential A/B with
-    every rule that the graph runs, agent/tools/measure/sequential.py, without an A/A's offsets, which it says)."""
-    import json
-
-    from kinv.agent import fmt
-    from kinv.agent.tools.measure import bench, protocol, stats
-    from kinv.kernels.errors import ConfigError
-    from kinv.kernels.launch_config import describe, load_config
-    from kinv.kernels.tunables import brief_repr
-
-    plan, be, said = _plan_and_backend(plan_path, backend, as_json)
-    adapter = plan.adapter
-    cfg = load_config(config_path or adapter.ensure_config(), adapter.name)
-    cfg = {k: v for k, v in cfg.items() if k != "description"}
-    var_cfg = None
-    if variant is not None:  # bad input is refused before the store is opened (it would create the state dir)
-        patch = {}
-        for item in variant.split(","):
-            k, _, v = item.partition("=")
-            k = k.strip()
-            if k not in adapter.spec.names:
-                raise BadInput(f"--variant item {brief_repr(item)}: {brief_repr(k)} is not a tunable of "
-                               f"{adapter.name}; its tunables: {', '.join(adapter.spec.names)}")  # fmt: skip
-            if re.fullmatch(r"[0-9]{1,9}", v.strip()):  # ASCII digits only: no "٨", "0_8" or "+8"
-                patch[k] = int(v.strip())
-            else:
-                raise BadInput(f"--variant item {brief_repr(item)} must be KEY=INT, e.g. "
-                               f"{adapter.spec.names[-1]}=2")  # fmt: skip
-        try:
-            var_cfg = adapter.validate_config({**cfg, **patch})
-        except ConfigError as exc:
-            raise BadInput(f"--variant {brief_repr(variant)}: {exc}") from None
-    lvls = plan.levels()
-    env = dict(plan.environment)
-    if variant is None:
-        be.preflight(plan.kernel, env, lvls, [(("config", plan.kernel, cfg, env), {})])
-    else:  # the two arms as the sequential A/B opens them
-        be.preflight(plan.kernel, env, lvls, [(("baseline", plan.kernel, cfg, env), {"partner": var_cfg, "role": "base"}),
-                                              (("variant", plan.kernel, var_cfg, env), {"partner": cfg})])  # fmt: skip
-    _banner(be, as_json, said)
-    store = Store(state_dir)
-    if variant is None:
-        exp = store.new_experiment(kind="bench", variant="config", backend=be.name, config_json=json.dumps(cfg))
-        common, short = stats.level_names(lv.key for lv in lvls)
-        if not as_json:
-            console.print(f"{describe(cfg)}{' at ' + common if common else ''}: median of {samples} samples per level",
-                          markup=False)  # fmt: skip
-        rows = bench.measure_config(store, exp, be, plan.kernel, cfg, env, lvls, samples,
-                                    on_level=None if as_json else lambda m: console.print(_bench_line(m, short),
-                                                                                         markup=False))  # fmt: skip
-        store.update_experiment(exp, status="done", finished=time.time())
-        if as_json:
-            print(json.dumps(rows, indent=2))
-        return "" if as_json else f"stored as experiment {exp} in {store.path}"
-    exp = store.new_experiment(kind="ab", variant=describe(var_cfg), backend=be.name, config_json=json.dumps(var_cfg))
-    thresholds = {lv.key: plan.stats.threshold_at(lv.label) for lv in lvls}
-    # the sequential A/B with every rule, capped at --rounds; no A/A has measured this pair's offset (said as skipped)
-    seq = protocol.sequential_plan(plan.stats, max_rounds=rounds)
-    from kinv.agent.tools.measure import sequential
-    from kinv.kernels.devices import get_device
-
-    out = sequential.run(store, exp, be, plan.kernel, cfg, var_cfg, env=env, levels=lvls, thresholds=thresholds,
-                         seq=seq, matrix_fallback=get_device(plan.device).matrix_tflops)  # fmt: skip
-    res = out.result
-    if as_json:
-        print(json.dumps({"verdict": out.verdict, "reason": out.reason, "rounds": out.rounds, "gpu_s": out.gpu_s,
-                          "void": out.void, "skipped": out.skipped, "ceilings": out.ceilings,
-                          "effects": {k: e.__dict__ for k, e in res.effects.items()} if res else {}},
-                         indent=2, default=str))  # fmt: skip
-    else:
-        if res is not None:
-            common, short = stats.level_names(res.effects)
-            if common:
-                console.print(f"levels {common}: throughput change [{next(iter(res.effects.values())).conf:.3%} CI]",
-                              markup=False)  # fmt: skip
-            for k, e in res.effects.items():
-                console.print(f"{short[k]:>8s} {fmt.change(e.effect):>7s} {fmt.change_interval(e.ci_low, e.ci_high)} "
-                              f"{e.verdict}", markup=False)  # fmt: skip
-        for rule in out.skipped:
-            console.print(f"rule skipped: {rule}", markup=False)
-        console.print(f"{describe(var_cfg)} vs {describe(cfg)}: {out.verdict} after {out.rounds} rounds "
-                      f"({out.gpu_s:.2f} GPU s) — {out.reason}", markup=False)  # fmt: skip
-    return "" if as_json else f"stored as experiment {exp} in {store.path}"
-
-
-def _bench_line(m: dict, short: dict) -> str:
-    frac = f"{m['frac_copy']:.0%}" if m.get("frac_copy") else "n/a"
-    peer = f"  {m['peer']} {m['peer_us']:.1f} µs: {m['vs_peer']:.2f}x" if m.get("peer_us") else ""
-    return (f"{short.get(m['level'], m['level']):>8s} {m['us']:9.1f} µs {m['gbps']:7.0f} GB/s {frac:>4s} of copy "
-            f"{m['throughput']:13,.{0 if m['throughput'] >= 100 else 2}f} {m.get('throughput_unit', '')}{peer}")  # fmt: skip
-
-
-def noise_command(plan_path, rounds, backend, state_dir, as_json, console, arms_n: int = 4):
-    """``kinv noise``: the A/A the graph runs (protocol.run_aa + protocol.noise_bands), at the plan's levels and
-    thresholds."""
-    import json
-
-    from kinv.agent import fmt
-    from kinv.agent.tools.measure import noise, protocol, stats
-    from kinv.kernels.launch_config import load_config
-
-    plan, be, said = _plan_and_backend(plan_path, backend, as_json)
-    adapter = plan.adapter
-    cfg = {k: v for k, v in load_config(adapter.ensure_config(), adapter.name).items() if k != "description"}
-    lvls = plan.levels()
-    env = dict(plan.environment)
-    be.preflight(plan.kernel, env, lvls, [(("A", plan.kernel, cfg, env), {"replica": j}) for j in range(arms_n)])
-    _banner(be, as_json, said)
-    store = Store(state_dir)
-    exp = store.new_experiment(kind="noise", variant="A/A", backend=be.name)
-    acc, gpu_s = protocol.run_aa(store, exp, be, plan.kernel, cfg, dict(plan.environment), lvls, rounds, arms_n)
-    bands = protocol.noise_bands(plan, lvls, acc)
-    store.add_noise(exp, None, [b.__dict__ for b in bands])
-    store.update_experiment(exp, status="done", rounds=rounds, gpu_s=gpu_s)
-    if as_json:
-        print(json.dumps([b.__dict__ for b in bands], indent=2))
-    else:
-
-        common, short = stats.level_names(b.level for b in bands)
-        from kinv.agent.report.render import table
-
-        t = table("level", "round band", "offset SD", "widest pair [95% CI]", "out", "thr.", "ok",
-                  title=f"A/A noise, {arms_n} workers x {rounds} rounds ({be.name})"
-                  + (f"\nlevels {common}" if common else ""))  # fmt: skip
-        for b in bands:
-            t.add_row(short[b.level], f"±{b.band:.2%}", f"{b.offset_sd:.2%}",
-                      f"{fmt.signed(b.effect)} {fmt.interval(b.ci_low, b.ci_high)}", str(b.outliers), f"{b.threshold:.1%}",
-                      "yes" if b.equivalent else "NO")  # fmt: skip
-        console.print(t)
-    for w in noise.check_aa(bands):
-        console.print(f"[yellow]warning[/yellow]: {escape(w)}")
-    return "" if as_json else f"stored as experiment {exp} in {store.path}"
-
-
-def kernels_rows() -> list[dict]:
-    """Every registered kernel: its tunables, restrictions, level dimensions, unit and config (kinv kernels --json)."""
-    from kinv.kernels.adapter import get_adapter, registered
-    from kinv.kernels.errors import UnknownKernelError
-
-    rows = []
-    for name, ref in sorted(registered().items()):
-        try:
-            a = get_adapter(name)
-        except UnknownKernelError as exc:
-            rows.append({"name": name, "ref": ref, "error": str(exc)})
-            continue
-        rows.append({"name": a.name, "ref": ref, "tunables": {t.name: list(t.values) for t in a.spec.tunables},
-                     "restrictions": [r.text for r in a.spec.restrictions], "level_dims": list(a.level_dims),
-                     "override_dims": list(a.spec.override_dims),
-                     "override_choices": {d: list(v) for d, v in a.spec.override_choices.items()},
-                     "throughput_unit": a.throughput_unit, "config": str(a.config_path()),
-                     "example_plan": str(a.root() / a.example_plan) if a.example_plan else None})  # fmt: skip
-    return rows
-
-
-def kernels_command(as_json: bool, console) -> str:
-    """``kinv kernels``: every registered kernel, its tunables and level dimensions."""
-    import json
-
-    rows = kernels_rows()
-    if as_json:
-        print(json.dumps(rows, indent=2))
-        return ""
-    from rich.text import Text
-
-    from kinv.agent.report.render import table
-
-    if not console.is_terminal:  # piped: one block per kernel, no table padded to its widest cell
-        for r in rows:
-            say = [f"{r['name']} ({r['ref']})"]
-            if "error" in r:
-                say.append(f"  error: {r['error']}")
-            else:
-                tun = "; ".join(f"{k} " + "/".join(map(str, v)) for k, v in r["tunables"].items()) or "(none)"
-                say += [f"  tunables: {tun}",
-                        f"  level dimensions: {', '.join(r['level_dims'])}; throughput: {r['throughput_unit']}",
-                        f"  example plan: {r['example_plan'] or '(none)'}"]  # fmt: skip
-            console.print("\n".join(say), markup=False, highlight=False)
-        rows = []
-    t = table("kernel", "adapter", "tunables", "level dimensions", "throughput", "example plan",
-              title="registered kernels (kinv.kernels entry points; a plan may also name package.module:Class)")
-    for r in rows:
-        if "error" in r:
-            t.add_row(r["name"], r["ref"], Text(r["error"], "red"), "", "", "")
-            continue
-        tun = "; ".join(f"{k} {'/'.join(map(str, v))}" for k, v in r["tunables"].items())
-        t.add_row(r["name"], r["ref"], tun, ", ".join(r["level_dims"]), r["throughput_unit"], r["example_plan"] or "")
-    if t.rows:
-        console.print(t)
-    from kinv.kernels.adapter import default_plan
-
-    try:
-        path, _ = default_plan()
-        console.print(f"kinv bench, noise and env without --plan use {path}", markup=False, highlight=False)
-    except BadInput:
-        console.print("no kernel names an example plan: kinv bench, noise and env need --plan", markup=False)
-    return ""
-
-
-def revert_to_plan(plan_path, state_dir: Path, baseline: bool = False) -> str:
-    """``kinv revert --to-plan`` (``baseline`` False): the live config of the plan's kernel back to its file of
-    record, the shipped bytes (git HEAD when the checkout tracks it, else the copy kinv kept before its first
-    write); ``--to-plan-baseline`` (``baseline`` True): the plan's measurement baseline written into the live
-    file, asked for by name.  Needs no state dir and creates none; the config lock records ``state_dir``."""
-    from kinv.agent.tools.files import config_text, configs, record
-    from kinv.kernels.launch_config import config_hash, describe, load_config
-
-    plan, _ = load_plan(plan_path)  # PlanError -> exit 2 in main
-    path = plan.adapter.ensure_config()
-    with configs.ConfigFileLock(path, state_dir):  # refused while any run edits it
-        if not baseline:
-            try:
-                action, rec = record.restore_file_of_record(path)
-            except RevertError as exc:
-                raise RevertError(f"{exc}. To write {plan.ws}'s measurement baseline "
-                                          f"({describe(plan.baseline)}) instead: kinv revert --to-plan-baseline "
-                                          f"{plan_path}") from None  # fmt: skip
-            if action == "unchanged":
-                return f"{path} already holds its file of record: {rec.source} (file sha {rec.sha})"
-            return f"restored {path} to its file of record: {rec.source} (file sha {rec.sha})"
-        base = {**plan.baseline, "kernel": plan.adapter.name}
-        now = load_config(path, plan.adapter.name) if path.exists() else None
-        if now is not None and config_hash(now) == config_hash(base):
-            return f"{path} already holds the measurement baseline of {plan.ws} ({describe(base)})"
-        before = path.read_bytes() if path.exists() else None
-        if before is not None:
-            new = config_text.edit_config_text(before.decode("utf-8", errors="replace"), base, plan.adapter.name).encode()
-            record.note_kinv_write(path, before, new)  # the shipped bytes stay the file of record
-        configs.write_config(path, base)
-        got = load_config(path, plan.adapter.name)
-        if config_hash(got) != config_hash(base):
-            raise RevertError(f"{path} did not verify after the write")
-    return (f"wrote the measurement baseline of {plan.ws} into {path} ({describe(base)}, config hash "
-                     f"{config_hash(base)}, file sha {configs.sha(path)}); this is not the shipped file: kinv "
-                     f"revert --to-plan {plan_path} restores that")  # fmt: skip
-
-
-def profile_command(exp_id, backend, state_dir, as_json, console):
-    """``kinv profile EXP``: the profile step, after the fact, for one decided A/B of a config variant: the baseline
-    and the variant under Nsight Compute at the level of the largest effect, stored, and the sentence that explains
-    the verdict."""
-    import json
-
-    from kinv.agent.report.resources import _profile_lines
-    from kinv.agent.report.views import resolve_experiment
-    from kinv.agent.tools.measure import profile
-
-    store = Store(state_dir)
-    row = resolve_experiment(store, exp_id)
-    if row["kind"] != "ab" or not row.get("verdict"):
-        raise BadInput(f"experiment {row['id']} is a {row['kind']} experiment ({row.get('verdict') or row['status']}); "
-                       "kinv profile takes a decided A/B of a variant (kinv experiments WS lists them)")  # fmt: skip
-    wsrow = store.workstream(row["workstream"]) or {}
-    plan, be, said = _plan_and_backend(wsrow.get("plan_path"), backend, as_json)
-    v = next((x for x in plan.variants if x.id == row["variant"]), None)
-    if v is None or v.source_patch:
-        raise BadInput(f"experiment {row['id']} ({row['variant']}) is not a config variant of {wsrow.get('plan_path')}; "
-                       "kinv profile takes config variants (a source patch is reverted once it is decided)")  # fmt: skip
-    _banner(be, as_json, said)
-    notes = profile.step(store, plan.ws, be, plan.adapter, plan.environment, {**plan.baseline, "kernel": plan.adapter.name},
-                         [(row["id"], v.id, plan.variant_config(v), plan.variant_env(v))], plan.levels())  # fmt: skip
-    profs = store.profiles(exp_id=row["id"])
-    if as_json:
-        print(json.dumps({"experiment": row["id"], "profiles": profs, "skipped": notes}, indent=2, default=str))
-    else:
-        for line in notes:
-            console.print(line, markup=False)
-        for line in _profile_lines(profs, {lv.key: lv.label for lv in plan.levels()}):
-            if line:
-                console.print(line, markup=False)
-    return "" if as_json else f"{len(profs)} profile(s) stored with experiment {row['id']} in {store.path}"

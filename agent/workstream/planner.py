@@ -226,14 +226,14 @@ def recommend(plan: Plan, results: dict, headroom: float | None, bound: str = "c
     * work elsewhere: boosted (x1.5) when no kernel variant here beat the baseline (improved at some level,
       regressed at none).
 
-    ``premises`` maps a timed variant to its premise (:class:`kinv.agent.tools.measure.premise.PremiseCheck`); a variant
+    ``premises`` maps a timed variant to its premise (:class:`kinv.agent.tools.runners.premise.PremiseCheck`); a variant
     absent from it was never timed and tested nothing.  None where the caller has none (a campaign's summary):
     then every decided variant counts as having tested its premise.
     ``unmeasured`` names variants never measured (a person rejected them, they never ran): occupancy is not
     refuted while one of its variants is among them.  ``implausible`` names levels whose roofline fraction is not
     to be believed (above the roofline, or inside L2): they are left out of ``headroom`` by the caller and said.
     """
-    from kinv.agent.tools.measure.premise import NO_PREMISE, PROPOSALS, words
+    from kinv.agent.tools.runners.premise import NO_PREMISE, PROPOSALS, words
 
     def tested(vid: str) -> bool:
         return premises is None or (vid in premises and premises[vid].speaks)

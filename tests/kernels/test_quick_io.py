@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from kinv.agent.tools.measure import correctness
+from kinv.agent.tools.worker import gate
 from kinv.kernels import quick
 from kinv.kernels.errors import BadInput
 
@@ -49,7 +49,7 @@ def _adapter(name, **kw):
 
 
 def _check(adapter):
-    return correctness.check(
+    return gate.check(
         adapter, {"kernel": adapter.name, "BLOCK": 128}, adapter.levels(None), seed=3, device="cpu"
     )
 
@@ -115,14 +115,14 @@ def test_a_launch_that_fails_in_the_interpreter_says_so_and_cpu_launch_works_aro
     levels = [{"N": 64}]
     plain = quick.kernel("rsqrt_plain", tunables={"BLOCK": [64]}, default={"BLOCK": 64}, levels=levels,
                          make_inputs=_inputs, launch=_triton_launch, reference=_one_reference)()  # fmt: skip
-    res = correctness.check(plain, {"kernel": plain.name, "BLOCK": 64}, plain.levels(None), seed=1, device="cpu")
+    res = gate.check(plain, {"kernel": plain.name, "BLOCK": 64}, plain.levels(None), seed=1, device="cpu")
     assert not res["ok"] and res["reason"].startswith("launch failed: InterpreterError")
     assert "in the Triton interpreter (CPU)" in res["reason"] and "likely a libdevice function" in res["reason"]
     assert "Python scalar" in res["reason"] and "bf16 tl.dot" in res["reason"] and "cpu_launch" in res["reason"]
     fixed = quick.kernel("rsqrt_cpu", tunables={"BLOCK": [64]}, default={"BLOCK": 64}, levels=levels,
                          make_inputs=_inputs, launch=_triton_launch, reference=_one_reference,
                          cpu_launch=_cpu_launch)()  # fmt: skip
-    res = correctness.check(fixed, {"kernel": fixed.name, "BLOCK": 64}, fixed.levels(None), seed=1, device="cpu")
+    res = gate.check(fixed, {"kernel": fixed.name, "BLOCK": 64}, fixed.levels(None), seed=1, device="cpu")
     assert res["ok"], res["reason"]
 
 
@@ -155,7 +155,7 @@ def test_from_autotune_levels_may_carry_dimensions_beyond_the_key_and_a_stand_in
     assert [lv.key for lv in adapter.levels(None)] == ["n4096/batch64", "n64/batch1"]
     assert adapter.stand_in(adapter.levels(None)[0], "cpu").dims == {"n": 40, "batch": 2}
     if os.environ.get("TRITON_INTERPRET") == "1":
-        res = correctness.check(adapter, {"kernel": adapter.name, **adapter._q.default}, adapter.levels(None)[:1],
+        res = gate.check(adapter, {"kernel": adapter.name, **adapter._q.default}, adapter.levels(None)[:1],
                                 seed=0, device="cpu")  # fmt: skip
         assert res["ok"], res["reason"]
         assert {"n": 40, "batch": 2} in seen  # the extra dimension reached make_inputs, shrunk

@@ -146,7 +146,7 @@ def test_a_missing_config_file_is_written_from_the_declared_default_by_a_run_onl
 
 
 def test_resources_come_from_the_compiled_kernel_and_without_one_nothing_is_modelled(example):
-    from kinv.agent.tools.measure.resources import compiled_figures
+    from kinv.agent.tools.backends.compiled import compiled_figures
     from kinv.kernels.devices import get_device
 
     a = _adapter()
@@ -295,7 +295,7 @@ def _config(**kw) -> dict:
 
 @interpreted
 def test_the_example_passes_the_correctness_gate_in_the_interpreter_in_float16(example):
-    from kinv.agent.tools.measure.correctness import check
+    from kinv.agent.tools.worker.gate import check
 
     a = _adapter()
     levels = a.levels(a.workload_model().model_validate({}))
@@ -307,7 +307,7 @@ def test_the_example_passes_the_correctness_gate_in_the_interpreter_in_float16(e
 
 @interpreted
 def test_a_float32_quick_adapter_passes_and_a_wrong_or_careless_launch_fails_the_gate(example):
-    from kinv.agent.tools.measure.correctness import check
+    from kinv.agent.tools.worker.gate import check
     from kinv.kernels import quick
 
     m = _module()
@@ -393,7 +393,7 @@ def test_from_autotune_maps_the_configs_to_the_space_and_the_key_to_the_levels(e
 
 @interpreted
 def test_the_examples_autotune_adapter_is_the_autotuners_space_and_passes_the_gate(example):
-    from kinv.agent.tools.measure.correctness import check
+    from kinv.agent.tools.worker.gate import check
 
     kernel = importlib.import_module(f"{PKG}.kernel")
     a = _adapter(AUTOTUNE_REF)
@@ -518,7 +518,7 @@ def test_the_installed_example_is_listed_by_its_entry_points(installed):
 HASHES = textwrap.dedent("""
     import json, sys
     from kinv.agent.plan_file import load_plan
-    from kinv.agent.tools.measure import bench
+    from kinv.agent.tools.runners import bench
     from kinv.agent.tools.worker.hashes import harness_hash, kernel_hash
     from kinv.agent.tools.worker.hashes import kernel_reference_hash as reference_hash
     plan, _ = load_plan(sys.argv[1])

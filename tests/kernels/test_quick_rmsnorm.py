@@ -96,7 +96,7 @@ def test_the_kernel_agrees_with_the_reference_and_the_reference_with_torchs_rms_
 
 @interpreted
 def test_the_gate_passes_the_kernel_at_an_odd_level_and_fails_one_that_drops_the_weight(example):
-    from kinv.agent.tools.measure.correctness import check
+    from kinv.agent.tools.worker.gate import check
     from kinv.kernels import quick
 
     m = importlib.import_module(f"{PKG}.adapter")

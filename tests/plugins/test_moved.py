@@ -97,7 +97,7 @@ SPEC = lc.Tunable("X", (1, 2), "x")
 
 
 def test_the_scan_names_each_private_import_and_its_public_replacement(tmp_path):
-    from kinv.agent.tools.measure.plugin_imports import scan
+    from kinv.agent.tools.runners.plugin_imports import scan
 
     pkg = tmp_path / "my_plugin"
     (pkg / "sub").mkdir(parents=True)
@@ -128,7 +128,7 @@ def test_the_scan_names_each_private_import_and_its_public_replacement(tmp_path)
 
 
 def test_kinvs_own_kernels_get_no_import_lines():
-    from kinv.agent.tools.measure.plugin_imports import scan
+    from kinv.agent.tools.runners.plugin_imports import scan
     from kinv.kernels.adapter import get_adapter
 
     assert scan(get_adapter("mla_decode")) == []

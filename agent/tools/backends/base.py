@@ -112,12 +112,12 @@ class Backend(ABC):
                 "source": f"the {self.name} backend measures no ceiling"}  # fmt: skip
 
     def compiled(self, kernel: str, config: dict, env: dict, levels: list[Level]) -> dict | None:
-        """The compiler's resources of ``config`` at each level (:func:`~kinv.agent.tools.measure.resources.compiled_figures`
+        """The compiler's resources of ``config`` at each level (:func:`~kinv.agent.tools.backends.compiled.compiled_figures`
         by level key), compiled without timing; ``None`` where this backend has no compiler (or no record of one)."""
         return None
 
     def profile(self, adapter, config: dict, level: Level, env: dict) -> tuple[dict | None, str, float]:
-        """Profile ``config`` at ``level`` (:mod:`kinv.agent.tools.measure.profile`): ``(figures or None, why not, GPU
+        """Profile ``config`` at ``level`` (:mod:`kinv.agent.tools.backends.profile`): ``(figures or None, why not, GPU
         seconds)``.  Here: no profiler."""
         return None, f"the {self.name} backend has no profiler; the profile step was skipped", 0.0
 
@@ -133,13 +133,13 @@ class Backend(ABC):
 
     def check(self, kernel: str, config: dict, levels: list[Level], *, seed: int, device: str, env: dict,
               pythonpath: list[str] | None = None, judge_path: list[str] | None = None) -> dict:  # fmt: skip
-        """The correctness gate for ``config`` at ``levels`` (:func:`~kinv.agent.tools.measure.correctness.check`'s
+        """The correctness gate for ``config`` at ``levels`` (:func:`~kinv.agent.tools.worker.gate.check`'s
         result), crash-isolated in a child process that sees ``env``: one kept from an earlier check of this
         run with the same environment, import path and kernel source when :meth:`check_pool` has one (a
         passed check leaves its process for the next; a failed one ends it), else one of its own.  That process
-        launches and saves the outputs; the judge (agent/tools/measure/judge.py), started from ``judge_path`` (the
+        launches and saves the outputs; the judge (agent/tools/worker/judge.py), started from ``judge_path`` (the
         baseline snapshot while a source patch is live), computes the reference and compares."""
-        from kinv.agent.tools.measure import correctness, judge
+        from kinv.agent.tools.worker import gate, judge
         from kinv.agent.tools.worker import pool as worker_pool
 
         pool = self.check_pool(device)
@@ -148,7 +148,7 @@ class Backend(ABC):
             result = worker_pool.check_in_worker(pool, kernel, config, levels, seed=seed, device=device, env=env,
                                                  pythonpath=pythonpath)  # fmt: skip
         else:
-            result = correctness.check_isolated(kernel, config, levels, seed=seed, device=device, env=env,
+            result = gate.check_isolated(kernel, config, levels, seed=seed, device=device, env=env,
                                                 pythonpath=pythonpath)  # fmt: skip
         # the check's process launched and saved; the judge, which never imported the kernel, compares
         return judge.settle(kernel, result, judge_path)

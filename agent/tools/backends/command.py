@@ -112,7 +112,7 @@ def _environ_of(proc: subprocess.Popen, names: list[str]) -> dict | None:
     completing, and a short command can end a few milliseconds later (a zombie's reads empty for good): it is read
     again every fraction of a millisecond, not every 20 ms, until it has the environment or the process ended.
     None when it ended first (unseen, which is not unset)."""
-    from kinv.agent.tools.measure import envcheck
+    from kinv.agent.tools.backends.environ import proc_environ
 
     deadline = time.perf_counter() + ENV_READ_S
     while True:
@@ -130,7 +130,7 @@ def _environ_of(proc: subprocess.Popen, names: list[str]) -> dict | None:
             return {k: seen.get(k) for k in names}
         if proc.poll() is not None or time.perf_counter() > deadline:
             if not os.path.isdir("/proc/self"):
-                envcheck.proc_environ(proc.pid)  # no /proc here: its one line (bad input), as a pid check says
+                proc_environ(proc.pid)  # no /proc here: its one line (bad input), as a pid check says
             return None
         time.sleep(0.0002)
 

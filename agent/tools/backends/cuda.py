@@ -207,7 +207,7 @@ class CudaArm(Arm):
         return r
 
     def _judge(self, level: Level, saved: dict, what: str) -> None:
-        from kinv.agent.tools.measure import judge
+        from kinv.agent.tools.worker import judge
 
         try:
             got = judge.outputs(self.kernel, level.to_dict(), saved, self.judge_path)
@@ -290,12 +290,12 @@ class CudaBackend(Backend):
         super().close()
 
     def profile(self, adapter, config: dict, level: Level, env: dict) -> tuple[dict | None, str, float]:
-        from kinv.agent.tools.measure import profile
+        from kinv.agent.tools.backends import profile
 
         return profile.run(adapter, config, level, env)
 
     def compiled(self, kernel: str, config: dict, env: dict, levels: list[Level]) -> dict | None:
-        from kinv.agent.tools.measure.resources import compiled_figures
+        from kinv.agent.tools.backends.compiled import compiled_figures
 
         out = {}
         try:
@@ -329,8 +329,8 @@ class CudaBackend(Backend):
 
     def ceilings(self) -> dict:
         """The card's ceilings, measured once per run in the judge: copy bandwidth, the yardstick's, the matrix
-        peak per dtype (agent/tools/measure/judge.py)."""
-        from kinv.agent.tools.measure import judge
+        peak per dtype (agent/tools/worker/judge.py)."""
+        from kinv.agent.tools.worker import judge
 
         if self._copy is None:
             self._copy = {**judge.ceilings(), "source": "measured on this card by the judge, a process no variant "

@@ -3,7 +3,7 @@
 It wraps the backend the actors run (cuda or replay: ``ex.backend``) and honours the same arm contract
 (agent/tools/backends/base.py): an arm's ``setup`` returns the set-up record the actor's local arm
 returned, its ``sample`` the local arm's sample (with the GPU that timed it).  The Ray executor
-(agent/tools/measure/executor.py) builds it; it is not chosen by name.
+(agent/tools/runners/executor.py) builds it; it is not chosen by name.
 """
 
 from __future__ import annotations

@@ -9,19 +9,15 @@ variables are stored, never a process's whole environment.
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kinv.agent.errors import EnvMismatch
+from kinv.agent.tools.backends.environ import proc_environ
 from kinv.kernels.errors import BadInput
 
 if TYPE_CHECKING:
     from kinv.agent.store.db import Store
-
-
-EMPTY_RETRIES = 25
 
 
 @dataclass(frozen=True)
@@ -44,39 +40,6 @@ def invalid_values(env: dict[str, str | None], adapter) -> list[str]:
     """What no run of ``adapter``'s kernel could use in ``env``, one phrase each: the rule a plan's environment
     follows (:meth:`KernelAdapter.invalid_env`), applied to a shell's or a process's values."""
     return list(adapter.invalid_env(env))
-
-
-def proc_environ(pid: int) -> dict[str, str]:
-    """The environment of a live process (Linux ``/proc/PID/environ``: its environment at exec time)."""
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 1:
-        raise BadInput(f"pid={pid!r} is invalid: must be a positive integer process id")
-    path = f"/proc/{pid}/environ"
-    try:
-        raw = _read(path)
-        for _ in range(EMPTY_RETRIES):  # a process caught in exec reads empty for a moment
-            if raw:
-                break
-            time.sleep(0.02)
-            raw = _read(path)
-    except FileNotFoundError:
-        if not os.path.isdir("/proc/self"):
-            raise BadInput(f"cannot read the environment of pid {pid}: no /proc here (Linux only)") from None
-        raise BadInput(f"no process with pid {pid}; give the pid of a running worker") from None
-    except PermissionError:
-        raise BadInput(f"cannot read {path}: permission denied (the process belongs to another user)") from None
-    except OSError as exc:  # e.g. ESRCH when the process exits while being read
-        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
-    env: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        if b"=" in item:
-            key, _, value = item.partition(b"=")
-            env[os.fsdecode(key)] = os.fsdecode(value)
-    return env
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def _check(store: Store, ws_id: str | None, experiment: int | None, source: str, who: str,
@@ -114,4 +77,4 @@ def check_pid(store: Store, ws_id: str | None, pid: int, expected: dict[str, str
     return _check(store, ws_id, experiment, f"pid:{pid}", f"pid {pid}", expected, seen)
 
 
-__all__ = [ "Mismatch", "check_pid", "check_worker", "compare", "proc_environ"]
+__all__ = ["Mismatch", "check_pid", "check_worker", "compare"]

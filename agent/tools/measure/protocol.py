@@ -169,7 +169,7 @@ class Round:
 
 class RoundLoop:
     """THE round loop of every measurement: the A/A and the A/B (:func:`run_aa`, :func:`run_ab`), a screening's
-    shard (agent/tools/measure/screening.py), ``kinv bench`` of a config (agent/tools/measure/bench.py) and the recorder
+    shard (agent/tools/runners/screening.py), ``kinv bench`` of a config (agent/tools/runners/bench.py) and the recorder
     (benchmarks/record.py).
 
     Round r times every arm of ``arms`` at every level of ``levels`` in :func:`round_order` (ABBA for a pair
@@ -408,7 +408,7 @@ def run_ab(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, va
             before_close(arms)
     finally:
         if arms:  # what the compiler made of each arm, and what its timing read (kept before the arms go)
-            from kinv.agent.tools.measure.resources import compiled_of
+            from kinv.agent.tools.backends.compiled import compiled_of
 
             compiled = compiled_of({"base": arms[0].setups, "variant": arms[1].setups})
             timed = {lv: {k: s[k] for k in ("working_set", "l2_bytes") if s.get(k)} for lv, s in arms[1].setups.items()}

@@ -5,7 +5,7 @@ is written into the live file) all call :func:`run`, and nothing else decides a 
 (:func:`kinv.agent.tools.measure.protocol.run_ab`).  In order:
 
 1. **the correctness gate** for both arms (skipped only where the caller ran it already in this run: the graph's
-   gate node), judged by the judge, a process that never imported the variant (agent/tools/measure/judge.py);
+   gate node), judged by the judge, a process that never imported the variant (agent/tools/worker/judge.py);
 2. **the environment check** of each arm's own process, as it starts;
 3. **the A/A offsets** the intervals widen by (a caller without an A/A says so: the rule is then skipped, in words);
 4. **the sequential rounds** (paired ABBA, sequential looks), every other process kinv started stopped while an
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -219,7 +220,6 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
         return stop(kind, str(exc), integrity(store, exp_id, hashes))
 
     # 5-6. integrity, then plausibility against the card's own ceilings and the yardsticks
-    from kinv.agent.tools.measure.bench import verdict_rows
 
     rows = verdict_rows(res)
     store.add_verdicts(exp_id, rows)
@@ -258,5 +258,17 @@ def run(store, exp_id: int, backend: Backend, kernel: str, base_cfg: dict, var_c
                    skipped=skipped, ceilings=ceilings, verified=verified)  # fmt: skip
 
 
+def verdict_rows(result) -> list[dict]:
+    """Rows of the verdicts table from an agent.stats.SequentialResult."""
+    rows = []
+    for level, e in result.effects.items():
+        base_us, var_us = result.samples.get(level, ([], []))
+        rows.append({"level": level, "n": e.n, "base_us": statistics.median(base_us) if base_us else None,
+                     "variant_us": statistics.median(var_us) if var_us else None, "effect": e.effect,
+                     "ci_low": e.ci_low, "ci_high": e.ci_high, "ratio": e.ratio, "threshold": e.threshold,
+                     "verdict": e.verdict, "conf": e.conf, "offset_sd": e.offset_sd})  # fmt: skip
+    return rows
+
+
 __all__ = ["RULES", "YARD_MARGIN", "YARD_PAIR_MARGIN", "Outcome", "failure_kind", "foreign_flags", "integrity",
-           "matrix_peak", "run", "yardstick_flags"]
+           "matrix_peak", "run", "verdict_rows", "yardstick_flags"]

@@ -1,13 +1,13 @@
 """Benchmark worker: one process per variant, crash-isolated.
 
-The parent (``agent/tools/measure/bench.py``) starts ``python -m agent.tools.bench_worker``
+The parent (``agent/tools/runners/bench.py``) starts ``python -m agent.tools.bench_worker``
 with the variant's environment, then talks JSON lines: one request per line on
 stdin, one reply per line on stdout.  If the variant crashes, hits an illegal
 address or runs out of memory, only this process dies; the parent reports the
 failure as the variant's.
 
 Imports: standard library, torch, triton, ``kernels`` and the correctness gate
-(``agent/tools/measure/correctness.py``, which imports no more) only, so the worker runs
+(``agent/tools/worker/gate.py``, ``compare.py`` and ``tamper.py``, which import no more) only, so the worker runs
 on a GPU machine that has none of kinv's other dependencies.
 
 Requests
@@ -21,7 +21,7 @@ Requests
 ``{"op": "collect", "key"}``                    the outputs the last sample's timed replays left, handed to the
                                                 judge with the inputs those replays read (nothing is replayed)
 ``{"op": "copy_bandwidth", "mib": 2048}``       device-to-device copy GB/s
-The judge's requests (a worker that never set up or checked a kernel; agent/tools/measure/judge.py):
+The judge's requests (a worker that never set up or checked a kernel; agent/tools/worker/judge.py):
 ``{"op": "settle", "kernel", "result"}``        a deferred check judged here
 ``{"op": "judge", "kernel", "level", "saved"}``  saved outputs against the reference of each input set
 ``{"op": "ceilings"}``                          copy bandwidth, the yardstick's, matrix peak per dtype
@@ -66,11 +66,15 @@ import sys
 import time
 import traceback
 
-from kinv.agent.tools.measure.correctness import _clone, _poison, code_changed, code_snapshot
-from kinv.agent.tools.worker import refresh
+from kinv.agent.tools.worker import (
+    gate,  # noqa: F401 - imported before any kernel: its check is fingerprinted
+    refresh,
+)
+from kinv.agent.tools.worker.compare import _clone, _poison
 from kinv.agent.tools.worker.hashes import harness_hash, kernel_source_hash, reference_hash
 from kinv.agent.tools.worker.judging import JudgeOps
 from kinv.agent.tools.worker.shared import empty_like, save, share, yardstick
+from kinv.agent.tools.worker.tamper import code_changed, code_snapshot
 
 MIN_REPLAYS = 20
 TARGET_REPLAY_US = 400.0  # a replay should run long enough to dwarf event jitter
@@ -111,10 +115,10 @@ def fingerprint() -> dict:
 
 class Worker(JudgeOps):
     def __init__(self):
-        from kinv.agent.tools.measure import correctness
+        from kinv.agent.tools.worker import tamper
 
         self.code = code_snapshot()  # before any kernel module is imported: a kernel that changes these is caught
-        correctness._FIRST_SNAPSHOT = self.code  # the gate's check in this process compares with the same
+        tamper._FIRST_SNAPSHOT = self.code  # the gate's check in this process compares with the same
         self.yard_bufs: list = []
         self.levels: dict[str, dict] = {}
         self.adapter = None
@@ -402,9 +406,9 @@ class Worker(JudgeOps):
         }
 
     def check(self, req: dict) -> dict:
-        """The correctness gate (:func:`kinv.agent.tools.measure.correctness.check`) in this process: a worker kept for the
+        """The correctness gate (:func:`kinv.agent.tools.worker.gate.check`) in this process: a worker kept for the
         arms that follow has compiled the config by then.  A crash ends this process, as in a check of its own."""
-        from kinv.agent.tools.measure.correctness import check
+        from kinv.agent.tools.worker.gate import check
         from kinv.kernels.adapter import get_adapter
 
         adapter = get_adapter(req["kernel"])

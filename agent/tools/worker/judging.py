@@ -1,5 +1,5 @@
 """The judge's requests, served by a worker process that never set up, checked or imported a kernel under test
-(agent/tools/measure/judge.py keeps one per run).
+(agent/tools/worker/judge.py keeps one per run).
 
 ``judge`` compares a worker's outputs with the reference of the inputs they were computed from: each input set
 is made once per level from its seed and kept (a check then costs the reference and the comparison, on the
@@ -58,7 +58,7 @@ class JudgeOps:
 
         import torch
 
-        from kinv.agent.tools.measure.correctness import judge
+        from kinv.agent.tools.worker.compare import judge
         from kinv.kernels.adapter import get_adapter
 
         t0 = time.perf_counter()
@@ -81,7 +81,7 @@ class JudgeOps:
 
     def settle(self, req: dict) -> dict:
         """A deferred check judged here (the judge: this process never imported the kernel under test)."""
-        from kinv.agent.tools.measure.correctness import settle
+        from kinv.agent.tools.worker.compare import settle
         from kinv.kernels.adapter import get_adapter
 
         return {"result": settle(get_adapter(req["kernel"]), req["result"])}

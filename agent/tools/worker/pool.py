@@ -141,7 +141,7 @@ def check_in_worker(pool: WorkerPool, kernel: str, config: dict, levels: list, *
     """The correctness gate in a worker of ``pool`` (a kept one when there is one), as crash-isolated as a check
     in a process of its own: a crash or hang ends that worker only, and a worker whose check did not pass is
     never kept.  On CPU the worker runs the Triton interpreter."""
-    from kinv.agent.tools.measure import correctness
+    from kinv.agent.tools.worker import gate
 
     env_s = {k: str(v) for k, v in env.items()}
     if device == "cpu":
@@ -154,14 +154,14 @@ def check_in_worker(pool: WorkerPool, kernel: str, config: dict, levels: list, *
         pool.started += 1
     worker.label = "check"  # it has answered once it is given back: an arm then takes it before a warm one
     try:
-        result = worker.request("check", timeout=correctness.CHECK_TIMEOUT_S, kernel=kernel, config=config,
+        result = worker.request("check", timeout=gate.CHECK_TIMEOUT_S, kernel=kernel, config=config,
                                 levels=[lv.to_dict() for lv in levels], seed=seed, device=device)["result"]  # fmt: skip
     except WorkerCrashed as exc:
         worker.close()
-        return correctness.failed(seed, device, f"crashed: the check process died ({exc})", crashed=True)
+        return gate.failed(seed, device, f"crashed: the check process died ({exc})", crashed=True)
     except WorkerError as exc:
         worker.close()
-        return correctness.failed(seed, device, f"the check failed: {exc}")
+        return gate.failed(seed, device, f"the check failed: {exc}")
     except BaseException:  # interrupted mid-check (a signal): the worker, busy with it, is stopped now, not at exit
         worker.proc.kill()
         worker.close()

@@ -2,7 +2,7 @@
 
 from kinv.agent.campaign.levels import compose, per_level, with_params
 from kinv.agent.plan_file import load_plan
-from kinv.agent.tools.measure.space import feasibility, space_configs
+from kinv.agent.tools.runners.space import feasibility, space_configs
 from kinv.kernels.launch_config import config_hash
 
 PLAN = "plans/7-decode-ceiling.yaml"

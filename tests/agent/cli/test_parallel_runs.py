@@ -27,7 +27,7 @@ def _env(tmp_path):
 
 def test_plans_of_one_kernel_share_a_group_and_a_workstream_named_twice_is_refused():
     from kinv.agent.plan_file import load_plan
-    from kinv.agent.tools.measure import placement
+    from kinv.agent.tools.runners import placement
 
     loaded = [(PLANS[w], load_plan(PLANS[w])[0]) for w in ("3a", "4a", "3b")]
     rows = placement.group(loaded)

@@ -144,7 +144,7 @@ def test_kernel_sources_only_takes_base_s_kernel_and_config_over_head_s_adapter(
     """An adapter change alone is a difference to judge; with --kernel-sources-only BASE brings only its kernel
     sources and config (an old revision whose adapter predates today's harness still runs), so it is not."""
     from kinv.agent.tools.files.revisions import resolve
-    from kinv.agent.tools.measure.regress import candidates
+    from kinv.agent.tools.runners.regress_prepare import candidates
 
     r = tmp_path / "repo"
     shutil.copytree(ROOT / "kernels", r / "kernels", ignore=shutil.ignore_patterns("__pycache__", "recordings"))

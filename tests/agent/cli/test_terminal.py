@@ -144,7 +144,7 @@ def test_on_an_80_column_terminal_tables_fold_and_drop_no_column(state_dir, fill
     con = _tty()
     render.experiments(con, views.experiments(store, "#7c"))
     assert _no_ws(LABEL) in _no_ws(_column(con.file.getvalue(), "variant", "kind")) and "…" not in con.file.getvalue()
-    from kinv.agent.workstream.investigation import kernels_command
+    from kinv.agent.workstream.commands import kernels_command
 
     con = _tty()
     kernels_command(False, con)

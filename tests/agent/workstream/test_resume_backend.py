@@ -32,7 +32,7 @@ def test_resume_keeps_the_backend_the_run_started_with_and_refuses_another(tmp_p
         monkeypatch.setenv(k, env[k])
     from kinv.agent.cli import app as cli
     from kinv.agent.store.db import Store
-    from kinv.agent.tools.measure import bench
+    from kinv.agent.tools.runners import bench
 
     real = bench.get_backend
     asked = []

@@ -9,6 +9,7 @@ import torch
 
 from kinv.agent.store.db import Store
 from kinv.agent.tools.measure import correctness
+from kinv.agent.tools.worker import gate, tamper
 from kinv.kernels.adapter import get_adapter
 from kinv.kernels.mla_decode_adapter import MLADecodeAdapter
 
@@ -72,7 +73,7 @@ class LazyInOneModeAdapter(MLADecodeAdapter):
 
 def test_every_launch_mode_writes_into_a_poisoned_buffer_so_a_mode_that_writes_nothing_is_caught():
     lazy = LazyInOneModeAdapter()
-    r = correctness.check(lazy, BASE, [LEVEL], seed=3, device="cpu")
+    r = gate.check(lazy, BASE, [LEVEL], seed=3, device="cpu")
     assert not r["ok"]
     assert "not finite" in r["reason"] and "target_ctas=1" in r["reason"], r["reason"]
     # the adapter's empty output is the buffer: one launch per mode (the plain split count, one split), and the
@@ -87,7 +88,7 @@ class LazySizedByALaunchAdapter(LazyInOneModeAdapter):
 
 def test_without_an_empty_output_one_launch_sizes_the_poisoned_buffer_and_a_lazy_mode_is_still_caught():
     lazy = LazySizedByALaunchAdapter()
-    r = correctness.check(lazy, BASE, [LEVEL], seed=4, device="cpu")
+    r = gate.check(lazy, BASE, [LEVEL], seed=4, device="cpu")
     assert not r["ok"] and "not finite" in r["reason"] and "target_ctas=1" in r["reason"], r["reason"]
     assert lazy.launches == 1 + len(lazy.check_modes()) + 1
 
@@ -104,7 +105,7 @@ def test_stand_in_levels_are_small():
 
 
 def test_baseline_passes_at_a_small_level():
-    r = correctness.check(MLADecodeAdapter(), BASE, [LEVEL], seed=0, device="cpu")
+    r = gate.check(MLADecodeAdapter(), BASE, [LEVEL], seed=0, device="cpu")
     assert r["ok"], r["reason"]
     assert r["dtype"] == "float16" and r["device"] == "cpu" and r["seed"] == 0 and r["reason"] == ""
     (lv,) = r["levels"]
@@ -114,7 +115,7 @@ def test_baseline_passes_at_a_small_level():
 
 
 def test_a_fast_but_wrong_kernel_is_caught(state_dir):
-    r = correctness.check(WrongAdapter(), BASE, [LEVEL], seed=0, device="cpu")
+    r = gate.check(WrongAdapter(), BASE, [LEVEL], seed=0, device="cpu")
     assert not r["ok"] and r["levels"][0]["mismatched"] > 0
     assert r["reason"].startswith(f"{LEVEL.key}: ") and "outside atol=0.01, rtol=0.01" in r["reason"]
     store = Store(state_dir)
@@ -128,13 +129,13 @@ def test_a_fast_but_wrong_kernel_is_caught(state_dir):
 
 
 def test_non_finite_output_is_caught():
-    r = correctness.check(NaNAdapter(), BASE, [LEVEL], seed=0, device="cpu")
+    r = gate.check(NaNAdapter(), BASE, [LEVEL], seed=0, device="cpu")
     modes = len(NaNAdapter().check_modes())  # the planted NaN is caught in every launch mode
     assert not r["ok"] and r["levels"][0]["nonfinite"] == modes and "not finite" in r["reason"]
 
 
 def test_a_launch_that_raises_is_a_failed_check():
-    r = correctness.check(BrokenAdapter(), BASE, [LEVEL, lvl(8, 64)], seed=0, device="cpu")
+    r = gate.check(BrokenAdapter(), BASE, [LEVEL, lvl(8, 64)], seed=0, device="cpu")
     assert not r["ok"]
     assert r["reason"] == "launch failed: RuntimeError: out of resource: shared memory, Required: 204800, " \
         "Hardware limit: 101376"  # fmt: skip
@@ -146,8 +147,8 @@ def test_fresh_varied_inputs_per_distinct_launch_and_seed(state_dir):
     the same stand-in problem share one launch and say so."""
     spy = SpyAdapter()
     levels = [lvl(96, 4096, "v3", 16, 64), lvl(8, 4096, "v3", 16, 64), lvl(1, 4096, "v3", 16, 64)]
-    r1 = correctness.check(spy, BASE, levels, seed=1, device="cpu")
-    r2 = correctness.check(spy, BASE, levels, seed=2, device="cpu")
+    r1 = gate.check(spy, BASE, levels, seed=1, device="cpu")
+    r2 = gate.check(spy, BASE, levels, seed=2, device="cpu")
     assert r1["ok"] and r2["ok"]
     assert len(spy.seen) == 4  # b96 and b8 both stand in as b2/ctx64: one launch per call; b1 its own
     assert [lv for lv, *_ in spy.seen] == [lvl(2, 64, "v3", 4, 16), lvl(1, 64, "v3", 4, 16)] * 2
@@ -171,9 +172,9 @@ def test_levels_with_their_own_parameters_are_checked_on_their_own():
     cfg = {**BASE, "overrides": [{"batch_min": 2, "batch_max": 8, "BLOCK_T": 32}]}
     spy = SpyAdapter()
     levels = [lvl(96, 4096), lvl(8, 4096)]
-    r = correctness.check(spy, cfg, levels, seed=3, device="cpu")
+    r = gate.check(spy, cfg, levels, seed=3, device="cpu")
     assert r["ok"] and len(spy.seen) == 2 and not any(e.get("same_as") for e in r["levels"])
-    bad = correctness.check(WrongAdapter(), BASE, [lvl(96, 64), lvl(8, 64)], seed=3, device="cpu")
+    bad = gate.check(WrongAdapter(), BASE, [lvl(96, 64), lvl(8, 64)], seed=3, device="cpu")
     assert not bad["ok"] and [e["ok"] for e in bad["levels"]] == [False, False]
     assert bad["levels"][1]["same_as"] == lvl(96, 64).key
     assert bad["levels"][1]["reason"].startswith(f"{lvl(8, 64).key}: as {lvl(96, 64).key}")
@@ -181,7 +182,7 @@ def test_levels_with_their_own_parameters_are_checked_on_their_own():
 
 @pytest.mark.gpu
 def test_gpu_baseline_bf16():
-    r = correctness.check(MLADecodeAdapter(), BASE, [lvl(1, 4096), lvl(96, 4096)], seed=0)
+    r = gate.check(MLADecodeAdapter(), BASE, [lvl(1, 4096), lvl(96, 4096)], seed=0)
     assert r["ok"], r["reason"]
     assert r["device"] == "cuda" and r["dtype"] == "bfloat16"
 
@@ -202,7 +203,7 @@ class PointerCacheAdapter(MLADecodeAdapter):
 
 
 def test_a_result_cached_by_input_address_is_caught_when_the_inputs_change_in_place():
-    r = correctness.check(PointerCacheAdapter(), BASE, [LEVEL], seed=5, device="cpu")
+    r = gate.check(PointerCacheAdapter(), BASE, [LEVEL], seed=5, device="cpu")
     assert not r["ok"]
     assert "rewritten in place at the same addresses" in r["reason"], r["reason"]
 
@@ -217,8 +218,8 @@ class TimerPatchingAdapter(MLADecodeAdapter):
 
 def test_a_kernel_that_replaces_the_timer_fails_the_gate_whatever_its_outputs(monkeypatch):
     monkeypatch.setattr(torch.cuda.Event, "elapsed_time", torch.cuda.Event.elapsed_time)  # restored afterwards
-    correctness.timer_snapshot()  # resolvable on a machine without a GPU
-    r = correctness.check(TimerPatchingAdapter(), BASE, [LEVEL], seed=6, device="cpu")
+    tamper.timer_snapshot()  # resolvable on a machine without a GPU
+    r = gate.check(TimerPatchingAdapter(), BASE, [LEVEL], seed=6, device="cpu")
     assert not r["ok"]
     assert "replaced the harness's timer" in r["reason"] and "torch.cuda.Event.elapsed_time" in r["reason"], r["reason"]
     assert r["levels"][0]["tampered"] == ["torch.cuda.Event.elapsed_time"]
@@ -233,7 +234,7 @@ class Float8KVAdapter(MLADecodeAdapter):
 
 
 def test_a_kv_read_at_float8_precision_fails_the_gate():
-    r = correctness.check(Float8KVAdapter(), BASE, [LEVEL], seed=7, device="cpu")
+    r = gate.check(Float8KVAdapter(), BASE, [LEVEL], seed=7, device="cpu")
     assert not r["ok"] and r["levels"][0]["rel_err"] > 1e-2, r["reason"]
 
 
@@ -246,7 +247,7 @@ class SlightlyScaledAdapter(MLADecodeAdapter):
 
 
 def test_the_error_norm_bound_catches_a_precision_loss_the_element_wise_tolerance_lets_through():
-    r = correctness.check(SlightlyScaledAdapter(), BASE, [LEVEL], seed=8, device="cpu")
+    r = gate.check(SlightlyScaledAdapter(), BASE, [LEVEL], seed=8, device="cpu")
     assert not r["ok"] and r["levels"][0]["mismatched"] == 0
     assert "above the level's bound" in r["reason"], r["reason"]
 

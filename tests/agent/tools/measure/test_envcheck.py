@@ -11,6 +11,7 @@ import pytest
 
 from kinv.agent.errors import EnvMismatch
 from kinv.agent.store.db import Store
+from kinv.agent.tools.backends.environ import proc_environ
 from kinv.agent.tools.measure import envcheck
 from kinv.agent.tools.measure.envcheck import Mismatch
 from kinv.kernels.errors import BadInput
@@ -65,7 +66,7 @@ def test_check_pid_reads_the_live_process(store):
     env = {"PATH": os.environ.get("PATH", ""), "TARGET_CTAS": "256"}
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"], env=env)
     try:
-        assert envcheck.proc_environ(proc.pid)["TARGET_CTAS"] == "256"
+        assert proc_environ(proc.pid)["TARGET_CTAS"] == "256"
         with pytest.raises(EnvMismatch, match=f"TARGET_CTAS expected '512', pid {proc.pid} saw '256'"):
             envcheck.check_pid(store, WS, proc.pid, EXPECTED)
         assert envcheck.check_pid(store, WS, proc.pid, {"TARGET_CTAS": "256"})["source"] == f"pid:{proc.pid}"
@@ -82,5 +83,5 @@ def test_nonexistent_pid_is_a_clear_error(store):
     with pytest.raises(BadInput, match=f"no process with pid {pid}"):
         envcheck.check_pid(store, WS, pid, EXPECTED)
     with pytest.raises(BadInput, match="pid=-1 is invalid"):
-        envcheck.proc_environ(-1)
+        proc_environ(-1)
     assert store.env_checks() == []

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from kinv.agent.tools.backends.base import Arm, Backend
-from kinv.agent.tools.measure import correctness, judge
+from kinv.agent.tools.worker import gate, judge, tamper
 from kinv.kernels.mla_decode_adapter import MLADecodeAdapter
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -37,7 +37,7 @@ BASE = {"BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}
 # inside the launching process: fingerprints, and a judge elsewhere
 # --------------------------------------------------------------------------- #
 def test_a_timer_whose_code_is_changed_in_place_is_named_though_it_is_the_same_object():
-    before = correctness.code_snapshot()
+    before = tamper.code_snapshot()
     fn = torch.cuda.Event.elapsed_time
     code = fn.__code__
 
@@ -47,16 +47,16 @@ def test_a_timer_whose_code_is_changed_in_place_is_named_though_it_is_the_same_o
     try:
         fn.__code__ = fast.__code__.replace(co_freevars=code.co_freevars) if code.co_freevars else fast.__code__
         assert torch.cuda.Event.elapsed_time is fn  # an identity check sees nothing
-        assert correctness.code_changed(before) == ["torch.cuda.Event.elapsed_time"]
+        assert tamper.code_changed(before) == ["torch.cuda.Event.elapsed_time"]
     finally:
         fn.__code__ = code
-    assert correctness.code_changed(before) == []
+    assert tamper.code_changed(before) == []
 
 
 def test_a_function_kinv_calls_that_is_rebound_is_named(monkeypatch):
-    before = correctness.code_snapshot()
+    before = tamper.code_snapshot()
     monkeypatch.setattr(statistics, "median", lambda xs: min(xs))  # the sample's median, quietly the minimum
-    assert correctness.code_changed(before) == ["statistics.median"]
+    assert tamper.code_changed(before) == ["statistics.median"]
 
 
 class RebindingAdapter(MLADecodeAdapter):
@@ -76,10 +76,10 @@ def test_a_reference_rebound_in_memory_fools_a_judge_in_its_process_and_not_the_
     import kinv.kernels.mla_decode_ref as ref
 
     monkeypatch.setattr(ref, "mla_decode_reference", ref.mla_decode_reference)  # restored afterwards
-    fooled = correctness.check(RebindingAdapter(), BASE, [LEVEL], seed=3, device="cpu")
+    fooled = gate.check(RebindingAdapter(), BASE, [LEVEL], seed=3, device="cpu")
     assert fooled["ok"], "the planted trick should fool a judge that shares the kernel's process"
     monkeypatch.setattr(ref, "mla_decode_reference", ref.mla_decode_reference)
-    deferred = correctness.check(RebindingAdapter(), BASE, [LEVEL], seed=3, device="cpu", defer=True)
+    deferred = gate.check(RebindingAdapter(), BASE, [LEVEL], seed=3, device="cpu", defer=True)
     assert deferred["levels"][0]["ok"] is None and "pending" in deferred["levels"][0]
     judged = judge.settle("mla_decode", deferred)  # a process that never imported the kernel under test
     assert not judged["ok"]
@@ -89,7 +89,7 @@ def test_a_reference_rebound_in_memory_fools_a_judge_in_its_process_and_not_the_
 def test_the_driver_judges_on_the_cpu_only_while_it_has_not_imported_the_kernel():
     import subprocess
 
-    code = ("from kinv.agent.tools.measure import correctness; from kinv.agent.tools.measure import judge; from kinv.kernels.adapter import get_adapter; "
+    code = ("from kinv.agent.tools.worker import judge; from kinv.kernels.adapter import get_adapter; "
             "a = get_adapter('mla_decode'); print(judge.kernel_modules(a)); "
             "import kinv.kernels.mla_decode; print(judge.kernel_modules(a))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -98,8 +98,8 @@ def test_the_driver_judges_on_the_cpu_only_while_it_has_not_imported_the_kernel(
 
 
 def test_an_honest_kernel_judged_by_the_judge_passes_as_it_does_in_its_own_process():
-    here = correctness.check(MLA, BASE, [LEVEL], seed=4, device="cpu")
-    deferred = correctness.check(MLA, BASE, [LEVEL], seed=4, device="cpu", defer=True)
+    here = gate.check(MLA, BASE, [LEVEL], seed=4, device="cpu")
+    deferred = gate.check(MLA, BASE, [LEVEL], seed=4, device="cpu", defer=True)
     judged = judge.settle("mla_decode", deferred)
     assert here["ok"] and judged["ok"], judged["reason"]
     assert judged["levels"][0]["mismatched"] == here["levels"][0]["mismatched"] == 0
@@ -193,7 +193,7 @@ def _bench(capsys, variant: str) -> dict:
 
     from rich.console import Console
 
-    from kinv.agent.workstream.investigation import bench_command
+    from kinv.agent.workstream.commands import bench_command
 
     capsys.readouterr()
     bench_command(str(PLANTED / "plan.yaml"), None, variant, "planted", 5, 6, None, True, Console(file=io.StringIO()))

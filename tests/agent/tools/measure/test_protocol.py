@@ -11,8 +11,9 @@ import pytest
 from kinv.agent.errors import BackendError, NoRecording
 from kinv.agent.plan_file import load_plan
 from kinv.agent.tools.backends import base, replay
-from kinv.agent.tools.measure import bench, protocol
-from kinv.agent.tools.measure.space import feasibility, space_configs
+from kinv.agent.tools.measure import protocol
+from kinv.agent.tools.runners import bench
+from kinv.agent.tools.runners.space import feasibility, space_configs
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -51,7 +52,7 @@ def test_a_screened_candidate_on_replay_has_a_gain_and_an_interval_at_every_leve
     """screen_shard on the recorded sweep of campaign #7: each candidate's per-level change is the paired
     estimate of its stored rows against the incumbent's (the same numbers the optimizer is told), inside
     its interval."""
-    from kinv.agent.tools.measure.screening import screen_shard
+    from kinv.agent.tools.runners.screening import screen_shard
 
     monkeypatch.setenv("KINV_FORCE_NO_GPU", "1")
     plan = load_plan(str(ROOT / "plans/7-decode-ceiling.yaml"))[0]

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kinv.agent.tools.measure import correctness
-from kinv.agent.tools.worker import shared
+from kinv.agent.tools.worker import compare, shared
 
 
 def test_every_output_of_a_tuple_is_allocated_per_input_set_and_poisoned():
@@ -14,7 +13,7 @@ def test_every_output_of_a_tuple_is_allocated_per_input_set_and_poisoned():
     other = shared.empty_like(first)
     assert isinstance(other, tuple) and [t.shape for t in other] == [(4, 8), (4,)]
     assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, other, strict=True))
-    correctness._poison(other)
+    compare._poison(other)
     assert all(torch.isnan(t).all() for t in other)  # a launch that writes no lse leaves NaN there
 
 
@@ -23,10 +22,10 @@ def test_a_wrong_second_output_fails_the_judgement(monkeypatch):
 
     a = get_adapter("moe_expert_gemm")
     ref = (torch.ones(4, 8), torch.ones(4))
-    good = correctness._clone(ref)
+    good = compare._clone(ref)
     bad = (ref[0].clone(), torch.full((4,), float("nan")))
     level = type("L", (), {"key": "k"})()
-    monkeypatch.setattr(correctness, "tolerance", lambda adapter, dtype, level, r: (1e-3, 1e-3, None))
-    assert correctness.judge(a, level, good, ref)["ok"]
-    got = correctness.judge(a, level, bad, ref)
+    monkeypatch.setattr(compare, "tolerance", lambda adapter, dtype, level, r: (1e-3, 1e-3, None))
+    assert compare.judge(a, level, good, ref)["ok"]
+    got = compare.judge(a, level, bad, ref)
     assert not got["ok"] and got["nonfinite"] == 4

@@ -92,7 +92,7 @@ SEED_CFG = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4
 def test_a_worker_runs_the_correctness_gate_itself_and_refuses_a_bad_config_by_name():
     """The gate can run in the benchmark worker the arms then use (on CPU: the Triton interpreter); the worker
     launches and saves, and the judge, a process that never imported the kernel, compares."""
-    from kinv.agent.tools.measure import judge
+    from kinv.agent.tools.worker import judge
 
     with WorkerProcess(env={"TRITON_INTERPRET": "1"}, label="check") as w:
         launched = w.request("check", kernel="mla_decode", config=SEED_CFG, levels=[LEVEL], seed=11, device="cpu")

@@ -17,6 +17,7 @@ import logging
 import threading
 
 from kinv.agent.errors import JudgeFailed, WorkerCrashed, WorkerError
+from kinv.agent.tools.worker import gate
 from kinv.agent.tools.worker.client import WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -85,13 +86,13 @@ def _settle_here(kernel: str, result: dict) -> dict | None:
     import copy
     import os
 
-    from kinv.agent.tools.measure import correctness
+    from kinv.agent.tools.worker import compare
     from kinv.kernels.adapter import get_adapter
 
     adapter = get_adapter(kernel)
     if kernel_modules(adapter):
         return None
-    got = correctness.settle(adapter, copy.deepcopy(result), unlink=False)
+    got = compare.settle(adapter, copy.deepcopy(result), unlink=False)
     if kernel_modules(adapter):
         return None
     for e in result.get("levels", ()):
@@ -104,7 +105,7 @@ def _settle_here(kernel: str, result: dict) -> dict | None:
 
 
 def settle(kernel: str, result: dict, pythonpath: list[str] | None = None) -> dict:
-    """A deferred check's result (:func:`kinv.agent.tools.measure.correctness.check` with ``defer``), judged: the levels'
+    """A deferred check's result (:func:`kinv.agent.tools.worker.gate.check` with ``defer``), judged: the levels'
     references computed and compared in the judge.  A result with nothing deferred is returned as it is."""
     if not any("pending" in e for e in result.get("levels", ())):
         result.pop("n_levels", None)
@@ -117,9 +118,7 @@ def settle(kernel: str, result: dict, pythonpath: list[str] | None = None) -> di
     try:
         return _request(device, pythonpath, "settle", kernel=kernel, result=result)["result"]
     except JudgeFailed as exc:
-        from kinv.agent.tools.measure import correctness
-
-        return correctness.failed(result.get("seed", 0), result.get("device", device), str(exc), judge_failed=True)
+        return gate.failed(result.get("seed", 0), result.get("device", device), str(exc), judge_failed=True)
 
 
 def outputs(kernel: str, level: dict, saved: dict, pythonpath: list[str] | None = None) -> dict:

@@ -35,7 +35,7 @@ def space_configs(plan, names: list[str] | None = None, around: dict | None = No
 
 def feasibility(plan, config: dict) -> tuple[bool, str]:
     """(feasible, reason) of a uniform config at every level of the plan, by the resource model."""
-    from kinv.agent.tools.measure import resources
+    from kinv.agent.tools.runners import resources
     from kinv.kernels.devices import get_device
 
     a = resources.assess(plan.adapter, config, plan.levels(), get_device(plan.device))

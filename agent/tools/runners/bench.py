@@ -36,18 +36,6 @@ def get_backend(name: str, kernel: str | None = None) -> Backend:
         raise NoDevice(no_gpu(kernel)) from None
 
 
-def verdict_rows(result) -> list[dict]:
-    """Rows of the verdicts table from an agent.stats.SequentialResult."""
-    rows = []
-    for level, e in result.effects.items():
-        base_us, var_us = result.samples.get(level, ([], []))
-        rows.append({"level": level, "n": e.n, "base_us": statistics.median(base_us) if base_us else None,
-                     "variant_us": statistics.median(var_us) if var_us else None, "effect": e.effect,
-                     "ci_low": e.ci_low, "ci_high": e.ci_high, "ratio": e.ratio, "threshold": e.threshold,
-                     "verdict": e.verdict, "conf": e.conf, "offset_sd": e.offset_sd})  # fmt: skip
-    return rows
-
-
 def measure_config(store, exp_id, backend: Backend, kernel: str, config: dict, env: dict, levels: list[Level],
                    samples: int = 5, on_level: Callable | None = None) -> list[dict]:  # fmt: skip
     """``kinv bench`` of one config: per level µs, GB/s, fraction of copy bandwidth, throughput in the adapter's

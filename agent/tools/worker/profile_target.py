@@ -1,10 +1,10 @@
 """The process Nsight Compute profiles: one config at one level, checked, warmed, then launched inside a
 profiler range over input sets larger than L2 (so every profiled launch reads its data from DRAM).
 
-    ncu --profile-from-start off ... python -m kinv.agent.tools.measure.profile_target JOB_JSON
+    ncu --profile-from-start off ... python -m kinv.agent.tools.worker.profile_target JOB_JSON
 
 ``JOB_JSON`` is ``{"kernel", "config", "level", "launches"}``.  The correctness gate runs first
-(agent/tools/measure/correctness.py): a wrong kernel is never profiled (exit 1, one line).  Only torch, triton, the
+(agent/tools/worker/gate.py): a wrong kernel is never profiled (exit 1, one line).  Only torch, triton, the
 standard library and kinv.kernels are imported, as in the benchmark worker.
 """
 
@@ -17,7 +17,7 @@ import sys
 def main(argv: list[str]) -> int:
     import torch
 
-    from kinv.agent.tools.measure import correctness
+    from kinv.agent.tools.worker.gate import check
     from kinv.kernels.adapter import get_adapter
 
     job = json.loads(argv[0])
@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     config = adapter.validate_config(job["config"])
     level = adapter.level(job["level"])
     params = adapter.params_for(config, level)
-    gate = correctness.check(adapter, config, [level], seed=0, device="cuda")
+    gate = check(adapter, config, [level], seed=0, device="cuda")
     if not gate["ok"]:
         print(f"kinv: {params.short()} at {level.key} fails the correctness check ({gate['reason']}); not profiled",
               file=sys.stderr)  # fmt: skip

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kinv.agent.tools.measure import premise
+from kinv.agent.tools.runners import premise
 from kinv.agent.words import PremiseOutcome
 from kinv.kernels.adapter import Premise
 

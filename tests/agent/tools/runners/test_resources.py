@@ -9,7 +9,7 @@ import pytest
 
 from kinv.agent.plan_file import load_plan
 from kinv.agent.store.db import Store
-from kinv.agent.tools.measure import resources
+from kinv.agent.tools.runners import resources
 from kinv.kernels.adapter import get_adapter
 from kinv.kernels.devices import get_device
 from kinv.kernels.mla_decode_adapter import block_h_for, local_heads

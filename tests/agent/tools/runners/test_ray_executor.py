@@ -207,7 +207,7 @@ def test_a_lost_actor_that_cannot_be_replaced_stops_with_one_line_instead_of_wai
     """A node gone with its GPU: the replacement actor finds no room.  The executor waits a bounded time and says
     so in one line (the campaign then stops; `kinv campaign` resumes it later), instead of hanging."""
     from kinv.agent.errors import ExecutorError
-    from kinv.agent.tools.measure.executor import RayExecutor
+    from kinv.agent.tools.runners.executor import RayExecutor
 
     monkeypatch.setenv("KINV_FORCE_NO_GPU", "1")
     for k, v in RAY_ENV.items():
@@ -230,8 +230,8 @@ def test_a_remote_arm_answers_setup_and_sample_like_a_local_one(monkeypatch, clu
     """A Ray-hosted arm set up and sampled one level at a time gives the replay's sample for that round, the
     same as the arm opened in this process, and says which actor timed it."""
     from kinv.agent.tools.backends import base
-    from kinv.agent.tools.measure import bench
-    from kinv.agent.tools.measure.executor import RayExecutor
+    from kinv.agent.tools.runners import bench
+    from kinv.agent.tools.runners.executor import RayExecutor
 
     monkeypatch.setenv("KINV_FORCE_NO_GPU", "1")
     seed = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kinv.agent.report.resources import bound_of, explain, next_step
-from kinv.agent.tools.measure import profile
+from kinv.agent.tools.backends import profile
 
 DATA = Path(__file__).resolve().parents[3] / "data" / "ncu"
 SEED = {"kernel": "mla_decode", "BLOCK_T": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2}

@@ -6,7 +6,7 @@ replay's recorded workers), times every arm at every level in every round on the
 each candidate as a :class:`~kinv.agent.store.screened.Screened` (measured: its paired per-level change against the
 incumbent *of the same GPU*; or failed), the lost samples and the ledger.  The campaign's driver stores them and
 tells the optimizer; the same function runs in-process (one GPU) or inside a Ray actor that holds one GPU
-(agent/tools/measure/executor.py).  Results from different GPUs meet only as these per-GPU paired effects, never as pooled
+(agent/tools/runners/executor.py).  Results from different GPUs meet only as these per-GPU paired effects, never as pooled
 raw times.
 """
 
@@ -65,7 +65,7 @@ def screen_shard(backend: str, kernel: str, env: dict, incumbent: dict, candidat
     whose worker fails is dropped from the shard, failed with the reason.
     """
     from kinv.agent.errors import NoRecording, VariantFailed
-    from kinv.agent.tools.measure import bench
+    from kinv.agent.tools.runners import bench
     from kinv.agent.tools.worker.hashes import harness_hash, kernel_reference_hash
     from kinv.kernels.adapter import get_adapter
 

@@ -21,7 +21,7 @@ import os
 
 from kinv.agent.errors import BackendError, ExecutorError, NoRecording, VariantFailed
 from kinv.agent.tools.backends.ray import RayBackend, RemoteArm  # noqa: F401 - the ray backend
-from kinv.agent.tools.measure.screening import screen_shard
+from kinv.agent.tools.runners.screening import screen_shard
 from kinv.kernels.errors import BadInput
 
 EXECUTORS = ("local", "ray")
@@ -192,7 +192,7 @@ class _Bench:
     def _be(self):
         with self._lock:
             if getattr(self, "_inner", None) is None:
-                from kinv.agent.tools.measure import bench
+                from kinv.agent.tools.runners import bench
 
                 self._inner, self._arms = bench.get_backend(self.backend), {}
             return self._inner
@@ -240,7 +240,7 @@ class _Bench:
 
     def sample_part(self, part: list[tuple[dict, list[int]]], round_index: int, where: str) -> dict:
         """This actor's levels of one round: at each level its arms in the given order, back to back."""
-        from kinv.agent.tools.measure.screening import _fault
+        from kinv.agent.tools.runners.screening import _fault
         from kinv.kernels.adapter import get_adapter
 
         _fault("sample", where)

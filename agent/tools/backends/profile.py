@@ -1,11 +1,12 @@
-"""The profile step: Nsight Compute on a config at a level, parsed into the figures that explain a verdict
+"""Nsight Compute on a config at a level (the cuda backend's profiler; the profile step that records it is
+agent/tools/runners/profiling.py), parsed into the figures that explain a verdict
 (the close-out puts them in words: agent/report/resources.py).
 
 ``ncu --csv --page raw`` prints, after the profiled program's own output, a header row (``"ID",...``), a units row
 and one row per profiled launch.  :func:`parse_raw` reads that; :func:`summarize` keeps, as the mean over the
 launches, DRAM and memory throughput, achieved and theoretical occupancy, the block limits, waves per SM, issued
 and eligible warps per cycle, the duration, the DRAM bytes moved and the three largest stall reasons.  :func:`run` profiles one config
-at one level (agent/tools/measure/profile_target.py is the process profiled: checked, warmed, L2-rotated) and never
+at one level (agent/tools/worker/profile_target.py is the process profiled: checked, warmed, L2-rotated) and never
 raises: where ncu is missing or fails it returns the one line that says so.
 """
 
@@ -125,7 +126,7 @@ def run(adapter, config: dict, level, env: dict, pythonpath: list[str] | None = 
     cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", f"regex:{pattern}",
            *[a for s in SECTIONS for a in ("--section", s)], "--metrics", ",".join(EXTRA_METRICS),
            "--csv", "--page", "raw",
-           sys.executable, "-m", "kinv.agent.tools.measure.profile_target", job]  # fmt: skip
+           sys.executable, "-m", "kinv.agent.tools.worker.profile_target", job]  # fmt: skip
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -139,37 +140,4 @@ def run(adapter, config: dict, level, env: dict, pythonpath: list[str] | None = 
     return summary, "", wall
 
 
-def step(store, ws: str, backend, adapter, env: dict, baseline: dict, decided: list[tuple[int, str, dict, dict]],
-         levels) -> list[str]:  # fmt: skip
-    """Profile the baseline (in ``env``) and each decided variant (``(experiment, variant id, config, its environment)``) at the level where its
-    verdict's effect is largest, and store the figures; returns one line per skip or failure (never raises for a
-    profiler's failure).  The baseline is profiled once per level."""
-    from kinv.kernels.launch_config import config_hash
-
-    by_key = {lv.key: lv for lv in levels}
-    notes: list[str] = []
-    seen: dict[str, tuple[dict | None, str, float]] = {}
-    charged: set[str] = set()  # levels whose baseline profile's seconds are already in the ledger
-    for exp, vid, cfg, var_env in decided:
-        rows = [r for r in store.verdicts(exp) if r.get("effect") is not None and r["level"] in by_key]
-        if not rows:
-            continue
-        lv = by_key[max(rows, key=lambda r: abs(r["effect"]))["level"]]
-        if lv.key not in seen:
-            seen[lv.key] = backend.profile(adapter, baseline, lv, env)
-        for arm, config, got in (("baseline", baseline, seen[lv.key]), (vid, cfg, None)):
-            figures, why, secs = got or backend.profile(adapter, config, lv, var_env)
-            if figures is None:
-                if why.endswith(SKIPPED):  # no profiler here, or it failed: one line for the whole step
-                    return [why[0].upper() + why[1:]]
-                notes.append(f"{vid} at {lv.label}: {arm} not profiled: {why}")
-                continue
-            if arm == "baseline":
-                secs, _ = (0.0 if lv.key in charged else secs), charged.add(lv.key)
-            store.add_profile(ws, exp, "base" if arm == "baseline" else "variant", config_hash(config), lv.key,
-                              figures, backend.name, secs)  # fmt: skip
-        store.event(ws, "profile", f"{vid} profiled at {lv.label}", {"experiment": exp, "level": lv.key})
-    return notes
-
-
-__all__ = ["METRICS", "available", "parse_raw", "run", "step", "summarize"]
+__all__ = ["METRICS", "available", "parse_raw", "run", "summarize"]
