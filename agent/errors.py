@@ -27,15 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # the kinds a kernel or a plugin raises are defined below kinv.agent, in kinv.kernels.errors (kinv.kernels imports
-# nothing from kinv.agent); imported here, so that every kind is importable from this module as at 0.2.0
-from kinv.kernels.errors import (  # noqa: F401 (ConfigError, UnknownKernelError: importable from here too)
-    BadInput,
-    ConfigError,
-    ExitCode,
-    KinvError,
-    StepFailed,
-    UnknownKernelError,
-)
+# nothing from kinv.agent); those this module builds on are imported, the others read through __getattr__ (below)
+from kinv.kernels.errors import BadInput, ExitCode, KinvError, StepFailed
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = ExitCode.OK, ExitCode.FAIL, ExitCode.BAD_INPUT
 EXIT_PAUSED, EXIT_INTERRUPTED = ExitCode.PAUSED, ExitCode.INTERRUPTED
@@ -189,3 +182,11 @@ class BudgetSpent(StepFailed):
 
 class NoGain(AdoptError):
     """Measured against the live file, the variant improves on it at no level: nothing to write."""
+
+
+def __getattr__(name: str):
+    """``ConfigError`` and ``UnknownKernelError``, importable from here as at 0.2.0, with a DeprecationWarning naming
+    their public path (kinv.kernels.moved)."""
+    from kinv.kernels.moved import moved
+
+    return moved(__name__, name)

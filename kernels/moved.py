@@ -48,6 +48,10 @@ MOVED: dict[tuple[str, str], Move] = {
     # error classes of their own that became the one bad-input kind
     ("kinv.kernels.devices", "UnknownDeviceError"): Move("kinv.plugin.BadInput", _ERRORS, "BadInput"),
     ("kinv.kernels.quick", "QuickError"): Move("kinv.plugin.BadInput", _ERRORS, "BadInput"),
+    # the kinds a plugin raises, defined below kinv.agent since 0.3.0
+    ("kinv.agent.errors", "ConfigError"): Move("kinv.plugin.ConfigError", _ERRORS, "ConfigError"),
+    ("kinv.agent.errors", "UnknownKernelError"): Move("", _ERRORS, "UnknownKernelError",
+                                                      "kinv raises it for a kernel name nobody registered"),
     # the exit codes, which only the command line uses
     **{("kinv.kernels.errors", f"EXIT_{c}"): Move(f"kinv.agent.errors.EXIT_{c}", _ERRORS, f"ExitCode.{c}")
        for c in ("OK", "FAIL", "BAD_INPUT", "PAUSED", "INTERRUPTED")},

@@ -27,10 +27,9 @@ def test_no_import_circles(shape):
     assert shape.shape(str(ROOT))["circles"] == []
 
 
-# Re-exports left: the Ray executor's import that registers the remote arm, and a kernel file whose bytes are
+# Re-exports left: a kernel file whose bytes are
 # hashed into its recordings' identity (editing it would orphan the recorded samples).
 KNOWN_REEXPORTS = [
-    "agent/tools/runners/executor.py re-exports 1 names: RemoteArm",
     "kernels/moe_expert_gemm.py re-exports 1 names: moe_expert_gemm_reference",
 ]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 
 from kinv.agent.errors import BackendError, ExecutorError, NoRecording, VariantFailed
-from kinv.agent.tools.backends.ray import RayBackend, RemoteArm  # noqa: F401 - the ray backend
+from kinv.agent.tools.backends.ray import RayBackend
 from kinv.agent.tools.runners.screening import screen_shard
 from kinv.kernels.errors import BadInput
 
