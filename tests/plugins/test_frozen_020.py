@@ -103,10 +103,10 @@ def test_the_old_imports_warn_naming_the_new_path_and_the_release_that_removes_t
 HASHES = textwrap.dedent("""
     import json, sys
     from kinv.agent.plan_file import load_plan
-    from kinv.agent.tools.backends.base import harness_hash, kernel_hash, reference_hash
+    from kinv.agent.tools.worker.hashes import harness_hash, kernel_hash, kernel_reference_hash
     plan, _ = load_plan(sys.argv[1])
     print(json.dumps({"harness": harness_hash(), "kernel": kernel_hash(plan.kernel),
-                      "reference": reference_hash(plan.kernel), "base": {**plan.baseline, "kernel": plan.adapter.name},
+                      "reference": kernel_reference_hash(plan.kernel), "base": {**plan.baseline, "kernel": plan.adapter.name},
                       "variants": {v.id: plan.variant_config(v) for v in plan.variants},
                       "levels": [lv.key for lv in plan.levels()]}))
 """)
