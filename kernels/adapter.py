@@ -237,8 +237,7 @@ class KernelAdapter(ABC):
 
     @abstractmethod
     def workload_model(self):
-        """The pydantic model of the plan's ``workload`` section (imported lazily: pydantic is not on GPU
-        machines)."""
+        """The pydantic model of the plan's ``workload`` section (imported lazily: pydantic is not on GPU machines)."""
 
     @abstractmethod
     def levels(self, workload) -> list[Level]:
@@ -484,16 +483,8 @@ def _said(exc: BaseException) -> str:
     return one_line(lines[0], 200) if lines else type(exc).__name__
 
 
-__all__ = [
-    "KernelAdapter",
-    "Level",
-    "Resources",
-    "get_adapter",
-    "import_path",
-    "project_root",
-    "default_plan",
-    "registered",
-]
+__all__ = ["KernelAdapter", "Level", "Resources", "get_adapter", "import_path", "project_root", "default_plan",
+           "registered"]  # fmt: skip
 
 
 def __getattr__(name: str):

@@ -17,17 +17,14 @@ SHAPES: dict[str, tuple[int, int]] = {
 }
 ELT = 2  # bytes per element of bf16/fp16, the dtypes kinv benchmarks
 
-# Analytical shared-memory model of stage 1 (bytes), calibrated against the
-# kernels Triton 3.6 compiled for sm_90 (branch lab-notebook: benchmarks/lab/smem_check.py,
-# benchmarks/results/smem_check_h200.json):
-#  * the queries pass once through shared memory on their way into the dot
-#    operand layout: BLOCK_H x D_QK elements;
-#  * num_stages = 1 (no pipelining): the BLOCK_T x D_V latent tile is staged
-#    twice, once transposed for Q.K^T and once for P.V;
-#  * num_stages >= 2: the KV tile is copied asynchronously into one buffer of
-#    BLOCK_T x D_QK, plus 32 bytes per token of barriers/indices; from 3 stages
-#    the page indices are pipelined too (4 bytes per token per load stream:
-#    one stream for V4-Flash, two (main + rope tail) for V3).
+# Analytical shared-memory model of stage 1 (bytes), calibrated against the kernels Triton 3.6 compiled for sm_90
+# (branch lab-notebook: benchmarks/lab/smem_check.py, benchmarks/results/smem_check_h200.json):
+#  * the queries pass once through shared memory on their way into the dot operand layout: BLOCK_H x D_QK elements;
+#  * num_stages = 1 (no pipelining): the BLOCK_T x D_V latent tile is staged twice, once transposed for Q.K^T and
+#    once for P.V;
+#  * num_stages >= 2: the KV tile is copied asynchronously into one buffer of BLOCK_T x D_QK, plus 32 bytes per
+#    token of barriers/indices; from 3 stages the page indices are pipelined too (4 bytes per token per load
+#    stream: one stream for V4-Flash, two (main + rope tail) for V3).
 def stage1_smem_estimate(params, d_qk: int, d_v: int = 512, elt: int = ELT) -> int:
     q_scratch = params.BLOCK_H * d_qk * elt
     if params.num_stages <= 1:
@@ -111,8 +108,7 @@ SPEC = TunableSpec(
     # an override may be conditioned on the batch and on the context length (a tile tuned at 4096 tokens need
     # not suit 16384: "context_max": 4096)
     override_dims={"batch": "b", "context": "ctx"},
-    # the model shape is categorical: an override may say "shape": "v3" (V3 and V4-Flash want
-    # different tiles at some batches)
+    # the model shape is categorical: an override may say "shape": "v3" (V3 and V4-Flash want different tiles)
     override_choices={"shape": tuple(SHAPES)},
 )
 

@@ -32,6 +32,7 @@ class Move:
 
 
 _TUNABLES, _ERRORS = "kinv.kernels.tunables", "kinv.kernels.errors"
+_ADAPTER, _DEVICES, _QUICK_ADAPTER = "kinv.kernels.adapter", "kinv.kernels.devices", "kinv.kernels.quick_adapter"
 
 #: (old module, old name) -> where it is now
 MOVED: dict[tuple[str, str], Move] = {
@@ -48,6 +49,16 @@ MOVED: dict[tuple[str, str], Move] = {
     # error classes of their own that became the one bad-input kind
     ("kinv.kernels.devices", "UnknownDeviceError"): Move("kinv.plugin.BadInput", _ERRORS, "BadInput"),
     ("kinv.kernels.quick", "QuickError"): Move("kinv.plugin.BadInput", _ERRORS, "BadInput"),
+    # the quick adapter's class and its restriction grammar, in modules of their own since 0.3.0
+    **{("kinv.kernels.quick", n): Move(f"kinv.plugin.{n}", home, n) for n, home in (
+        ("KernelAdapter", _ADAPTER), ("Level", _ADAPTER), ("Resources", _ADAPTER), ("Params", _TUNABLES),
+        ("DeviceSpec", _DEVICES), ("occupancy", _DEVICES))},
+    ("kinv.kernels.quick", "CPU_CAP"): Move("", _QUICK_ADAPTER, "CPU_CAP",
+                                            "kernel(..., stand_in={...}) caps a level's dimensions on CPU"),
+    ("kinv.kernels.quick", "TOLERANCE"): Move("", _QUICK_ADAPTER, "TOLERANCE",
+                                              "kernel(..., tolerance=(atol, rtol)) sets a kernel's own"),
+    ("kinv.kernels.quick", "parse_restriction"): Move("", "kinv.kernels.restriction_grammar", "parse_restriction",
+                                                      "give a restriction's text to kinv.plugin.kernel(restrictions=)"),
     # the kinds a plugin raises, defined below kinv.agent since 0.3.0
     ("kinv.agent.errors", "ConfigError"): Move("kinv.plugin.ConfigError", _ERRORS, "ConfigError"),
     ("kinv.agent.errors", "UnknownKernelError"): Move("", _ERRORS, "UnknownKernelError",

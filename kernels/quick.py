@@ -35,7 +35,8 @@ the same kernel with a workaround (the scalar as a 0-d tensor), or a variant of 
 What kinv derives, and how:
 
 * the tunables' labels (``TILE_M`` -> ``TM``, ``num_warps`` -> ``w``), and a restriction text is parsed with
-  :mod:`ast` and evaluated by a small walker of its own (never ``eval``): tunable names, numbers, ``+ - * / // %``,
+  :mod:`ast` and evaluated by a walker of its own (never ``eval``; :mod:`kinv.kernels.restriction_grammar`): tunable
+  names, numbers, ``+ - * / // %``,
   comparisons and ``and``/``or``/``not`` only; anything else is refused with one message;
 * the level dimensions from the level dicts (their keys, in order), the key ``M512/N512/K512`` and the label (the
   dimensions that vary between the declared levels); a plan's ``workload: {levels: [...]}`` picks declared levels
@@ -62,122 +63,19 @@ pydantic only in :meth:`QuickAdapter.workload_model`.
 
 from __future__ import annotations
 
-import ast
 import inspect
-import json
-import operator
 import sys
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from kinv.kernels.adapter import NAME, KernelAdapter, Level, Resources
-from kinv.kernels.devices import DeviceSpec, occupancy
+from kinv.kernels.adapter import NAME
 from kinv.kernels.errors import BadInput
 from kinv.kernels.moved import moved
-from kinv.kernels.tunables import MAX_DIM, Params, Restriction, Tunable, TunableSpec, brief_repr
+from kinv.kernels.quick_adapter import DTYPES, UNITS, Declaration, QuickAdapter
+from kinv.kernels.restriction_grammar import restriction
+from kinv.kernels.tunables import MAX_DIM, Restriction, Tunable, TunableSpec, brief_repr
 
-CPU_CAP = 64  # the largest integer level dimension the CPU stand-in runs (the Triton interpreter is slow)
-DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float32": "float32", "fp32": "float32", "float": "float32"}  # fmt: skip
-TOLERANCE = {"float32": (1e-2, 1e-2), "float16": (1e-2, 1e-2), "bfloat16": (3e-2, 3e-2)}
-UNITS = {"calls/s": (None, 1.0), "GB/s": ("bytes", 1e9), "TB/s": ("bytes", 1e12), "GFLOP/s": ("flops", 1e9),
-         "TFLOP/s": ("flops", 1e12)}  # fmt: skip
 LABELS = {"num_warps": "w", "num_stages": "s", "num_ctas": "c", "maxnreg": "r"}
-
-
-# --------------------------------------------------------------------------- #
-# restrictions: parsed with ast, evaluated by a walker (no eval)
-# --------------------------------------------------------------------------- #
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}  # fmt: skip
-_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-            ast.Gt: operator.gt, ast.GtE: operator.ge}  # fmt: skip
-_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
-_STRUCTURE = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Name, ast.Load,
-              ast.Constant, *_BINARY, *_COMPARE, *_UNARY)  # fmt: skip
-_WHAT = {ast.Call: "a call", ast.Attribute: "an attribute", ast.Subscript: "a subscript", ast.Lambda: "a lambda",
-         ast.Pow: "the power operator **", ast.IfExp: "a conditional expression", ast.NamedExpr: "an assignment",
-         ast.List: "a list", ast.Tuple: "a tuple", ast.Dict: "a dict", ast.Set: "a set", ast.In: "'in'",
-         ast.NotIn: "'not in'", ast.Is: "'is'", ast.IsNot: "'is not'", ast.ListComp: "a comprehension",
-         ast.GeneratorExp: "a generator", ast.JoinedStr: "an f-string"}  # fmt: skip
-
-
-def _allowed(names) -> str:
-    return (f"a restriction may use only tunable names ({', '.join(names)}), numbers, arithmetic (+ - * / // %), "
-            "comparisons (== != < <= > >=) and and/or/not")  # fmt: skip
-
-
-def parse_restriction(text: str, names) -> ast.Expression:
-    """The parsed restriction, or BadInput saying why it is refused (one message: what it uses, what is allowed)."""
-    names = tuple(names)
-    if not isinstance(text, str) or not text.strip():
-        raise BadInput(f"restriction {brief_repr(text)} is refused: give a condition over the tunables, "
-                         f"e.g. '{names[0] if names else 'TILE_M'} <= 128'; {_allowed(names)}")  # fmt: skip
-    if len(text) > 500:
-        raise BadInput(f"restriction {brief_repr(text)} is refused: it is longer than 500 characters")
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise BadInput(f"restriction {text!r} is refused: it is not an expression ({exc.msg}); "
-                         f"{_allowed(names)}") from None  # fmt: skip
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id not in names:
-            raise BadInput(f"restriction {text!r} is refused: it names {node.id}, which is not a tunable; "
-                             f"{_allowed(names)}")  # fmt: skip
-        if isinstance(node, ast.Constant) and (isinstance(node.value, bool) or not isinstance(node.value, int | float)):
-            raise BadInput(f"restriction {text!r} is refused: it uses the constant {node.value!r}; {_allowed(names)}")
-        if not isinstance(node, _STRUCTURE):
-            what = _WHAT.get(type(node), f"a {type(node).__name__} expression")
-            raise BadInput(f"restriction {text!r} is refused: it uses {what}; {_allowed(names)}")
-    if not isinstance(tree.body, ast.Compare | ast.BoolOp) and not (
-            isinstance(tree.body, ast.UnaryOp) and isinstance(tree.body.op, ast.Not)):  # fmt: skip
-        raise BadInput(f"restriction {text!r} is refused: it is not a condition (compare values, e.g. "
-                         f"'{names[0] if names else 'TILE_M'} <= 128'); {_allowed(names)}")  # fmt: skip
-    return tree
-
-
-def _evaluate(node, values: Mapping):
-    if isinstance(node, ast.Expression):
-        return _evaluate(node.body, values)
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Name):
-        return values[node.id]
-    if isinstance(node, ast.BinOp):
-        return _BINARY[type(node.op)](_evaluate(node.left, values), _evaluate(node.right, values))
-    if isinstance(node, ast.UnaryOp):
-        return _UNARY[type(node.op)](_evaluate(node.operand, values))
-    if isinstance(node, ast.BoolOp):
-        if isinstance(node.op, ast.And):
-            return all(_evaluate(v, values) for v in node.values)
-        return any(_evaluate(v, values) for v in node.values)
-    if isinstance(node, ast.Compare):
-        left = _evaluate(node.left, values)
-        for op, comp in zip(node.ops, node.comparators):
-            right = _evaluate(comp, values)
-            if not _COMPARE[type(op)](left, right):
-                return False
-            left = right
-        return True
-    raise TypeError(f"unexpected {type(node).__name__}")  # parse_restriction admits nothing else
-
-
-def restriction(item, names) -> Restriction:
-    """A kinv Restriction from a string (Kernel Tuner's form), a callable of the values dict, or ``(text, callable)``."""
-    if isinstance(item, str):
-        tree = parse_restriction(item, names)
-        return Restriction(item.strip(), lambda v, _t=tree: bool(_evaluate(_t, v)))
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and callable(item[1]):
-        fn = item[1]
-        return Restriction(item[0], lambda v, _f=fn: bool(_f(dict(v))))
-    if callable(item):
-        doc = (inspect.getdoc(item) or "").strip().splitlines()
-        name = getattr(item, "__name__", "")
-        text = doc[0] if doc else (name if name and name != "<lambda>" else "a restriction given as a function")
-        return Restriction(text, lambda v, _f=item: bool(_f(dict(v))))
-    raise BadInput(f"restriction {brief_repr(item)} is refused: give a string such as 'TILE_M * TILE_N <= 16384', "
-                     "a function of the values dict, or (text, function)")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- #
@@ -332,315 +230,6 @@ def _relative(fn, package_dir: Path | None, root: Path | None) -> str | None:
     return path.relative_to(root).as_posix()
 
 
-class _Declaration:
-    """What a quick adapter was declared with (kept off the class's namespace: plain functions there would bind)."""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-        self.bytes_cache: dict[tuple, int] = {}
-        self.watching = False
-
-
-# --------------------------------------------------------------------------- #
-# the compiled kernel of a launch, and an autotuner's chosen config
-# --------------------------------------------------------------------------- #
-_LOCAL = threading.local()  # .compiled: the last compiled kernel a watched kernel returned; .chosen: {id: Config}
-_WATCH_LOCK = threading.Lock()
-
-
-def _watch(obj) -> None:
-    """Route ``obj.run`` (what ``obj[grid](...)`` calls) through a wrapper, once: it keeps the compiled kernel the
-    launch returns, and runs an autotuner with the config kinv chose (no search of its own) while one is chosen."""
-    with _WATCH_LOCK:
-        if getattr(obj, "_kinv_quick_run", None) is not None:
-            return
-        original = obj.run
-
-        def run(*args, **kwargs):
-            chosen = (getattr(_LOCAL, "chosen", None) or {}).get(id(obj))
-            ret = original(*args, **kwargs) if chosen is None else _run_config(obj, chosen, args, kwargs)
-            if getattr(ret, "metadata", None) is not None:
-                _LOCAL.compiled = ret
-            return ret
-
-        try:
-            obj.run = run
-            obj._kinv_quick_run = original
-        except (AttributeError, TypeError):  # an object that takes no attributes: its launches report no compiled kernel
-            if hasattr(obj, "configs"):  # an autotuner that cannot be routed would search on its own: refuse
-                raise BadInput(f"cannot route {brief_repr(obj)}'s launches to the chosen config") from None
-
-
-def _run_config(autotuner, config, args, kwargs):
-    """The autotuner's kernel run with ``config`` (its kwargs, warps, stages, ...), as the autotuner runs its pick."""
-    given = config.all_kwargs()
-    clash = sorted(set(given) & set(kwargs))
-    if clash:
-        raise BadInput(f"launch passes {', '.join(clash)}, which the autotune config sets: leave them to the config")
-    if getattr(config, "pre_hook", None):
-        config.pre_hook({**dict(zip(autotuner.arg_names, args)), **kwargs, **given})
-    return autotuner.fn.run(*args, **kwargs, **given)
-
-
-def _on_cpu(inputs, out) -> bool:
-    """Whether a launch's tensors live on the CPU (where the Triton interpreter runs, and ``cpu_launch`` replaces
-    ``launch``)."""
-    ts = _tensors(inputs) + _tensors(out)
-    return bool(ts) and all(getattr(getattr(t, "device", None), "type", "cpu") == "cpu" for t in ts)
-
-
-def _tensors(x) -> list:
-    if isinstance(x, list | tuple):
-        return [t for item in x for t in _tensors(item)]
-    if isinstance(x, Mapping):
-        return [t for item in x.values() for t in _tensors(item)]
-    return [x] if hasattr(x, "element_size") and hasattr(x, "numel") else []
-
-
-# --------------------------------------------------------------------------- #
-# the adapter
-# --------------------------------------------------------------------------- #
-class QuickAdapter(KernelAdapter):
-    """A KernelAdapter built by :func:`kernel` or :func:`from_autotune`; every member reads the declaration ``_q``."""
-
-    _q: _Declaration
-    resource_model = False  # no analytical model: resources come from the compiled kernel, where there is one
-
-    # ---- config ----------------------------------------------------------------------
-    def default_text(self) -> str:
-        """The config file a run writes when it is missing: the declared default."""
-        return json.dumps({"kernel": self.name, **self._q.default}, indent=2) + "\n"
-
-    def ensure_config(self) -> Path:
-        """The live config file, the declared default written there first when it is missing (a run's first step;
-        ``kinv kernels`` and ``kinv check`` never write it)."""
-        path = self.config_path()
-        if not path.exists():  # the declared default, written once where kinv keeps the live config
-            import os
-
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp.write_text(self.default_text())
-                os.link(tmp, path)  # whole or not at all, and never over a file another process wrote first
-            except OSError:  # written by another process first, or a read-only install: kinv then says it is missing
-                pass
-            finally:
-                tmp.unlink(missing_ok=True)
-        return path
-
-    # ---- workload --------------------------------------------------------------------
-    def workload_model(self):
-        from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-        adapter = self
-        declared = ", ".join(self.level_label(d) for d in self._q.levels)
-
-        class QuickWorkload(BaseModel):
-            model_config = ConfigDict(extra="forbid", strict=True)
-
-            levels: list[str | dict[str, int | str]] | None = Field(
-                None, description=f"levels of {adapter.name}: declared ones by key or label ({declared}), or dicts "
-                f"of {', '.join(adapter.level_dims)}; default: every declared level")
-
-            @field_validator("levels")
-            @classmethod
-            def _pick(cls, v):
-                if v is None:
-                    return v
-                if not v or len(v) > 64:
-                    raise ValueError("give 1 to 64 levels")
-                out = [adapter._dims_of(item) for item in v]
-                keys = [adapter.level_key(d) for d in out]
-                if len(set(keys)) != len(keys):
-                    raise ValueError("levels must be distinct")
-                return out
-
-        return QuickWorkload
-
-    def _dims_of(self, item) -> dict:
-        q = self._q
-        if isinstance(item, str):
-            for d in q.levels:
-                if item in (self.level_key(d), self.level_label(d)):
-                    return dict(d)
-            raise ValueError(f"{item!r} is not a declared level of {self.name}; its levels: "
-                             f"{', '.join(self.level_label(d) for d in q.levels)} (or give a dict of "
-                             f"{', '.join(self.level_dims)})")  # fmt: skip
-        if set(item) != set(self.level_dims):
-            raise ValueError(f"a {self.name} level has the dimensions {', '.join(self.level_dims)}; got "
-                             f"{brief_repr(item)}")  # fmt: skip
-        for d in self.level_dims:
-            v, want = item[d], type(q.levels[0][d])
-            if type(v) is not want or (want is int and not 0 <= v <= MAX_DIM):
-                raise ValueError(f"{d}={brief_repr(v)} must be {'an integer from 0 to ' + str(MAX_DIM) if want is int else 'a string'}")
-        return {d: item[d] for d in self.level_dims}
-
-    def levels(self, workload) -> list[Level]:
-        chosen = getattr(workload, "levels", None) or self._q.levels
-        return [self.level(d) for d in chosen]
-
-    def level_label(self, dims) -> str:
-        common = self._q.common
-        parts = [f"{d}{dims[d]}" for d in self.level_dims if d not in common or dims[d] != common[d]]
-        return "/".join(parts) or self.level_key(dims)
-
-    def workload_notes(self, workload, baseline: dict) -> list[str]:
-        notes = []
-        if self._q.bytes_moved is None:
-            notes.append("bytes per call derived by kinv from the input tensors plus the output (no bytes_moved "
-                         "declared; GB/s and the roofline's memory bound use them)")
-        if self._q.flops is None:
-            notes.append("no flops declared: the roofline is the memory bound alone")
-        return notes
-
-    def stand_in(self, level: Level, device: str) -> Level:
-        how = self._q.stand_in
-        if callable(how):
-            return self.level(how(dict(level.dims), device))
-        if not str(device).startswith("cpu"):
-            return level
-        caps = how if isinstance(how, Mapping) else {}
-        dims = {d: (min(v, caps.get(d, CPU_CAP)) if isinstance(v, int) else v) for d, v in level.dims.items()}
-        return self.level(dims)
-
-    def throughput(self, level: Level, us: float) -> float:
-        q = self._q
-        if q.throughput is not None:
-            return float(q.throughput(level, us))
-        what, scale = UNITS[self.throughput_unit]
-        amount = 1.0 if what is None else (self.bytes_moved(level) if what == "bytes" else self.flops(level))
-        return amount / (us * 1e-6) / scale
-
-    # ---- the kernel ------------------------------------------------------------------
-    def _dtype(self, device: str, given=None):
-        import torch
-
-        cpu = str(device).startswith("cpu")
-        name = self._q.dtype
-        if name is None:
-            return given if given is not None else (torch.float16 if cpu else torch.bfloat16)
-        if cpu and name == "bfloat16":
-            name = "float16"  # the interpreter's bf16 dot is wrong
-        return getattr(torch, name)
-
-    def check_dtype(self, device: str):
-        return self._dtype(device, super().check_dtype(device))
-
-    def make_inputs(self, level: Level, seed: int, device: str = "cuda", dtype=None, vary_lengths: bool = False) -> dict:
-        q = self._q
-        dtype = self._dtype(device, dtype)
-        if q.inputs_vary:
-            return q.make_inputs(level, seed, device, dtype, vary_lengths=vary_lengths)
-        return q.make_inputs(level, seed, device, dtype)
-
-    def launch(self, inputs: dict, params: Params, out=None, scratch=None, **mode):
-        q = self._q
-        if not q.watching:
-            for obj in q.triton:
-                _watch(obj)
-            q.watching = True
-        _LOCAL.compiled = None
-        previous = getattr(_LOCAL, "chosen", None)
-        if q.autotune is not None:
-            names, combos, autotuner = q.autotune
-            _LOCAL.chosen = {**(previous or {}), id(autotuner): combos[tuple(params[n] for n in names)]}
-        fn = q.cpu_launch if q.cpu_launch is not None and _on_cpu(inputs, out) else q.launch
-        try:
-            result = fn(inputs, params, out)
-        finally:
-            _LOCAL.chosen = previous
-            compiled, _LOCAL.compiled = getattr(_LOCAL, "compiled", None), None
-        if result is None:
-            if out is None:
-                raise BadInput(f"{self.name}: launch returned nothing; return the output (written into out when "
-                                 "given)")  # fmt: skip
-            result = out
-        elif out is not None:
-            mine, given = _tensors(result), _tensors(out)
-            if len(mine) != len(given) or any(a.data_ptr() != b.data_ptr() for a, b in zip(mine, given)):
-                raise BadInput(f"{self.name}: launch returned an output other than the out it was given; write into "
-                                 "out (kinv fills it with NaN before a checked launch and times launches into it)")  # fmt: skip
-        return result, compiled
-
-    def reference(self, inputs: dict):
-        return self._q.reference(inputs)
-
-    def tolerance(self, dtype) -> tuple[float, float]:
-        tol = self._q.tolerance
-        name = DTYPES.get(str(dtype).removeprefix("torch."), "bfloat16")
-        if tol is None:
-            return TOLERANCE[name]
-        if callable(tol):
-            return tuple(tol(dtype))
-        if isinstance(tol, Mapping):
-            return tuple(tol.get(name) or TOLERANCE[name])
-        return tuple(tol)
-
-    # ---- costs -----------------------------------------------------------------------
-    def bytes_moved(self, level: Level) -> int:
-        q = self._q
-        if q.bytes_moved is not None:
-            return int(q.bytes_moved(level))
-        key = (level.key, q.dtype)
-        if key not in q.bytes_cache:
-            q.bytes_cache[key] = self._derived_bytes(level)
-        return q.bytes_cache[key]
-
-    def _derived_bytes(self, level: Level) -> int:
-        """The input tensors' bytes plus each output's, from its own size and dtype: the declared ``output_dtypes``
-        (one per output), else a reference output's own dtype where it is not float32 (a reference that returns an
-        output in the dtype the kernel writes), else the timed dtype.  Inputs are made on the ``meta`` device (no
-        memory, no compute), else on CPU."""
-        import torch
-
-        dtype = self._dtype("cuda")
-        for device in ("meta", "cpu"):
-            try:
-                inputs = self._q.make_inputs(level, 0, device, dtype)
-                ref = self._q.reference(inputs)
-                break
-            except Exception:  # noqa: BLE001 - a make_inputs or reference that cannot run on meta: on CPU then
-                if device == "cpu":
-                    raise
-        outs = _tensors(ref)
-        declared = self._q.output_dtypes
-        if declared is not None and len(declared) != len(outs):
-            raise BadInput(f"{self.name}: output_dtypes names {len(declared)} dtype(s); the reference returns "
-                           f"{len(outs)} output(s)")  # fmt: skip
-        out_bytes = 0
-        for i, t in enumerate(outs):
-            if declared is not None:
-                kind = getattr(torch, declared[i])
-            elif t.dtype != torch.float32:
-                kind = t.dtype
-            else:
-                kind = dtype
-            out_bytes += t.numel() * torch.empty((), dtype=kind, device="meta").element_size()
-        return int(sum(t.numel() * t.element_size() for t in _tensors(inputs)) + out_bytes)
-
-    def flops(self, level: Level) -> int:
-        return int(self._q.flops(level)) if self._q.flops is not None else 0
-
-    def resources(self, params: Params, level: Level, device: DeviceSpec, compiled=None) -> Resources:
-        """The compiler's figures where a launch compiled the kernel (a GPU); without one, nothing is modelled."""
-        res = Resources(smem_estimate=0)
-        meta = getattr(compiled, "metadata", None)
-        if meta is None or device is None:
-            return res
-        res.smem_compiled = int(getattr(meta, "shared", 0) or 0)
-        res.registers = int(getattr(compiled, "n_regs", 0) or 0) or None
-        res.spills = int(getattr(compiled, "n_spills", 0) or 0)
-        warps = params.get("num_warps") or getattr(meta, "num_warps", None) or 4
-        res.occupancy = occupancy(device, num_warps=int(warps), regs_per_thread=res.registers,
-                                  smem_bytes=res.smem_compiled)  # fmt: skip
-        if res.smem_compiled > device.smem_per_block:
-            res.feasible = False
-            res.reason = (f"needs {res.smem_compiled / 1024:.1f} KB shared memory per block; {device.arch} allows "
-                          f"{device.smem_per_block / 1024:.1f} KB")  # fmt: skip
-        return res
-
-
 def _module_name(depth: int) -> str:
     return sys._getframe(depth + 1).f_globals.get("__name__", "__main__")
 
@@ -718,7 +307,7 @@ def _build(name: str, module: str, *, tunables: tuple[Tunable, ...], restriction
             (rel, fn.__qualname__) for fn in parts if fn is not None and "<" not in getattr(fn, "__qualname__", "<")
             for rel in [_relative(fn, package_dir, root)] if rel))  # fmt: skip
     common = {d: level_list[0][d] for d in dims if all(lv[d] == level_list[0][d] for lv in level_list)}
-    decl = _Declaration(levels=level_list, common=common, default=default, make_inputs=make_inputs, launch=launch,
+    decl = Declaration(levels=level_list, common=common, default=default, make_inputs=make_inputs, launch=launch,
                         reference=reference, bytes_moved=bytes_moved, flops=flops, tolerance=tolerance,
                         dtype=_dtype_name(dtype), throughput=throughput, stand_in=stand_in, triton=triton,
                         inputs_vary=_takes(make_inputs, "vary_lengths"), cpu_launch=cpu_launch,
@@ -815,9 +404,10 @@ def from_autotune(name: str, autotuned, *, levels: list, make_inputs: Callable, 
                   autotune=(tuple(names), combos, autotuned, rule), **options)  # fmt: skip
 
 
-__all__ = ["QuickAdapter", "from_autotune", "kernel", "parse_restriction", "restriction"]
+__all__ = ["from_autotune", "kernel"]
 
 
 def __getattr__(name: str):
-    # names this module held at 0.2.0 that live elsewhere now: QuickError (now BadInput)
+    # names this module held at 0.2.0 that live elsewhere now: QuickError (now BadInput), the adapter's own names
+    # (kinv.kernels.quick_adapter) and parse_restriction (kinv.kernels.restriction_grammar)
     return moved(__name__, name)
