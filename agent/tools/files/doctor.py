@@ -28,7 +28,7 @@ class Finding:
 
 
 def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
-    from kinv.agent.store.state import CHECKPOINTS_NAME, DB_NAME, earlier_runs, live_markers, lock_held, writable
+    from kinv.agent.store.state import DB_NAME, earlier_runs, live_markers, lock_held, writable
 
     out: list[Finding] = []
     db = state / DB_NAME
@@ -120,7 +120,25 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
         out.append(Finding("backups", "warn", f"{len(missing)} old backup file(s) deleted (no live patch needs them)"))
     elif "backups" in rows:
         out.append(Finding("backups", "ok", f"{len(rows['backups'])} backup(s) on disk"))
-    # ---- checkpoints ------------------------------------------------------------------------
+    out += _checkpoints(state, rows)
+    out += _study(state, rows.get("campaign_plans") or ["PLAN"])
+    # ---- stale locks --------------------------------------------------------------------------
+    stale = [row for row in rows.get("locks", []) if not _alive(row["pid"])]
+    if stale:
+        out.append(Finding("locks", "warn", "lock row(s) of dead process(es): " + ", ".join(
+            f"{r['workstream']} (pid {r['pid']})" for r in stale), "none needed: the next run takes the lock"))
+    # ---- live configs against the baselines ----------------------------------------------------------
+    out += configs_against_baselines(rows.get("workstreams", []), plans_dir, rows.get("patches", []),
+                                     rows.get("experiments"))  # fmt: skip
+    return out
+
+
+def _checkpoints(state: Path, rows: dict) -> list[Finding]:
+    """The graph's checkpoints: present, readable, one thread for every workstream that started measuring; or the
+    way on (the journal and kinv.db keep every decision)."""
+    from kinv.agent.store.state import CHECKPOINTS_NAME
+
+    out: list[Finding] = []
     ck = state / CHECKPOINTS_NAME
     started = [w for w in rows.get("workstreams", []) if w["status"] not in ("open", "closed")]
     ran = {e["workstream"] for e in rows.get("experiments", []) if e["workstream"]}
@@ -154,15 +172,6 @@ def diagnose(state: Path, plans_dir: Path | None = None) -> list[Finding]:
             else:
                 out.append(Finding("checkpoints", "bad", f"{ck} is damaged: {exc}{KEPT}", new_version(open_ws) +
                                    "; it moves the damaged file aside"))  # fmt: skip
-    out += _study(state, rows.get("campaign_plans") or ["PLAN"])
-    # ---- stale locks --------------------------------------------------------------------------
-    stale = [row for row in rows.get("locks", []) if not _alive(row["pid"])]
-    if stale:
-        out.append(Finding("locks", "warn", "lock row(s) of dead process(es): " + ", ".join(
-            f"{r['workstream']} (pid {r['pid']})" for r in stale), "none needed: the next run takes the lock"))
-    # ---- live configs against the baselines ----------------------------------------------------------
-    out += configs_against_baselines(rows.get("workstreams", []), plans_dir, rows.get("patches", []),
-                                     rows.get("experiments"))  # fmt: skip
     return out
 
 
