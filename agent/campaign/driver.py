@@ -89,6 +89,9 @@ def run(s: Settings) -> CampaignOutcome:
 
     restore_signals = signals.install()  # SIGTERM and SIGHUP end a campaign the way Ctrl-C does
     try:
+        # a start after a kill: a patch the killed start left on disk (an adoption cut between its write and its
+        # journal's "adopted", say) is reverted first, so the step it belonged to runs again from the baseline
+        _restore_kernel_files(store, plan)
         return _run_locked(s, store, plan, plan_hash, cid)
     except KeyboardInterrupt as exc:  # outside a workstream's graph (screening, between steps): run_plan had none
         signals.handled()

@@ -41,3 +41,26 @@ def test_a_campaign_killed_again_and_again_continues_to_the_same_choice(tmp_path
     # under load a point may fall a step earlier or later, so one aimed phase may be missed, never trial creation
     hit = reached & set(summary["kills_by_phase"])
     assert "trial creation" in hit and len(hit) >= len(reached) - 1, summary["kills_by_phase"]
+
+
+def test_a_campaign_killed_between_its_adoptions_write_and_its_record_adopts_on_the_next_start(tmp_path):
+    """The adoption is the last patch the campaign writes: a kill right after the file was written and journaled
+    "applied", before it was marked adopted, leaves the next start to revert it and adopt again, as the uninterrupted
+    campaign did (and kinv doctor finds nothing live)."""
+    h = _harness()
+    plan = h.config_plan(tmp_path / "campaign-config.yaml")
+    code = h.snapshot(tmp_path / "code")
+    ref = h.Chain(tmp_path / "reference", plan, code, "replay")
+    rc, points, out = ref.start(None)
+    assert rc == 0, out
+    expected = ref.outcome()
+    assert expected["adopted"], expected
+    names = [ln.split(" ", 1)[1] for ln in points.read_text().splitlines()]
+    at = max(i for i, n in enumerate(names, 1) if n == "journal.applied.after")  # the adoption's write, journaled
+    ch = h.Chain(tmp_path / "killed", plan, code, "replay")
+    rc, _, out = ch.start(at)
+    assert rc == -9, out
+    rc, _, out = ch.start(None)
+    assert rc == 0, out
+    got = ch.outcome()
+    assert got["adopted"] and got["levels"] == expected["levels"] and not got["bad"], got
