@@ -14,8 +14,9 @@ import hashlib
 import threading
 from pathlib import Path
 
-#: the files whose code is the timing harness: what runs in the worker between the kernel and the number stored
-HARNESS_FILES = ("bench_worker.py", "refresh.py", "shared.py", "judging.py")
+#: the files whose code is the timing harness: what runs in a worker or the judge between the kernel and the number
+#: (or the verdict on its outputs) stored
+HARNESS_FILES = ("bench_worker.py", "refresh.py", "shared.py", "judging.py", "gate.py", "compare.py", "tamper.py")
 
 
 def code_text(text: str) -> str:
@@ -68,8 +69,6 @@ def file_hash(path: Path) -> str:
 def harness_hash() -> str:
     """Hash of the timing harness: the code of the worker's files (:data:`HARNESS_FILES`), in that order."""
     here = Path(__file__).parent
-    if len(HARNESS_FILES) == 1:
-        return file_hash(here / HARNESS_FILES[0])
     h = hashlib.sha256()
     for name in HARNESS_FILES:
         h.update(f"{name}:{file_hash(here / name)}\0".encode())
